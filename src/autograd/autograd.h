@@ -1,0 +1,50 @@
+// The tape: each differentiable op records a Node holding its inputs and a closure that maps
+// the output's gradient to its inputs' gradients. backward() sorts the nodes topologically,
+// walks them in reverse, accumulates with +=, and frees the graph as it goes.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "src/tensor/tensor.h"
+
+namespace tg {
+
+struct Node {
+  std::string op;              // for error messages: the op that recorded this node
+  std::vector<Tensor> inputs;  // one per differentiable input, in the op's order
+  // Given d(loss)/d(output), returns one gradient per input (undefined: no gradient).
+  std::function<std::vector<Tensor>(const Tensor& grad_output)> backward;
+};
+
+bool grad_enabled();
+
+// Disables recording inside its scope (evaluation, optimizer steps, backward closures).
+class NoGradGuard {
+ public:
+  NoGradGuard();
+  ~NoGradGuard();
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// True when recording is on and at least one input needs a gradient.
+bool needs_grad(std::initializer_list<const Tensor*> inputs);
+
+// Attaches a node to `output` when any input requires grad and recording is on.
+// Inputs that do not require grad are passed as undefined tensors to `backward`'s
+// result slots but still listed, so closures can index inputs by position.
+void record(Tensor& output, std::string op, std::vector<Tensor> inputs,
+            std::function<std::vector<Tensor>(const Tensor&)> backward);
+
+// Backpropagates from `root` (a one-element tensor) with seed gradient 1.
+void backward(const Tensor& root);
+
+// dst += src (same shape and dtype, no autograd). Used for gradient accumulation.
+void accumulate_into(Tensor& dst, const Tensor& src);
+
+}  // namespace tg

@@ -1,0 +1,125 @@
+// GPT forward pass, built from ops so that autograd derives the backward.
+#include "src/nn/gpt.h"
+
+#include <cmath>
+
+#include "kernels/cpu/dropout.h"
+
+namespace tg::nn {
+
+namespace {
+std::string layer_name(int64_t i, const std::string& rest) {
+  return "transformer.h." + std::to_string(i) + "." + rest;
+}
+}  // namespace
+
+PosEmbedding parse_pos_embedding(const std::string& s) {
+  if (s == "learned") return PosEmbedding::learned;
+  if (s == "rope") return PosEmbedding::rope;
+  TG_CHECK(false, "unknown position embedding '", s, "': expected learned or rope");
+  return PosEmbedding::learned;
+}
+
+ops::AttentionKind parse_attention(const std::string& s) {
+  if (s == "flash") return ops::AttentionKind::flash;
+  if (s == "naive") return ops::AttentionKind::naive;
+  TG_CHECK(false, "unknown attention '", s, "': expected flash or naive");
+  return ops::AttentionKind::flash;
+}
+
+GPT::GPT(const GPTConfig& c, uint64_t seed, DType dtype, Device device) : config_(c), seed_(seed) {
+  TG_CHECK(c.n_layer >= 1 && c.n_head >= 1 && c.d_model >= 1 && c.vocab_size >= 1 && c.max_seq_len >= 1,
+           "GPT: n_layer, n_head, d_model, vocab_size and max_seq_len must be positive");
+  TG_CHECK(c.d_model % c.n_head == 0, "GPT: d_model ", c.d_model, " is not divisible by n_head ", c.n_head);
+  TG_CHECK(c.pos_embedding != PosEmbedding::rope || (c.d_model / c.n_head) % 2 == 0,
+           "GPT: RoPE needs an even head dimension, got ", c.d_model / c.n_head);
+  TG_CHECK(c.dropout >= 0.0 && c.dropout < 1.0, "GPT: dropout ", c.dropout, " is outside [0, 1)");
+  const int64_t C = c.d_model;
+  // GPT-2 initialisation: N(0, 0.02); residual projections scaled by 1/√(2·n_layer).
+  const double residual_std = 0.02 / std::sqrt(2.0 * double(c.n_layer));
+  params_.declare("transformer.wte.weight", {c.vocab_size, C}, Init::normal);
+  if (c.pos_embedding == PosEmbedding::learned)
+    params_.declare("transformer.wpe.weight", {c.max_seq_len, C}, Init::normal);
+  auto layernorm = [&](const std::string& prefix) {
+    params_.declare(prefix + ".weight", {C}, Init::ones);
+    if (c.bias) params_.declare(prefix + ".bias", {C}, Init::zeros);
+  };
+  auto linear = [&](const std::string& prefix, int64_t out, int64_t in, double std) {
+    params_.declare(prefix + ".weight", {out, in}, Init::normal, std);
+    if (c.bias) params_.declare(prefix + ".bias", {out}, Init::zeros);
+  };
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    layernorm(layer_name(i, "ln_1"));
+    linear(layer_name(i, "attn.c_attn"), 3 * C, C, 0.02);
+    linear(layer_name(i, "attn.c_proj"), C, C, residual_std);
+    layernorm(layer_name(i, "ln_2"));
+    linear(layer_name(i, "mlp.c_fc"), 4 * C, C, 0.02);
+    linear(layer_name(i, "mlp.c_proj"), C, 4 * C, residual_std);
+  }
+  layernorm("transformer.ln_f");
+  params_.allocate(seed, dtype, device);
+}
+
+Tensor GPT::maybe(const std::string& name) const { return params_.has(name) ? params_.get(name) : Tensor(); }
+
+Tensor GPT::dropout(const Tensor& x, uint64_t site) {
+  if (!training_ || config_.dropout == 0.0) return x;
+  return ops::dropout(x, config_.dropout, cpu::hash64(seed_ ^ cpu::hash64(dropout_counter_ * 1024 + site)));
+}
+
+Tensor GPT::block(const Tensor& x, int64_t i) {
+  const int64_t B = x.size(0), T = x.size(1), C = config_.d_model, H = config_.n_head;
+  auto w = [&](const std::string& rest) { return p(layer_name(i, rest)); };
+  auto b = [&](const std::string& rest) { return maybe(layer_name(i, rest)); };
+
+  // Causal self-attention. q, k, v are (B, T, H, D): a view of (B, T, C), no transposes.
+  Tensor h = ops::layernorm(x, w("ln_1.weight"), b("ln_1.bias"));
+  Tensor qkv = ops::linear(h, w("attn.c_attn.weight"), b("attn.c_attn.bias"));  // (B, T, 3C)
+  std::vector<Tensor> parts = ops::split_last(qkv, 3);
+  Tensor q = ops::reshape(parts[0], {B, T, H, C / H});
+  Tensor k = ops::reshape(parts[1], {B, T, H, C / H});
+  Tensor v = ops::reshape(parts[2], {B, T, H, C / H});
+  if (config_.pos_embedding == PosEmbedding::rope) {
+    q = ops::rope(q, config_.rope_base);
+    k = ops::rope(k, config_.rope_base);
+  }
+  Tensor y = ops::reshape(ops::attention(q, k, v, /*causal=*/true, config_.attention), {B, T, C});
+  y = ops::linear(y, w("attn.c_proj.weight"), b("attn.c_proj.bias"));
+  Tensor x1 = ops::add(x, dropout(y, uint64_t(2 * i)));
+
+  // MLP.
+  h = ops::layernorm(x1, w("ln_2.weight"), b("ln_2.bias"));
+  h = ops::gelu(ops::linear(h, w("mlp.c_fc.weight"), b("mlp.c_fc.bias")));  // (B, T, 4C)
+  h = ops::linear(h, w("mlp.c_proj.weight"), b("mlp.c_proj.bias"));
+  return ops::add(x1, dropout(h, uint64_t(2 * i + 1)));
+}
+
+Tensor GPT::forward(const Tensor& ids) {
+  TG_CHECK(ids.dim() == 2 && ids.dtype() == DType::i32, "GPT.forward: ids must be i32 (B, T), got ",
+           ids.desc());
+  const int64_t T = ids.size(1);
+  TG_CHECK(config_.pos_embedding != PosEmbedding::learned || T <= config_.max_seq_len,
+           "GPT.forward: sequence length ", T, " exceeds model.max_seq_len ", config_.max_seq_len,
+           " of the learned position table (raise max_seq_len or use pos_embedding: rope)");
+  if (training_) ++dropout_counter_;
+  Tensor x = ops::embedding(p("transformer.wte.weight"), ids);  // (B, T, C)
+  if (config_.pos_embedding == PosEmbedding::learned) {
+    std::vector<int32_t> pos(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = int32_t(t);
+    x = ops::add(x, ops::embedding(p("transformer.wpe.weight"), Tensor::from_ints(pos, {T})));
+  }
+  x = dropout(x, 1023);
+  for (int64_t i = 0; i < config_.n_layer; ++i) x = block(x, i);
+  x = ops::layernorm(x, p("transformer.ln_f.weight"), maybe("transformer.ln_f.bias"));
+  return ops::linear(x, p("transformer.wte.weight"), Tensor());  // (B, T, V): lm_head tied to wte
+}
+
+Tensor GPT::loss(const Tensor& ids, const Tensor& targets) {
+  TG_CHECK(targets.shape() == ids.shape() && targets.dtype() == DType::i32, "GPT.loss: targets ",
+           targets.desc(), " must be i32 with the shape of ids ", ids.desc());
+  Tensor logits = forward(ids);
+  const int64_t N = ids.numel();
+  return ops::cross_entropy(ops::reshape(logits, {N, config_.vocab_size}), targets.view({N}));
+}
+
+}  // namespace tg::nn

@@ -1,0 +1,64 @@
+// The GPT model: token (+ learned position or RoPE) embeddings, n_layer pre-LayerNorm blocks
+// of causal self-attention and a GELU MLP, a final LayerNorm and an LM head tied to wte.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "src/nn/parameters.h"
+#include "src/ops/ops.h"
+
+namespace tg::nn {
+
+enum class PosEmbedding { learned, rope };
+
+struct GPTConfig {
+  int64_t n_layer = 4;
+  int64_t n_head = 4;
+  int64_t d_model = 128;
+  int64_t vocab_size = 256;
+  int64_t max_seq_len = 64;  // size of the learned position table; RoPE has no cap
+  PosEmbedding pos_embedding = PosEmbedding::learned;
+  ops::AttentionKind attention = ops::AttentionKind::flash;
+  bool bias = true;       // biases in every Linear and LayerNorm
+  double dropout = 0.0;
+  double rope_base = 10000.0;
+};
+
+class GPT {
+ public:
+  GPT(const GPTConfig& config, uint64_t seed, DType dtype = DType::f32, Device device = Device::cpu());
+
+  // ids (B, T) i32 → logits (B, T, V).
+  Tensor forward(const Tensor& ids);
+  // Mean cross-entropy of next-token prediction; targets (B, T) i32, −1 ignored.
+  Tensor loss(const Tensor& ids, const Tensor& targets);
+
+  void set_training(bool training) { training_ = training; }
+  bool training() const { return training_; }
+  const GPTConfig& config() const { return config_; }
+  ParameterStore& params() { return params_; }
+  const ParameterStore& params() const { return params_; }
+
+  // Dropout draws a fresh mask per forward from (seed, forward counter, site); the counter
+  // is part of the training state that checkpoints save.
+  uint64_t dropout_counter() const { return dropout_counter_; }
+  void set_dropout_counter(uint64_t c) { dropout_counter_ = c; }
+
+ private:
+  Tensor block(const Tensor& x, int64_t layer);
+  const Tensor& p(const std::string& name) const { return params_.get(name); }
+  Tensor maybe(const std::string& name) const;  // undefined when the model has no such parameter
+  Tensor dropout(const Tensor& x, uint64_t site);
+
+  GPTConfig config_;
+  ParameterStore params_;
+  uint64_t seed_;
+  uint64_t dropout_counter_ = 0;
+  bool training_ = true;
+};
+
+// Parses "learned"/"rope" and "flash"/"naive" (errors list the choices).
+PosEmbedding parse_pos_embedding(const std::string& s);
+ops::AttentionKind parse_attention(const std::string& s);
+
+}  // namespace tg::nn

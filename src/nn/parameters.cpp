@@ -1,0 +1,77 @@
+// Flat parameter and gradient buffers with named views; deterministic initialisation.
+#include "src/nn/parameters.h"
+
+#include <cmath>
+
+#include "kernels/cpu/dropout.h"
+
+namespace tg::nn {
+
+double normal_from(uint64_t seed, uint64_t stream, uint64_t index) {
+  // Box–Muller on two uniforms in (0, 1] drawn from independent hash streams.
+  uint64_t base = cpu::hash64(seed ^ cpu::hash64(stream * 0x9e3779b97f4a7c15ull + 1));
+  double u1 = (double(cpu::hash64(base ^ (2 * index)) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
+  double u2 = double(cpu::hash64(base ^ (2 * index + 1)) >> 11) * (1.0 / 9007199254740992.0);
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+}
+
+void ParameterStore::declare(const std::string& name, const Shape& shape, Init init, double init_std) {
+  TG_CHECK(!values_.defined(), "parameter '", name, "' declared after the store was allocated");
+  TG_CHECK(!has(name), "parameter '", name, "' declared twice");
+  Parameter p;
+  p.name = name;
+  p.offset = total_;
+  p.decay = shape.size() >= 2;
+  p.init = init;
+  p.init_std = init_std;
+  params_.push_back(p);
+  shapes_.push_back(shape);
+  total_ += shape_numel(shape);
+}
+
+void ParameterStore::allocate(uint64_t seed, DType dtype, Device device) {
+  {
+    MemoryCategoryScope scope(MemCategory::params);
+    values_ = Tensor::empty({total_}, DType::f64 == dtype ? DType::f64 : DType::f32, Device::cpu());
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Parameter& p = params_[i];
+    Tensor view = Tensor::view_of(values_, p.offset, shapes_[i]);
+    std::vector<double> init(size_t(view.numel()));
+    for (size_t j = 0; j < init.size(); ++j)
+      init[j] = p.init == Init::ones ? 1.0 : p.init == Init::zeros ? 0.0 : p.init_std * normal_from(seed, i, j);
+    view.copy_from(Tensor::from_vector(init, shapes_[i], DType::f64));
+  }
+  if (!device.is_cpu()) {
+    MemoryCategoryScope scope(MemCategory::params);
+    values_ = values_.to(device);
+  }
+  {
+    MemoryCategoryScope scope(MemCategory::grads);
+    grads_ = Tensor::zeros({total_}, values_.dtype(), device);
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Parameter& p = params_[i];
+    p.value = Tensor::view_of(values_, p.offset, shapes_[i]);
+    p.value.set_requires_grad(true);
+    p.value.set_grad(Tensor::view_of(grads_, p.offset, shapes_[i]));
+  }
+}
+
+const Tensor& ParameterStore::get(const std::string& name) const {
+  for (const Parameter& p : params_)
+    if (p.name == name) return p.value;
+  TG_CHECK(false, "no parameter named '", name, "'");
+  static Tensor none;
+  return none;
+}
+
+bool ParameterStore::has(const std::string& name) const {
+  for (const Parameter& p : params_)
+    if (p.name == name) return true;
+  return false;
+}
+
+void ParameterStore::zero_grad() { grads_.zero(); }
+
+}  // namespace tg::nn

@@ -1,0 +1,49 @@
+// Parameters live in one flat buffer with named views (llm.c's malloc_and_point_parameters),
+// and so do their gradients: all-reduce, AdamW and checkpointing are each one operation.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "src/tensor/tensor.h"
+
+namespace tg::nn {
+
+enum class Init { normal, zeros, ones };
+
+struct Parameter {
+  std::string name;  // Hugging Face GPT-2 name, e.g. "transformer.h.0.attn.c_attn.weight"
+  Tensor value;      // a view into the flat parameter buffer, requires_grad
+  int64_t offset = 0;  // element offset in the flat buffers
+  bool decay = false;  // AdamW weight decay applies (2-D weights only)
+  Init init = Init::normal;
+  double init_std = 0.02;
+};
+
+class ParameterStore {
+ public:
+  // Declares a parameter; call allocate() once all are declared.
+  void declare(const std::string& name, const Shape& shape, Init init, double init_std = 0.02);
+  // Allocates the flat value and grad buffers, points every parameter at its views and
+  // initialises values deterministically from `seed` (each element a pure function of
+  // seed, parameter index and element index, so the init does not depend on threading).
+  void allocate(uint64_t seed, DType dtype = DType::f32, Device device = Device::cpu());
+
+  const std::vector<Parameter>& all() const { return params_; }
+  const Tensor& get(const std::string& name) const;
+  bool has(const std::string& name) const;
+  int64_t numel() const { return total_; }
+  Tensor flat_values() const { return values_; }  // (numel)
+  Tensor flat_grads() const { return grads_; }    // (numel)
+  void zero_grad();
+
+ private:
+  std::vector<Parameter> params_;
+  std::vector<Shape> shapes_;
+  int64_t total_ = 0;
+  Tensor values_, grads_;
+};
+
+// A standard normal from a counter-based hash: deterministic for (seed, stream, index).
+double normal_from(uint64_t seed, uint64_t stream, uint64_t index);
+
+}  // namespace tg::nn

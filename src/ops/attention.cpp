@@ -1,0 +1,65 @@
+// Attention on (B, T, H, D): the materialised reference and the fused FlashAttention op.
+#include <cmath>
+
+#include "kernels/cpu/flash_attention.h"
+#include "src/ops/dispatch.h"
+#include "src/ops/ops.h"
+
+namespace tg::ops {
+
+using detail::check_defined;
+using detail::check_same;
+using detail::dispatch_float;
+using detail::empty_like;
+
+namespace {
+void check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
+  check_defined(op, q, "q");
+  check_defined(op, k, "k");
+  check_defined(op, v, "v");
+  check_same(op, q, k);
+  check_same(op, q, v);
+  TG_CHECK(q.dim() == 4, op, ": q must be (B, T, H, D), got ", q.desc());
+  TG_CHECK(k.shape() == q.shape() && v.shape() == q.shape(), op, ": q, k, v shapes differ: ",
+           shape_str(q.shape()), ", ", shape_str(k.shape()), ", ", shape_str(v.shape()));
+}
+}  // namespace
+
+Tensor attention_naive(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+  check_qkv("attention_naive", q, k, v);
+  const double scale_factor = 1.0 / std::sqrt(double(q.size(3)));
+  Tensor qh = transpose12(q), kh = transpose12(k), vh = transpose12(v);  // (B, H, T, D)
+  Tensor s = scale(matmul(qh, kh, false, true), scale_factor);          // (B, H, T, T)
+  if (causal) s = causal_mask(s);
+  Tensor p = softmax(s);
+  return transpose12(matmul(p, vh));  // (B, T, H, D)
+}
+
+Tensor attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+  check_qkv("attention_flash", q, k, v);
+  const cpu::AttentionShape shape{q.size(0), q.size(1), q.size(2), q.size(3), causal,
+                                  1.0 / std::sqrt(double(q.size(3)))};
+  Tensor o = empty_like(q);
+  Tensor lse = Tensor::empty({shape.B, shape.H, shape.T}, q.dtype(), q.device());  // (B, H, T)
+  dispatch_float("attention_flash", q, [&]<typename T>() {
+    cpu::flash_attention_forward(q.data<T>(), k.data<T>(), v.data<T>(), o.data<T>(), lse.data<T>(), shape);
+  });
+  // Saved for the backward: the inputs, O and the log-sum-exp; never the (T, T) scores.
+  record(o, "attention_flash", {q, k, v},
+         [q = q.detach(), k = k.detach(), v = v.detach(), o_saved = o.detach(), lse, shape](const Tensor& g) {
+           Tensor dq = empty_like(q), dk = empty_like(k), dv = empty_like(v);
+           dispatch_float("attention_flash backward", g, [&]<typename T>() {
+             cpu::flash_attention_backward(q.data<T>(), k.data<T>(), v.data<T>(), o_saved.data<T>(),
+                                           lse.data<T>(), g.data<T>(), dq.data<T>(), dk.data<T>(),
+                                           dv.data<T>(), shape);
+           });
+           return std::vector<Tensor>{dq, dk, dv};
+         });
+  return o;
+}
+
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, AttentionKind kind) {
+  return kind == AttentionKind::flash ? attention_flash(q, k, v, causal) : attention_naive(q, k, v, causal);
+}
+
+}  // namespace tg::ops

@@ -1,0 +1,48 @@
+// The user-facing ops: each validates its inputs (errors name the op and the shapes), picks
+// the backend kernel for the tensor's device and dtype, and records its backward on the tape.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "src/autograd/autograd.h"
+#include "src/tensor/tensor.h"
+
+namespace tg::ops {
+
+// --- elementwise and layout ---
+Tensor add(const Tensor& a, const Tensor& b);  // b's shape equals a's or a trailing suffix of it
+Tensor mul(const Tensor& a, const Tensor& b);  // same shapes
+Tensor scale(const Tensor& x, double s);
+Tensor sum(const Tensor& x);                   // scalar
+Tensor mean(const Tensor& x);                  // scalar
+Tensor reshape(const Tensor& x, const Shape& shape);
+Tensor transpose12(const Tensor& x);           // 4-D: (A, M, N, D) → (A, N, M, D)
+Tensor slice_last(const Tensor& x, int64_t start, int64_t len);  // x[..., start:start+len]
+std::vector<Tensor> split_last(const Tensor& x, int64_t parts);  // equal parts of the last dim
+
+// --- neural-network ops ---
+Tensor embedding(const Tensor& weight /*(V, C)*/, const Tensor& ids /*(...) i32*/);  // (..., C)
+// x (..., K) · weightᵀ + bias, weight (N, K) as in torch.nn.Linear, bias (N) or undefined.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// Batched a (..., M, K) · b (..., K, N), with optional transposes of the last two dims.
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+Tensor gelu(const Tensor& x);  // tanh form
+Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+Tensor softmax(const Tensor& x);  // over the last dimension
+// Mean over counted rows of −log softmax(logits)[target]; logits (N, V), targets (N) i32.
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index = -1);
+// Deterministic from `seed`; identity (and no node) when p == 0 or !training.
+Tensor dropout(const Tensor& x, double p, uint64_t seed, bool training = true);
+// x (B, T, H, D), D even; rotates positions pos_offset..pos_offset+T−1.
+Tensor rope(const Tensor& x, double base = 10000.0, int64_t pos_offset = 0);
+Tensor causal_mask(const Tensor& scores /*(..., T, T)*/);  // future keys → −inf
+
+// --- attention on (B, T, H, D) ---
+enum class AttentionKind { flash, naive };
+// The reference: materialises S = QKᵀ·scale (B, H, T, T), masks, softmax, P·V; built from the ops above.
+Tensor attention_naive(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);
+// Fused: saves only O and the per-row log-sum-exp; the backward recomputes scores block by block.
+Tensor attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, AttentionKind kind);
+
+}  // namespace tg::ops

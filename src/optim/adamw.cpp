@@ -1,0 +1,59 @@
+// AdamW, gradient clipping and learning-rate schedules.
+#include "src/optim/adamw.h"
+
+#include <cmath>
+
+#include "kernels/cpu/adamw.h"
+
+namespace tg::optim {
+
+AdamW::AdamW(nn::ParameterStore& params, const AdamWConfig& config) : params_(params), config_(config) {
+  MemoryCategoryScope scope(MemCategory::optimizer);
+  Tensor flat = params.flat_values();
+  m_ = Tensor::zeros(flat.shape(), flat.dtype(), flat.device());
+  v_ = Tensor::zeros(flat.shape(), flat.dtype(), flat.device());
+}
+
+void AdamW::step(double lr) {
+  ++steps_;
+  TG_CHECK(params_.flat_values().dtype() == DType::f32 && params_.flat_values().device().is_cpu(),
+           "AdamW: needs f32 parameters on the cpu, got ", params_.flat_values().desc());
+  const float bc1 = float(1.0 - std::pow(config_.beta1, double(steps_)));
+  const float bc2 = float(1.0 - std::pow(config_.beta2, double(steps_)));
+  float* p = params_.flat_values().data<float>();
+  const float* g = params_.flat_grads().data<float>();
+  float* m = m_.data<float>();
+  float* v = v_.data<float>();
+  // One range per parameter: the flat layout keeps this a handful of contiguous sweeps.
+  for (const nn::Parameter& prm : params_.all()) {
+    const int64_t off = prm.offset, n = prm.value.numel();
+    cpu::adamw_update(p + off, g + off, m + off, v + off, n, float(lr), float(config_.beta1),
+                      float(config_.beta2), float(config_.eps),
+                      prm.decay ? float(config_.weight_decay) : 0.0f, bc1, bc2);
+  }
+}
+
+double grad_norm(const nn::ParameterStore& params) {
+  Tensor g = params.flat_grads();
+  TG_CHECK(g.dtype() == DType::f32 && g.device().is_cpu(), "grad_norm: needs f32 cpu gradients, got ", g.desc());
+  return std::sqrt(cpu::sum_squares(g.data<float>(), g.numel()));
+}
+
+double clip_grad_norm(nn::ParameterStore& params, double max_norm) {
+  double norm = grad_norm(params);
+  if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) {
+    Tensor g = params.flat_grads();
+    cpu::scale_inplace(g.data<float>(), float(max_norm / (norm + 1e-6)), g.numel());
+  }
+  return norm;
+}
+
+double LRSchedule::at(int64_t step) const {
+  if (warmup_steps > 0 && step < warmup_steps) return lr * double(step + 1) / double(warmup_steps);
+  if (kind == Schedule::constant) return lr;
+  if (step >= max_steps) return min_lr;
+  double progress = double(step - warmup_steps) / double(std::max<int64_t>(1, max_steps - warmup_steps));
+  return min_lr + 0.5 * (1.0 + std::cos(M_PI * progress)) * (lr - min_lr);
+}
+
+}  // namespace tg::optim

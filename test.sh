@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# tilegrad's test command: installs what is missing, configures, builds and runs the whole
+# suite with ctest. GPU tests skip with a stated reason where no GPU is present.
+set -euo pipefail
+cd "$(dirname "$0")"
+tools/install_deps.sh
+BUILD_DIR="${BUILD_DIR:-build}"
+JOBS="${JOBS:-$(nproc)}"
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release
+cmake --build "$BUILD_DIR" -j "$JOBS"
+# Two OpenMP threads per test process keeps ctest's parallel runs from oversubscribing.
+OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}" \
+  ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS"

@@ -1,0 +1,70 @@
+// AdamW against a hand-computed update, clipping, and the learning-rate schedule.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "src/optim/adamw.h"
+
+namespace tg {
+namespace {
+
+TEST(AdamW, OneStepMatchesHandComputedUpdate) {
+  nn::ParameterStore store;
+  store.declare("w", {2, 2}, nn::Init::ones);  // 2-D: decayed
+  store.declare("b", {2}, nn::Init::ones);     // 1-D: not decayed
+  store.allocate(0);
+  std::vector<float> grads = {0.5f, -1.0f, 2.0f, 0.0f, -0.25f, 4.0f};
+  std::copy(grads.begin(), grads.end(), store.flat_grads().data<float>());
+  optim::AdamWConfig cfg{0.9, 0.99, 1e-8, 0.1};
+  optim::AdamW opt(store, cfg);
+  const double lr = 0.01;
+  opt.step(lr);
+  std::vector<float> p = store.flat_values().to_float_vector();
+  for (size_t i = 0; i < grads.size(); ++i) {
+    // First step: m̂ = g, v̂ = g², so the update is g/(|g| + eps) (± 1 unless g = 0).
+    double g = grads[i];
+    double m_hat = (1 - 0.9) * g / (1 - 0.9), v_hat = (1 - 0.99) * g * g / (1 - 0.99);
+    double decay = i < 4 ? 0.1 : 0.0;
+    double expected = 1.0 - lr * (m_hat / (std::sqrt(v_hat) + 1e-8) + decay * 1.0);
+    EXPECT_NEAR(p[i], expected, 1e-6) << "element " << i;
+  }
+  // Second step with the same gradient: m̂ and v̂ stay g and g² after bias correction.
+  std::copy(grads.begin(), grads.end(), store.flat_grads().data<float>());
+  std::vector<float> p1 = p;
+  opt.step(lr);
+  p = store.flat_values().to_float_vector();
+  for (size_t i = 0; i < grads.size(); ++i) {
+    double g = grads[i], decay = i < 4 ? 0.1 : 0.0;
+    double expected = p1[i] - lr * (g / (std::abs(g) + 1e-8) + decay * p1[i]);
+    EXPECT_NEAR(p[i], expected, 1e-6) << "element " << i;
+  }
+  EXPECT_EQ(opt.steps_taken(), 2);
+}
+
+TEST(AdamW, ClipGradNormScalesToTheLimit) {
+  nn::ParameterStore store;
+  store.declare("w", {4}, nn::Init::zeros);
+  store.allocate(0);
+  float* g = store.flat_grads().data<float>();
+  g[0] = 3; g[1] = 4; g[2] = 0; g[3] = 0;
+  EXPECT_NEAR(optim::clip_grad_norm(store, 1.0), 5.0, 1e-9);
+  EXPECT_NEAR(optim::grad_norm(store), 1.0, 1e-5);
+  EXPECT_NEAR(optim::clip_grad_norm(store, 10.0), 1.0, 1e-5);  // under the limit: untouched
+  EXPECT_NEAR(optim::grad_norm(store), 1.0, 1e-5);
+}
+
+TEST(LRSchedule, WarmupThenCosineToMinimum) {
+  optim::LRSchedule s{optim::Schedule::cosine, 1e-3, 1e-4, 10, 110};
+  EXPECT_NEAR(s.at(0), 1e-4, 1e-12);
+  EXPECT_NEAR(s.at(9), 1e-3, 1e-12);
+  EXPECT_NEAR(s.at(10), 1e-3, 1e-12);
+  EXPECT_NEAR(s.at(60), 0.5 * (1e-3 + 1e-4), 1e-12);
+  EXPECT_NEAR(s.at(110), 1e-4, 1e-12);
+  EXPECT_NEAR(s.at(500), 1e-4, 1e-12);
+  optim::LRSchedule c{optim::Schedule::constant, 1e-3, 1e-4, 10, 110};
+  EXPECT_NEAR(c.at(5), 6e-4, 1e-12);
+  EXPECT_NEAR(c.at(100), 1e-3, 1e-12);
+}
+
+}  // namespace
+}  // namespace tg

@@ -1,0 +1,36 @@
+// Shared helpers for the tests: deterministic random tensors and error comparisons.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "src/nn/parameters.h"
+#include "src/tensor/tensor.h"
+
+namespace tg::testing {
+
+inline Tensor random_tensor(const Shape& shape, uint64_t seed, DType dtype = DType::f64, double std = 1.0) {
+  std::vector<double> v(static_cast<size_t>(shape_numel(shape)));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = std * nn::normal_from(seed, 99, i);
+  return Tensor::from_vector(v, shape, dtype);
+}
+
+// max |a − b| / max(1, max |b|): a relative error that stays meaningful near zero.
+inline double rel_error(const std::vector<double>& a, const std::vector<double>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double num = 0, den = 1;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    if (std::isnan(a[i]) != std::isnan(b[i])) return INFINITY;
+    if (std::isinf(b[i]) && a[i] == b[i]) continue;
+    num = std::max(num, std::abs(a[i] - b[i]));
+    den = std::max(den, std::abs(b[i]));
+  }
+  return num / den;
+}
+
+inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+}  // namespace tg::testing
