@@ -14,7 +14,6 @@ namespace {
 // two score tiles ≈ 208 KiB) fits a per-core L2 while each loaded K/V (or Q/dO) tile is reused
 // across 32 rows. Not tuned beyond that: this kernel is the specification and the CPU fallback.
 // Br == Bc makes at most one key block straddle the diagonal for each query block.
-// straddle the diagonal for each query block.
 constexpr int64_t kBr = 32;  // query rows per tile
 constexpr int64_t kBc = 32;  // key columns per tile
 
