@@ -9,5 +9,6 @@ JOBS="${JOBS:-$(nproc)}"
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release
 cmake --build "$BUILD_DIR" -j "$JOBS"
 # Two OpenMP threads per test process keeps ctest's parallel runs from oversubscribing.
-OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}" \
+# Passive waiting: spinning OpenMP threads in one test process would starve the others.
+OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}" OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}" \
   ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS"

@@ -2,22 +2,59 @@
 #pragma once
 #include <cblas.h>
 
+#include <omp.h>
+
 #include <cstdint>
 
+extern "C" void openblas_set_num_threads(int);
+
 namespace tg::cpu {
+
+// OpenBLAS's own thread pool and OpenMP's spin against each other on a small machine, so
+// tilegrad runs OpenBLAS single-threaded and splits large products over OpenMP threads itself
+// (each thread takes a band of rows of C): one pool, no oversubscription.
+inline void single_threaded_blas() {
+  static const bool once = [] { openblas_set_num_threads(1); return true; }();
+  (void)once;
+}
+
+// Rows of A (or columns of Aᵀ) handed to each thread; the row band of op(A) starts at
+// row r, which is A + r·lda when A is not transposed and A + r when it is.
+template <typename T, typename Gemm>
+void gemm_row_bands(bool trans_a, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, T* C,
+                    int64_t ldc, Gemm&& band) {
+  single_threaded_blas();
+  const int threads = omp_get_max_threads();
+  if (threads <= 1 || M * N * K < (int64_t(1) << 18) || M < 2 * threads) {
+    band(int64_t(0), M);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), n = omp_get_num_threads();
+    const int64_t begin = M * t / n, end = M * (t + 1) / n;
+    if (end > begin) band(begin, end);
+  }
+}
 
 // C (M, N) = alpha · op(A) · op(B) + beta · C, row-major; op(A) is (M, K), op(B) is (K, N).
 inline void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                  const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
                  int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-              int(M), int(N), int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+  gemm_row_bands(trans_a, M, N, K, A, lda, C, ldc, [&](int64_t r0, int64_t r1) {
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+                int(r1 - r0), int(N), int(K), alpha, trans_a ? A + r0 : A + r0 * lda, int(lda), B, int(ldb),
+                beta, C + r0 * ldc, int(ldc));
+  });
 }
 inline void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha,
                  const double* A, int64_t lda, const double* B, int64_t ldb, double beta, double* C,
                  int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-              int(M), int(N), int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+  gemm_row_bands(trans_a, M, N, K, A, lda, C, ldc, [&](int64_t r0, int64_t r1) {
+    cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+                int(r1 - r0), int(N), int(K), alpha, trans_a ? A + r0 : A + r0 * lda, int(lda), B, int(ldb),
+                beta, C + r0 * ldc, int(ldc));
+  });
 }
 
 // Batched: `batch` independent products with the given element strides between matrices.

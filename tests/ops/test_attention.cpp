@@ -13,6 +13,10 @@ using testing::rel_error;
 
 struct AttnCase { int64_t B, T, H, D; bool causal; };
 
+void PrintTo(const AttnCase& c, std::ostream* os) {
+  *os << "B" << c.B << " T" << c.T << " H" << c.H << " D" << c.D << (c.causal ? " causal" : "");
+}
+
 class FlashVsNaive : public ::testing::TestWithParam<AttnCase> {};
 
 TEST_P(FlashVsNaive, OutputsAndGradientsAgreeInDouble) {

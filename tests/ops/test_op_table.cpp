@@ -201,6 +201,9 @@ std::vector<OpCase> op_table() {
   return t;
 }
 
+// gtest prints parameters in failure messages and test listings: show the op's name.
+void PrintTo(const OpCase& c, std::ostream* os) { *os << c.name; }
+
 class OpTable : public ::testing::TestWithParam<OpCase> {};
 
 std::vector<Tensor> make_inputs(const OpCase& c, DType dtype) {
