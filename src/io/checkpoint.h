@@ -1,0 +1,53 @@
+// HDF5 checkpoints: generic named arrays + scalar state, written atomically, verified on read.
+// The layout is documented in docs/checkpoint.md; files open in h5py without tilegrad.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tg {
+
+// One float32 array. A '/' in the name makes nested HDF5 groups
+// ("params/transformer.h.0.ln_1.weight" → group "params", dataset "transformer.h.0.ln_1.weight").
+struct CheckpointArray {
+  std::string name;
+  std::vector<int64_t> shape;  // row-major; {} is a scalar (one element)
+  std::vector<float> data;     // size == product(shape)
+};
+
+// Everything the trainer stores. The checkpoint layer is generic: it does not know what a
+// parameter or an optimizer moment is, only names, shapes and values.
+struct CheckpointData {
+  std::string format = "tilegrad-checkpoint";
+  int version = 1;
+  std::vector<CheckpointArray> arrays;                      // params, optimizer moments ("optim/m/<name>"), ...
+  std::map<std::string, int64_t> ints;                      // step, tokens_seen, world_size, ...
+  std::map<std::string, std::vector<uint64_t>> u64_arrays;  // RNG states, loader cursor
+  std::map<std::string, std::string> strings;               // "config_yaml": the resolved config
+};
+
+// Writes `dir/ckpt-<step>.h5` atomically (temp file `dir/.ckpt-<step>.h5.tmp`, flush, close, fsync,
+// rename, fsync dir), then points `dir/latest` at it the same way, then prunes to the newest
+// `keep_last` checkpoints (keep_last <= 0 keeps all; the newest and the one `latest` names are never
+// deleted). Creates `dir` if needed. Returns the final path. Throws tg::Error on failure, leaving
+// the previous checkpoints and `latest` untouched.
+std::string save_checkpoint(const std::string& dir, int64_t step, const CheckpointData& data, int keep_last);
+
+// Reads a checkpoint and verifies format name, version and every dataset's Fletcher32 checksum.
+// Errors name the file and the dataset/attribute that failed.
+CheckpointData load_checkpoint(const std::string& path);
+
+// which == "latest": reads `dir_or_path/latest`; if it is missing or names a file that does not
+// load, says so on stderr and falls back to the newest complete ckpt-*.h5 that loads (temporary
+// files are never considered). If dir_or_path is itself a file, loads that file.
+// Otherwise `which` is a path (absolute, relative to the working directory, or relative to
+// dir_or_path); it is loaded without fallback. Returns the path actually loaded and its data.
+std::pair<std::string, CheckpointData> resolve_and_load(const std::string& dir_or_path, const std::string& which);
+
+// Complete checkpoints (files named ckpt-<step>.h5) in `dir`, sorted by step ascending.
+// Empty if the directory does not exist.
+std::vector<std::string> list_checkpoints(const std::string& dir);
+
+}  // namespace tg

@@ -1,0 +1,81 @@
+// Sampling (temperature, top-k) and deterministic validation loss.
+#include "src/trainer/generate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "kernels/cpu/dropout.h"
+
+namespace tg {
+
+namespace {
+// Restores the model's training flag when leaving scope.
+struct EvalMode {
+  nn::GPT& m;
+  bool was;
+  explicit EvalMode(nn::GPT& model) : m(model), was(model.training()) { m.set_training(false); }
+  ~EvalMode() { m.set_training(was); }
+};
+}  // namespace
+
+std::vector<int32_t> generate(nn::GPT& model, const std::vector<int32_t>& prompt, const SampleOptions& opt) {
+  TG_CHECK(opt.temperature >= 0, "sample: temperature must be ≥ 0, got ", opt.temperature);
+  TG_CHECK(opt.top_k >= 0, "sample: top-k must be ≥ 0, got ", opt.top_k);
+  NoGradGuard no_grad;
+  EvalMode eval(model);
+  const int64_t V = model.config().vocab_size, window = model.config().max_seq_len;
+  std::vector<int32_t> seq = prompt;
+  if (seq.empty()) seq.push_back(int32_t('\n' < V ? '\n' : 0));  // an empty prompt starts at a line break
+  std::vector<int32_t> out;
+  for (int64_t i = 0; i < opt.tokens; ++i) {
+    const int64_t n = std::min<int64_t>(int64_t(seq.size()), window);
+    std::vector<int32_t> ctx(seq.end() - n, seq.end());
+    Tensor logits = model.forward(Tensor::from_ints(ctx, {1, n}));  // (1, n, V)
+    std::vector<double> last = logits.to_double_vector();
+    std::vector<double> l(last.end() - V, last.end());
+    int32_t next;
+    if (opt.temperature == 0) {
+      next = int32_t(std::max_element(l.begin(), l.end()) - l.begin());
+    } else {
+      std::vector<int32_t> idx(static_cast<size_t>(V));
+      std::iota(idx.begin(), idx.end(), 0);
+      int64_t k = opt.top_k > 0 ? std::min(opt.top_k, V) : V;
+      // Highest logits first; ties by id so the order is deterministic.
+      std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                        [&](int32_t a, int32_t b) { return l[size_t(a)] > l[size_t(b)] || (l[size_t(a)] == l[size_t(b)] && a < b); });
+      double mx = l[size_t(idx[0])], z = 0;
+      std::vector<double> p(static_cast<size_t>(k));
+      for (int64_t j = 0; j < k; ++j) z += p[size_t(j)] = std::exp((l[size_t(idx[size_t(j)])] - mx) / opt.temperature);
+      double u = double(cpu::uniform_from(opt.seed, uint64_t(i))) * z, acc = 0;
+      next = idx[size_t(k - 1)];
+      for (int64_t j = 0; j < k; ++j) {
+        acc += p[size_t(j)];
+        if (u < acc) { next = idx[size_t(j)]; break; }
+      }
+    }
+    seq.push_back(next);
+    out.push_back(next);
+  }
+  return out;
+}
+
+double evaluate(nn::GPT& model, DataLoader& val, int64_t steps) {
+  NoGradGuard no_grad;
+  EvalMode eval(model);
+  const int64_t B = val.batch_size(), T = val.seq_len();
+  const int64_t available = val.num_sequential_batches();
+  TG_CHECK(available > 0, "validation data (", val.files().size(), " file(s), ", val.total_tokens(),
+           " tokens) is too small for one batch of ", B, " × ", T, " tokens; use more validation data or a smaller batch");
+  const int64_t n = steps > 0 ? std::min(steps, available) : available;
+  std::vector<int32_t> x(static_cast<size_t>(B * T)), y(static_cast<size_t>(B * T));
+  val.reset_sequential();
+  double total = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    val.next_sequential_batch(x.data(), y.data());
+    total += model.loss(Tensor::from_ints(x, {B, T}), Tensor::from_ints(y, {B, T})).item();
+  }
+  return total / double(n);
+}
+
+}  // namespace tg

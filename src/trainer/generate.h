@@ -1,0 +1,26 @@
+// Text generation and validation loss: the two ways a run looks at its model without training it.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "src/data/loader.h"
+#include "src/nn/gpt.h"
+
+namespace tg {
+
+struct SampleOptions {
+  int64_t tokens = 200;
+  double temperature = 1.0;  // 0 → greedy
+  int64_t top_k = 0;         // 0 → the whole vocabulary
+  uint64_t seed = 1337;
+};
+
+// Continues `prompt` by `tokens` tokens, each drawn from the model's distribution at the last
+// position (deterministic for a seed). The context is the last max_seq_len tokens. Returns only
+// the new tokens.
+std::vector<int32_t> generate(nn::GPT& model, const std::vector<int32_t>& prompt, const SampleOptions& opt);
+
+// Mean loss over `steps` sequential validation batches (all of them when steps <= 0).
+double evaluate(nn::GPT& model, DataLoader& val, int64_t steps);
+
+}  // namespace tg

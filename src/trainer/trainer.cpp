@@ -1,0 +1,257 @@
+// The training loop and its bookkeeping.
+#include "src/trainer/trainer.h"
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+
+#include "src/data/tokenizer.h"
+#include "src/trainer/generate.h"
+
+namespace tg {
+
+namespace fs = std::filesystem;
+
+namespace {
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+void on_stop_signal(int sig) {
+  if (g_stop_signal) _exit(128 + sig);  // second signal: leave now
+  g_stop_signal = sig;
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string duration(double seconds) {
+  int64_t s = int64_t(seconds + 0.5);
+  char buf[32];
+  if (s >= 3600) std::snprintf(buf, sizeof buf, "%lldh%02lldm", (long long)(s / 3600), (long long)(s % 3600 / 60));
+  else std::snprintf(buf, sizeof buf, "%lldm%02llds", (long long)(s / 60), (long long)(s % 60));
+  return buf;
+}
+
+// JSON numbers must be finite: NaN and infinities are written as strings.
+std::string json_number(double v) {
+  if (std::isnan(v)) return "\"nan\"";
+  if (std::isinf(v)) return v > 0 ? "\"inf\"" : "\"-inf\"";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') { out += '\\'; out += char(c); }
+    else if (c == '\n') out += "\\n";
+    else if (c < 0x20) { char b[8]; std::snprintf(b, sizeof b, "\\u%04x", c); out += b; }
+    else out += char(c);
+  }
+  return out + "\"";
+}
+}  // namespace
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+bool stop_requested() { return g_stop_signal != 0; }
+void clear_stop_request() { g_stop_signal = 0; }
+
+Device resolve_device(const std::string& setting) {
+  if (setting == "cpu" || setting == "auto") return Device::cpu();  // auto: the CUDA trainer is not built yet
+  TG_CHECK(false, "run.device: '", setting,
+           "': training on the GPU is not available in this build yet; use run.device: cpu or auto");
+  return Device::cpu();
+}
+
+Trainer::Trainer(const Config& config) : config_(config) {
+  validate_config(config_);
+  config_yaml_ = config_to_yaml(config_);
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::log_line(const std::string& s) {
+  std::cout << s << std::endl;
+  if (log_file_.is_open()) log_file_ << s << std::endl;
+}
+
+void Trainer::metrics(const std::string& json) {
+  metrics_file_ << json << "\n";
+  metrics_file_.flush();
+}
+
+std::string Trainer::save(const char* why) {
+  state_.dropout_counter = model_->dropout_counter();
+  state_.cursor = train_data_->cursor();
+  std::string path = save_checkpoint(config_.run.out_dir, state_.step,
+                                     make_checkpoint(*model_, opt_.get(), state_, config_yaml_), config_.run.keep_last);
+  log_line("checkpoint " + path + " (" + why + ")");
+  return path;
+}
+
+void Trainer::maybe_sample(int64_t step) {
+  SampleOptions so;
+  so.tokens = config_.run.sample_tokens;
+  so.temperature = 1.0;
+  so.top_k = 0;
+  so.seed = uint64_t(config_.train.seed) ^ uint64_t(step);
+  std::vector<int32_t> toks = generate(*model_, {}, so);
+  std::string text = ByteTokenizer::decode(toks);
+  log_line("sample at step " + std::to_string(step) + ":\n" + text + "\n---");
+  metrics("{\"type\":\"sample\",\"step\":" + std::to_string(step) + ",\"text\":" + json_string(text) + "}");
+}
+
+TrainResult Trainer::run(const std::string& resume) {
+  const TrainConfig& tc = config_.train;
+  const RunConfig& rc = config_.run;
+  const Device device = resolve_device(rc.device);
+  const std::string& out = rc.out_dir;
+  fs::create_directories(out);
+  if (resume.empty()) {
+    TG_CHECK(list_checkpoints(out).empty(), "run directory ", out,
+             " already has checkpoints; resume with --resume latest, or choose another run.out_dir");
+  }
+  log_file_.open(fs::path(out) / "train.log", std::ios::app);
+  metrics_file_.open(fs::path(out) / "metrics.jsonl", std::ios::app);
+  TG_CHECK(metrics_file_.good() && log_file_.good(), "cannot write to the run directory ", out);
+  {
+    std::ofstream cfg(fs::path(out) / "config.yaml");
+    cfg << config_yaml_;
+  }
+  log_line("tilegrad train: resolved config (" + config_.source_path + ")\n" + config_yaml_);
+  log_line("device: " + device.str() + ", threads: " + std::to_string(omp_get_max_threads()));
+
+  model_ = std::make_unique<nn::GPT>(gpt_config_from(config_.model), uint64_t(tc.seed), DType::f32, device);
+  opt_ = std::make_unique<optim::AdamW>(model_->params(), optim::AdamWConfig{tc.beta1, tc.beta2, tc.eps, tc.weight_decay});
+  train_data_ = std::make_unique<DataLoader>(config_.data.train, config_.model.vocab_size, tc.batch_size, tc.seq_len,
+                                             uint64_t(tc.seed));
+  val_data_ = std::make_unique<DataLoader>(config_.data.val, config_.model.vocab_size, tc.batch_size, tc.seq_len,
+                                           uint64_t(tc.seed));
+  log_line("model: " + std::to_string(model_->params().numel()) + " parameters; train data " +
+           std::to_string(train_data_->total_tokens()) + " tokens, val data " + std::to_string(val_data_->total_tokens()) +
+           " tokens");
+
+  if (!resume.empty()) {
+    auto [path, ckpt] = resolve_and_load(out, resume);
+    check_model_compatible(config_.model, checkpoint_config(ckpt, path).model, path);
+    restore_parameters(*model_, ckpt, path);
+    restore_optimizer(*opt_, *model_, ckpt, path);
+    state_ = restore_state(ckpt, path);
+    TG_CHECK(state_.world_size == 1, "checkpoint ", path, " was written by ", state_.world_size,
+             " ranks; this run has 1");
+    TG_CHECK(state_.cursor.seed == uint64_t(tc.seed), "checkpoint ", path, " was trained with train.seed ",
+             state_.cursor.seed, " but the config says ", tc.seed, "; an exact resume needs the same seed");
+    train_data_->set_cursor(state_.cursor);
+    model_->set_dropout_counter(state_.dropout_counter);
+    log_line("resumed from " + path + " at step " + std::to_string(state_.step));
+  }
+
+  optim::LRSchedule schedule{tc.lr_schedule == "constant" ? optim::Schedule::constant : optim::Schedule::cosine,
+                             tc.lr, tc.min_lr, tc.warmup_steps, tc.max_steps};
+  install_stop_handlers();
+  TrainResult result;
+  const int64_t B = tc.batch_size, T = tc.seq_len, tokens_per_step = B * T * tc.grad_accum;
+  std::vector<int32_t> x(static_cast<size_t>(B * T)), y(static_cast<size_t>(B * T));
+  auto run_start = std::chrono::steady_clock::now();
+  const int64_t first_step = state_.step;
+  double window_ms = 0;
+  int64_t window_steps = 0;
+
+  while (state_.step < tc.max_steps) {
+    const int64_t step = state_.step;
+    auto t0 = std::chrono::steady_clock::now();
+    model_->params().zero_grad();
+    double loss = 0;
+    for (int micro = 0; micro < tc.grad_accum; ++micro) {
+      train_data_->next_batch(x.data(), y.data());
+      Tensor l = model_->loss(Tensor::from_ints(x, {B, T}), Tensor::from_ints(y, {B, T}));
+      loss += l.item() / tc.grad_accum;
+      ops::scale(l, 1.0 / tc.grad_accum).backward();
+    }
+    if (grad_hook_) grad_hook_(step, model_->params());
+    const double norm = optim::clip_grad_norm(model_->params(), tc.grad_clip);
+    const double lr = schedule.at(step);
+    losses_.push_back(loss);
+    result.last_loss = loss;
+    state_.step = step + 1;
+    state_.tokens_seen += tokens_per_step;
+    if (!std::isfinite(loss) || !std::isfinite(norm)) {
+      // The update is skipped, so the parameters stay those of the last good step.
+      ++state_.bad_steps_in_row;
+      log_line("step " + std::to_string(step + 1) + ": non-finite " + (std::isfinite(loss) ? "gradient norm" : "loss") +
+               " (loss " + fmt("%g", loss) + ", grad norm " + fmt("%g", norm) + "): update skipped (" +
+               std::to_string(state_.bad_steps_in_row) + " in a row, limit " + std::to_string(tc.max_bad_steps) + ")");
+      metrics("{\"type\":\"skipped\",\"step\":" + std::to_string(step + 1) + ",\"loss\":" + json_number(loss) +
+              ",\"grad_norm\":" + json_number(norm) + "}");
+      if (state_.bad_steps_in_row >= tc.max_bad_steps) {
+        std::string path = save("last good state before stopping");
+        TG_CHECK(false, "training stopped: ", state_.bad_steps_in_row,
+                 " consecutive steps with a non-finite loss or gradient norm (train.max_bad_steps = ", tc.max_bad_steps,
+                 "); the last good state is saved in ", path, ". Lower train.lr or check the data.");
+      }
+    } else {
+      state_.bad_steps_in_row = 0;
+      opt_->step(lr);
+    }
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    window_ms += ms;
+    ++window_steps;
+    const int64_t done = state_.step;
+
+    if (rc.log_every > 0 && (done % rc.log_every == 0 || done == tc.max_steps)) {
+      const double avg_ms = window_ms / double(window_steps);
+      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
+      const double eta = elapsed / double(done - first_step) * double(tc.max_steps - done);
+      const int64_t peak = memory_stats(device).peak_total;
+      std::ostringstream line;
+      line << "step " << done << "/" << tc.max_steps << " | loss " << fmt("%.4f", loss) << " | lr " << fmt("%.2e", lr)
+           << " | norm " << fmt("%.3f", norm) << " | " << fmt("%.1f", avg_ms) << " ms | "
+           << fmt("%.0f", double(tokens_per_step) * 1000.0 / avg_ms) << " tok/s | peak " << format_bytes(peak)
+           << " | eta " << duration(eta);
+      log_line(line.str());
+      metrics("{\"type\":\"train\",\"step\":" + std::to_string(done) + ",\"loss\":" + json_number(loss) +
+              ",\"lr\":" + json_number(lr) + ",\"grad_norm\":" + json_number(norm) + ",\"ms_per_step\":" +
+              json_number(avg_ms) + ",\"tokens_per_s\":" + json_number(double(tokens_per_step) * 1000.0 / avg_ms) +
+              ",\"peak_bytes\":" + std::to_string(peak) + ",\"tokens_seen\":" + std::to_string(state_.tokens_seen) + "}");
+      window_ms = 0;
+      window_steps = 0;
+    }
+    if (rc.eval_every > 0 && (done % rc.eval_every == 0 || done == tc.max_steps)) {
+      result.last_val_loss = evaluate(*model_, *val_data_, rc.eval_steps);
+      log_line("step " + std::to_string(done) + " | val loss " + fmt("%.4f", result.last_val_loss));
+      metrics("{\"type\":\"eval\",\"step\":" + std::to_string(done) + ",\"val_loss\":" +
+              json_number(result.last_val_loss) + "}");
+    }
+    if (rc.sample_every > 0 && done % rc.sample_every == 0) maybe_sample(done);
+    if (step_hook_) step_hook_(done);
+    const bool stopping = stop_requested();
+    if ((rc.ckpt_every > 0 && done % rc.ckpt_every == 0) || done == tc.max_steps || stopping)
+      result.last_checkpoint = save(stopping ? "stop requested by signal" : done == tc.max_steps ? "final" : "periodic");
+    if (stopping) {
+      log_line("stopped by signal after step " + std::to_string(done) + "; resume with --resume latest");
+      result.interrupted = true;
+      clear_stop_request();
+      break;
+    }
+  }
+  result.final_step = state_.step;
+  return result;
+}
+
+}  // namespace tg

@@ -1,0 +1,211 @@
+// The training program end to end on a tiny model: exact resume, signals, non-finite steps,
+// deterministic sampling, the `tilegrad` command's help and errors, kill -9 during saves.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+
+#include "src/data/prepare.h"
+#include "src/trainer/generate.h"
+#include "src/trainer/trainer.h"
+#include "tests/test_util.h"
+
+#ifndef TILEGRAD_BINARY_DIR
+#define TILEGRAD_BINARY_DIR "build"
+#endif
+
+namespace tg {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A small corpus prepared once per process into a temp directory.
+fs::path corpus_dir() {
+  static fs::path dir = [] {
+    fs::path d = fs::temp_directory_path() / ("tilegrad_trainer_test_" + std::to_string(getpid()));
+    fs::create_directories(d);
+    std::ofstream f(d / "text.txt");
+    for (int i = 0; i < 400; ++i) f << "In the beginning " << i % 7 << " the word was " << (i * 13) % 11 << ".\n";
+    f.close();
+    prepare_text({(d / "text.txt").string()}, (d / "data").string(), 0.1, false);
+    return d;
+  }();
+  return dir;
+}
+
+Config tiny_config(const std::string& run_name) {
+  Config c;
+  c.model.n_layer = 1; c.model.n_head = 2; c.model.d_model = 16; c.model.max_seq_len = 16;
+  c.model.dropout = 0.1;  // exercises the dropout counter in resume
+  c.data.train = (corpus_dir() / "data" / "train_*.bin").string();
+  c.data.val = (corpus_dir() / "data" / "val_*.bin").string();
+  c.train.batch_size = 4; c.train.seq_len = 16; c.train.max_steps = 12; c.train.warmup_steps = 2;
+  c.train.grad_accum = 2;
+  c.run.out_dir = (corpus_dir() / run_name).string();
+  c.run.log_every = 4; c.run.eval_every = 6; c.run.eval_steps = 2; c.run.ckpt_every = 0; c.run.keep_last = 2;
+  fs::remove_all(c.run.out_dir);
+  return c;
+}
+
+TEST(Trainer, ExactResumeIsBitwiseEqualToAStraightRun) {
+  Config straight = tiny_config("straight");
+  Trainer a(straight);
+  a.run();
+  // Cut the same run half way with a signal (the schedule still spans 12 steps), then resume.
+  Config first = tiny_config("resumed");
+  Trainer b(first);
+  b.set_step_hook([](int64_t step) { if (step == 6) std::raise(SIGTERM); });
+  TrainResult rb = b.run();
+  ASSERT_TRUE(rb.interrupted);
+  EXPECT_EQ(rb.final_step, 6);
+  Trainer c(first);
+  TrainResult rc = c.run("latest");
+  EXPECT_EQ(rc.final_step, 12);
+  std::vector<double> joined = b.losses();
+  joined.insert(joined.end(), c.losses().begin(), c.losses().end());
+  ASSERT_EQ(joined.size(), a.losses().size());
+  for (size_t i = 0; i < joined.size(); ++i) EXPECT_EQ(joined[i], a.losses()[i]) << "step " << i + 1;
+  EXPECT_TRUE(testing::bitwise_equal(a.model().params().flat_values(), c.model().params().flat_values()));
+}
+
+TEST(Trainer, SigtermFinishesTheStepAndCheckpoints) {
+  Config cfg = tiny_config("sigterm");
+  Trainer t(cfg);
+  t.set_step_hook([](int64_t step) { if (step == 3) std::raise(SIGTERM); });
+  TrainResult r = t.run();
+  EXPECT_TRUE(r.interrupted);
+  EXPECT_EQ(r.final_step, 3);
+  EXPECT_TRUE(fs::exists(fs::path(cfg.run.out_dir) / "ckpt-3.h5"));
+  auto [path, data] = resolve_and_load(cfg.run.out_dir, "latest");
+  EXPECT_EQ(data.ints["step"], 3);
+}
+
+TEST(Trainer, NonFiniteStepsAreSkippedThenTheRunStops) {
+  Config cfg = tiny_config("nan");
+  cfg.train.max_bad_steps = 3;
+  Trainer t(cfg);
+  Tensor before_bad;
+  t.set_gradient_hook([&](int64_t step, nn::ParameterStore& ps) {
+    if (step == 4) before_bad = ps.flat_values().clone();
+    if (step == 4 || step == 5) ps.flat_grads().data<float>()[0] = NAN;  // two bad steps: tolerated
+    if (step >= 8) ps.flat_grads().data<float>()[0] = INFINITY;           // three in a row: stop
+  });
+  t.set_step_hook([&](int64_t step) {
+    if (step == 6) EXPECT_TRUE(testing::bitwise_equal(before_bad, t.model().params().flat_values()))
+        << "skipped updates must leave the parameters unchanged";
+  });
+  try {
+    t.run();
+    FAIL() << "expected the run to stop";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("3 consecutive steps"), std::string::npos) << e.what();
+  }
+  auto [path, data] = resolve_and_load(cfg.run.out_dir, "latest");
+  EXPECT_EQ(data.ints["step"], 11);
+  EXPECT_EQ(data.ints["bad_steps_in_row"], 3);
+  std::ifstream m(fs::path(cfg.run.out_dir) / "metrics.jsonl");
+  std::string all((std::istreambuf_iterator<char>(m)), {});
+  EXPECT_NE(all.find("\"type\":\"skipped\",\"step\":5"), std::string::npos);
+}
+
+TEST(Trainer, RefusesToOverwriteARunAndChecksModelCompatibility) {
+  Config cfg = tiny_config("refuse");
+  cfg.train.max_steps = 2;
+  Trainer(cfg).run();
+  EXPECT_THROW(Trainer(cfg).run(), Error);
+  Config other = cfg;
+  other.model.d_model = 32;
+  other.train.max_steps = 4;
+  try {
+    Trainer(other).run("latest");
+    FAIL() << "expected an incompatible-model error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.d_model: config has 32, checkpoint has 16"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Sampling, DeterministicForASeed) {
+  nn::GPTConfig g;
+  g.n_layer = 1; g.n_head = 2; g.d_model = 16; g.max_seq_len = 16;
+  nn::GPT model(g, 3);
+  SampleOptions o;
+  o.tokens = 40; o.seed = 5; o.top_k = 20; o.temperature = 0.9;
+  auto a = generate(model, {65, 66}, o), b = generate(model, {65, 66}, o);
+  EXPECT_EQ(a, b);
+  o.seed = 6;
+  EXPECT_NE(generate(model, {65, 66}, o), a);
+  o.top_k = 1;  // top-1 is greedy whatever the seed
+  auto g1 = generate(model, {65}, o);
+  o.temperature = 0;
+  EXPECT_EQ(generate(model, {65}, o), g1);
+}
+
+// Runs a shell command, returns (exit status, combined output).
+std::pair<int, std::string> shell(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+const std::string kBinary = std::string(TILEGRAD_BINARY_DIR) + "/tilegrad";
+
+TEST(Command, HelpOfEachSubcommand) {
+  if (!fs::exists(kBinary)) GTEST_SKIP() << "tilegrad binary not built at " << kBinary;
+  for (const char* cmd : {"prepare", "train", "sample", "eval", "plot"}) {
+    auto [rc, out] = shell(kBinary + " " + cmd + " --help");
+    EXPECT_EQ(rc, 0) << cmd;
+    EXPECT_NE(out.find(std::string("usage: tilegrad ") + cmd), std::string::npos) << out;
+  }
+  auto [rc, out] = shell(kBinary + " train --help");
+  EXPECT_NE(out.find("--resume latest|PATH"), std::string::npos) << out;
+  EXPECT_NE(out.find("--set KEY=VALUE…"), std::string::npos) << out;
+  auto [rc2, out2] = shell(kBinary + " sample x --temprature 2");
+  EXPECT_EQ(rc2, 1);
+  EXPECT_NE(out2.find("unknown option '--temprature'"), std::string::npos) << out2;
+}
+
+TEST(Command, BadSetFailsBeforeTraining) {
+  if (!fs::exists(kBinary)) GTEST_SKIP() << "tilegrad binary not built at " << kBinary;
+  std::string cfg = std::string(TILEGRAD_SOURCE_DIR) + "/configs/kjv-tiny.yaml";
+  auto [rc, out] = shell(kBinary + " train " + cfg + " --set train.lr=abc");
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(out.find("train.lr"), std::string::npos) << out;
+}
+
+TEST(Command, KillNineDuringSavesAlwaysLeavesAResumableRun) {
+  if (!fs::exists(kBinary)) GTEST_SKIP() << "tilegrad binary not built at " << kBinary;
+  Config cfg = tiny_config("kill9");
+  const std::string dir = cfg.run.out_dir;
+  std::string base = kBinary + " train " + std::string(TILEGRAD_SOURCE_DIR) + "/configs/kjv-tiny.yaml --set" +
+                     " model.n_layer=1 model.d_model=64 model.max_seq_len=16 train.seq_len=16 train.batch_size=2" +
+                     " train.max_steps=100000 run.ckpt_every=1 run.keep_last=2 run.log_every=1000 run.eval_every=0" +
+                     " run.sample_every=0 data.train=" + cfg.data.train + " data.val=" + cfg.data.val + " run.out_dir=" + dir;
+  for (int round = 0; round < 6; ++round) {
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      std::string cmd = base + (round == 0 ? "" : " --resume latest") + " > /dev/null 2>&1";
+      execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), (char*)nullptr);
+      _exit(127);
+    }
+    usleep(useconds_t(round == 0 ? 1500000 : 300000 + 137000 * round));  // land at a different moment of a save each round
+    kill(pid, SIGKILL);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ASSERT_TRUE(fs::exists(fs::path(dir) / "latest")) << "round " << round << ": no checkpoint yet";
+    auto [path, data] = resolve_and_load(dir, "latest");  // must load a complete checkpoint
+    EXPECT_GT(data.ints["step"], 0);
+  }
+}
+
+}  // namespace
+}  // namespace tg

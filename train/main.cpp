@@ -1,0 +1,201 @@
+// The `tilegrad` command: prepare, train, sample, eval, plot.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <regex>
+#include <sstream>
+
+#include "src/data/prepare.h"
+#include "src/data/tokenizer.h"
+#include "src/trainer/generate.h"
+#include "src/trainer/trainer.h"
+#include "train/cli.h"
+
+namespace fs = std::filesystem;
+using namespace tg;
+
+namespace {
+
+const char* kProgram = "tilegrad";
+
+// Loads a model for inference from a checkpoint file or a run directory (its latest).
+std::pair<std::unique_ptr<nn::GPT>, Config> load_model(const std::string& where) {
+  auto [path, ckpt] = resolve_and_load(where, "latest");
+  Config cfg = checkpoint_config(ckpt, path);
+  auto model = std::make_unique<nn::GPT>(gpt_config_from(cfg.model), uint64_t(cfg.train.seed));
+  restore_parameters(*model, ckpt, path);
+  std::cerr << "loaded " << path << " (step " << ckpt.ints["step"] << ")\n";
+  return {std::move(model), cfg};
+}
+
+int cmd_prepare(const cli::Args& a) {
+  TG_CHECK(a.has("text") && !a.all("text").empty(), "tilegrad prepare: --text FILE… is required");
+  TG_CHECK(a.has("out"), "tilegrad prepare: --out DIR is required");
+  PrepareResult r = prepare_text(a.all("text"), a.get("out", ""), a.get_double("val-fraction", 0.01), true);
+  std::cout << "prepared " << r.train_tokens << " train and " << r.val_tokens << " val tokens:\n";
+  for (const std::string& f : r.files) std::cout << "  " << f << "\n";
+  return 0;
+}
+
+int cmd_train(const cli::Args& a) {
+  Config cfg = load_config(a.positional[0], a.all("set"), true);
+  Trainer trainer(cfg);
+  TrainResult r = trainer.run(a.get("resume", ""));
+  std::cout << "done: step " << r.final_step << ", loss " << r.last_loss;
+  if (r.last_val_loss >= 0) std::cout << ", val loss " << r.last_val_loss;
+  std::cout << (r.interrupted ? " (interrupted; resume with --resume latest)" : "") << "\n";
+  return 0;
+}
+
+int cmd_sample(const cli::Args& a) {
+  auto [model, cfg] = load_model(a.positional[0]);
+  SampleOptions so;
+  so.tokens = a.get_int("tokens", 200);
+  so.temperature = a.get_double("temperature", 1.0);
+  so.top_k = a.get_int("top-k", 0);
+  so.seed = uint64_t(a.get_int("seed", 1337));
+  TG_CHECK(so.tokens >= 0, "tilegrad sample: --tokens must be ≥ 0");
+  std::string prompt = a.get("prompt", "");
+  std::vector<int32_t> ids;
+  for (uint16_t t : ByteTokenizer::encode(prompt)) ids.push_back(t);
+  std::vector<int32_t> out = generate(*model, ids, so);
+  std::cout << prompt << ByteTokenizer::decode(out) << std::endl;
+  return 0;
+}
+
+int cmd_eval(const cli::Args& a) {
+  auto [model, cfg] = load_model(a.positional[0]);
+  std::string glob = a.get("data", cfg.data.val);
+  TG_CHECK(!glob.empty(), "tilegrad eval: the checkpoint's config names no validation data; pass --data GLOB");
+  DataLoader val(glob, cfg.model.vocab_size, cfg.train.batch_size, cfg.train.seq_len, uint64_t(cfg.train.seed));
+  int64_t steps = a.get_int("steps", 0);
+  int64_t used = steps > 0 ? std::min(steps, val.num_sequential_batches()) : val.num_sequential_batches();
+  double loss = evaluate(*model, val, steps);
+  std::printf("val loss %.4f (%lld batches of %d × %d tokens from %s)\n", loss, (long long)used, cfg.train.batch_size,
+              cfg.train.seq_len, glob.c_str());
+  return 0;
+}
+
+int cmd_plot(const cli::Args& a) {
+  fs::path dir = a.positional[0];
+  fs::path metrics = dir / "metrics.jsonl";
+  std::ifstream in(metrics);
+  TG_CHECK(in.good(), "tilegrad plot: cannot read ", metrics.string(), " (is ", dir.string(), " a run directory?)");
+  fs::path out = a.get("out", (dir / "loss.png").string());
+  fs::path train_dat = dir / ".plot_train.dat", val_dat = dir / ".plot_val.dat";
+  std::ofstream tr(train_dat), va(val_dat);
+  std::regex type_re("\"type\":\"(\\w+)\""), step_re("\"step\":(\\d+)"), loss_re("\"loss\":([-0-9.eE+]+)"),
+      val_re("\"val_loss\":([-0-9.eE+]+)");
+  std::string line;
+  int n_train = 0, n_val = 0;
+  while (std::getline(in, line)) {
+    std::smatch t, s, l;
+    if (!std::regex_search(line, t, type_re) || !std::regex_search(line, s, step_re)) continue;
+    if (t[1] == "train" && std::regex_search(line, l, loss_re)) { tr << s[1] << " " << l[1] << "\n"; ++n_train; }
+    if (t[1] == "eval" && std::regex_search(line, l, val_re)) { va << s[1] << " " << l[1] << "\n"; ++n_val; }
+  }
+  tr.close();
+  va.close();
+  TG_CHECK(n_train + n_val > 0, "tilegrad plot: ", metrics.string(), " has no train or eval records yet");
+  std::string script = "set terminal pngcairo size 900,540\nset output '" + out.string() +
+                       "'\nset xlabel 'step'\nset ylabel 'loss (nats/token)'\nset grid\nplot ";
+  if (n_train) script += "'" + train_dat.string() + "' using 1:2 with lines title 'train'";
+  if (n_val) script += std::string(n_train ? ", " : "") + "'" + val_dat.string() + "' using 1:2 with linespoints title 'val'";
+  script += "\n";
+  FILE* gp = popen("gnuplot 2>&1", "w");
+  TG_CHECK(gp, "tilegrad plot: cannot start gnuplot");
+  std::fputs(script.c_str(), gp);
+  int rc = pclose(gp);
+  fs::remove(train_dat);
+  fs::remove(val_dat);
+  TG_CHECK(rc == 0, "tilegrad plot: gnuplot failed (exit ", rc,
+           "); install it with `apt-get install gnuplot-nox` (pngcairo terminal)");
+  std::cout << "wrote " << out.string() << "\n";
+  return 0;
+}
+
+std::vector<cli::Command> commands() {
+  return {
+      {"prepare",
+       "Tokenize text files (bytes, vocabulary 256 plus end-of-text 256 between files) into llm.c token shards "
+       "train_NNNNNN.bin and val_NNNNNN.bin; the validation split is the last fraction of the text.",
+       {},
+       {{"--text", "FILE", "input text files", "", true},
+        {"--out", "DIR", "output directory for the shards", ""},
+        {"--val-fraction", "F", "fraction of tokens, taken from the end, used for validation", "0.01"}},
+       cmd_prepare},
+      {"train",
+       "Train a GPT from a YAML config (see README: config reference). Writes config.yaml, train.log, metrics.jsonl "
+       "and ckpt-<step>.h5 checkpoints into run.out_dir. SIGINT/SIGTERM finish the step, checkpoint and exit 0; a "
+       "second signal exits at once.",
+       {{"CONFIG", "the YAML config file, e.g. configs/kjv-tiny.yaml"}},
+       {{"--set", "KEY=VALUE", "override config keys, e.g. --set train.lr=3e-4 run.out_dir=runs/x", "", true},
+        {"--resume", "latest|PATH", "resume from the run directory's latest complete checkpoint or a given file", ""}},
+       cmd_train,
+       [] {
+         std::ostringstream os;
+         os << "config keys (YAML section.key = --set key; every key has a default):\n";
+         for (const ConfigKeyDoc& d : config_reference())
+           os << "  " << d.key << " (" << d.type << ", default " << d.default_value << ")\n      " << d.description << "\n";
+         return os.str();
+       }},
+      {"sample",
+       "Generate text from a checkpoint (a ckpt-*.h5 file or a run directory, whose latest checkpoint is used).",
+       {{"CHECKPOINT", "a checkpoint file or a run directory"}},
+       {{"--prompt", "TEXT", "text to continue", "a line break"},
+        {"--tokens", "N", "number of tokens to generate", "200"},
+        {"--temperature", "T", "softmax temperature; 0 = greedy", "1.0"},
+        {"--top-k", "K", "sample only among the K most likely tokens; 0 = all", "0"},
+        {"--seed", "S", "sampling seed (same seed, same text)", "1337"}},
+       cmd_sample},
+      {"eval",
+       "Validation loss (mean cross-entropy, nats per token) of a checkpoint over sequential, non-overlapping windows.",
+       {{"CHECKPOINT", "a checkpoint file or a run directory"}},
+       {{"--data", "GLOB", "token shards to evaluate", "the checkpoint config's data.val"},
+        {"--steps", "N", "number of batches; 0 = the whole data", "0"}},
+       cmd_eval},
+      {"plot",
+       "Plot train and validation loss against step from RUN_DIR/metrics.jsonl into a PNG (needs gnuplot).",
+       {{"RUN_DIR", "a run directory"}},
+       {{"--out", "FILE", "output image", "RUN_DIR/loss.png"}},
+       cmd_plot},
+  };
+}
+
+void usage(std::ostream& os) {
+  os << "usage: tilegrad <command> [options]\n\ncommands:\n";
+  for (const cli::Command& c : commands()) os << "  " << c.name << std::string(10 - c.name.size(), ' ') << c.summary.substr(0, c.summary.find('.') + 1) << "\n";
+  os << "\n`tilegrad <command> --help` describes each command's options.\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    usage(args.empty() ? std::cerr : std::cout);
+    return args.empty() ? 2 : 0;
+  }
+  for (const cli::Command& c : commands()) {
+    if (c.name != args[0]) continue;
+    std::vector<std::string> rest(args.begin() + 1, args.end());
+    for (const std::string& r : rest)
+      if (r == "--help" || r == "-h") {
+        std::cout << cli::help_text(kProgram, c);
+        return 0;
+      }
+    try {
+      return c.run(cli::parse(kProgram, c, rest));
+    } catch (const Error& e) {
+      std::cerr << "error: " << e.what() << std::endl;
+      return 1;
+    } catch (const std::exception& e) {
+      std::cerr << "internal error: " << e.what() << std::endl;
+      return 3;
+    }
+  }
+  std::cerr << "tilegrad: unknown command '" << args[0] << "'\n";
+  usage(std::cerr);
+  return 2;
+}
