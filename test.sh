@@ -3,7 +3,8 @@
 # suite with ctest. GPU tests skip with a stated reason where no GPU is present.
 set -euo pipefail
 cd "$(dirname "$0")"
-tools/install_deps.sh
+# gnuplot draws loss.png (tested); python3-h5py proves checkpoints open without tilegrad (tested).
+tools/install_deps.sh gnuplot-nox python3-h5py
 BUILD_DIR="${BUILD_DIR:-build}"
 JOBS="${JOBS:-$(nproc)}"
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release

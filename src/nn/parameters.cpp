@@ -20,7 +20,6 @@ void ParameterStore::declare(const std::string& name, const Shape& shape, Init i
   TG_CHECK(!has(name), "parameter '", name, "' declared twice");
   Parameter p;
   p.name = name;
-  p.offset = total_;
   p.decay = shape.size() >= 2;
   p.init = init;
   p.init_std = init_std;
@@ -30,6 +29,14 @@ void ParameterStore::declare(const std::string& name, const Shape& shape, Init i
 }
 
 void ParameterStore::allocate(uint64_t seed, DType dtype, Device device) {
+  int64_t offset = 0;
+  for (bool decayed : {true, false})
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (params_[i].decay == decayed) {
+        params_[i].offset = offset;
+        offset += shape_numel(shapes_[i]);
+        if (decayed) decay_total_ = offset;
+      }
   {
     MemoryCategoryScope scope(MemCategory::params);
     values_ = Tensor::empty({total_}, DType::f64 == dtype ? DType::f64 : DType::f32, Device::cpu());

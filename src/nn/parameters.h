@@ -23,7 +23,8 @@ class ParameterStore {
  public:
   // Declares a parameter; call allocate() once all are declared.
   void declare(const std::string& name, const Shape& shape, Init init, double init_std = 0.02);
-  // Allocates the flat value and grad buffers, points every parameter at its views and
+  // Lays out the flat buffers (decayed parameters first, each group in declaration order),
+  // allocates the flat value and grad buffers, points every parameter at its views and
   // initialises values deterministically from `seed` (each element a pure function of
   // seed, parameter index and element index, so the init does not depend on threading).
   void allocate(uint64_t seed, DType dtype = DType::f32, Device device = Device::cpu());
@@ -32,6 +33,9 @@ class ParameterStore {
   const Tensor& get(const std::string& name) const;
   bool has(const std::string& name) const;
   int64_t numel() const { return total_; }
+  // Decayed parameters (2-D weights) come first in the flat layout: elements [0, decay_numel())
+  // take AdamW weight decay and the rest do not, so the update is one sweep with one boundary.
+  int64_t decay_numel() const { return decay_total_; }
   Tensor flat_values() const { return values_; }  // (numel)
   Tensor flat_grads() const { return grads_; }    // (numel)
   void zero_grad();
@@ -39,7 +43,7 @@ class ParameterStore {
  private:
   std::vector<Parameter> params_;
   std::vector<Shape> shapes_;
-  int64_t total_ = 0;
+  int64_t total_ = 0, decay_total_ = 0;
   Tensor values_, grads_;
 };
 

@@ -24,13 +24,12 @@ void AdamW::step(double lr) {
   const float* g = params_.flat_grads().data<float>();
   float* m = m_.data<float>();
   float* v = v_.data<float>();
-  // One range per parameter: the flat layout keeps this a handful of contiguous sweeps.
-  for (const nn::Parameter& prm : params_.all()) {
-    const int64_t off = prm.offset, n = prm.value.numel();
-    cpu::adamw_update(p + off, g + off, m + off, v + off, n, float(lr), float(config_.beta1),
-                      float(config_.beta2), float(config_.eps),
-                      prm.decay ? float(config_.weight_decay) : 0.0f, bc1, bc2);
-  }
+  // The flat layout puts decayed parameters first: two sweeps cover everything.
+  const int64_t n = params_.numel(), n_decay = params_.decay_numel();
+  cpu::adamw_update(p, g, m, v, n_decay, float(lr), float(config_.beta1), float(config_.beta2),
+                    float(config_.eps), float(config_.weight_decay), bc1, bc2);
+  cpu::adamw_update(p + n_decay, g + n_decay, m + n_decay, v + n_decay, n - n_decay, float(lr),
+                    float(config_.beta1), float(config_.beta2), float(config_.eps), 0.0f, bc1, bc2);
 }
 
 double grad_norm(const nn::ParameterStore& params) {

@@ -172,7 +172,7 @@ TEST(Config, ShippedKjvTinyParses) {
   EXPECT_EQ(c.train.lr, 1e-3);
   EXPECT_EQ(c.train.min_lr, 1e-4);
   EXPECT_EQ(c.train.warmup_steps, 100);
-  EXPECT_EQ(c.train.max_steps, 2000);
+  EXPECT_EQ(c.train.max_steps, 3000);
   EXPECT_EQ(c.train.weight_decay, 0.1);
   EXPECT_EQ(c.train.beta2, 0.99);
   EXPECT_EQ(c.train.grad_clip, 1.0);

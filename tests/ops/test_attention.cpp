@@ -2,8 +2,31 @@
 // gradients, in double), and the memory guarantee: no T×T buffer on the flash path.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
 #include "src/ops/ops.h"
 #include "tests/test_util.h"
+
+// Every heap allocation of this test binary goes through here, so the memory test sees the
+// kernels' private scratch (std::vector inside the CPU flash kernel) as well as tensor storage.
+namespace heap_probe {
+std::atomic<size_t> largest{0};
+std::atomic<bool> active{false};
+}  // namespace heap_probe
+
+void* operator new(size_t n) {
+  if (heap_probe::active.load(std::memory_order_relaxed)) {
+    size_t cur = heap_probe::largest.load();
+    while (n > cur && !heap_probe::largest.compare_exchange_weak(cur, n)) {
+    }
+  }
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
 
 namespace tg {
 namespace {
@@ -51,19 +74,29 @@ TEST(FlashAttentionMemory, NoTxTBufferOnTheFlashPath) {
   Tensor dout = random_tensor(s, 4, DType::f32);
   reset_peak_memory(Device::cpu());
   const int64_t before = memory_stats(Device::cpu()).current_total;
+  heap_probe::largest = 0;
+  heap_probe::active = true;
   {
     Tensor o = ops::attention_flash(q, k, v, true);
     ops::sum(ops::mul(o, dout)).backward();
   }
+  heap_probe::active = false;
   MemoryStats m = memory_stats(Device::cpu());
   const int64_t txt = T * T * 4;
-  EXPECT_LT(m.largest_allocation, txt / 64) << "an allocation of " << m.largest_allocation << " bytes";
-  EXPECT_LT(m.peak_total - before, txt / 8) << "peak grew by " << m.peak_total - before << " bytes";
+  EXPECT_LT(m.largest_allocation, txt / 64) << "a tensor of " << m.largest_allocation << " bytes";
+  EXPECT_LT(m.peak_total - before, txt / 8) << "tensor memory grew by " << m.peak_total - before << " bytes";
+  EXPECT_LT(int64_t(heap_probe::largest.load()), txt / 64) << "a heap allocation of " << heap_probe::largest.load() << " bytes";
 
   // The same measurement catches the materialised path, so the check can fail.
   reset_peak_memory(Device::cpu());
   { Tensor o = ops::attention_naive(q, k, v, true); }
   EXPECT_GE(memory_stats(Device::cpu()).largest_allocation, txt);
+  // And the heap probe sees a T×T std::vector.
+  heap_probe::largest = 0;
+  heap_probe::active = true;
+  { std::vector<float> scores(static_cast<size_t>(T * T)); }
+  heap_probe::active = false;
+  EXPECT_GE(int64_t(heap_probe::largest.load()), txt);
 }
 
 }  // namespace

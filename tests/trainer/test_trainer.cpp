@@ -156,7 +156,7 @@ std::pair<int, std::string> shell(const std::string& cmd) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
-const std::string kBinary = std::string(TILEGRAD_BINARY_DIR) + "/tilegrad";
+static const std::string kBinary = std::string(TILEGRAD_BINARY_DIR) + "/tilegrad";
 
 TEST(Command, HelpOfEachSubcommand) {
   if (!fs::exists(kBinary)) GTEST_SKIP() << "tilegrad binary not built at " << kBinary;
@@ -205,6 +205,40 @@ TEST(Command, KillNineDuringSavesAlwaysLeavesAResumableRun) {
     auto [path, data] = resolve_and_load(dir, "latest");  // must load a complete checkpoint
     EXPECT_GT(data.ints["step"], 0);
   }
+}
+
+}  // namespace
+}  // namespace tg
+
+namespace tg {
+namespace {
+
+TEST(Command, PlotWritesALossPng) {
+  if (!fs::exists(kBinary)) GTEST_SKIP() << "tilegrad binary not built at " << kBinary;
+  Config cfg = tiny_config("plot");
+  Trainer(cfg).run();
+  auto [rc, out] = shell(kBinary + " plot " + cfg.run.out_dir);
+  ASSERT_EQ(rc, 0) << out;
+  fs::path png = fs::path(cfg.run.out_dir) / "loss.png";
+  ASSERT_TRUE(fs::exists(png));
+  std::ifstream f(png, std::ios::binary);
+  char magic[4] = {};
+  f.read(magic, 4);
+  EXPECT_EQ(std::string(magic + 1, 3), "PNG");
+  EXPECT_GT(fs::file_size(png), 1000u);
+}
+
+TEST(Command, EvalAndSampleReadACheckpoint) {
+  if (!fs::exists(kBinary)) GTEST_SKIP() << "tilegrad binary not built at " << kBinary;
+  Config cfg = tiny_config("evalsample");
+  TrainResult r = Trainer(cfg).run();
+  auto [rc, out] = shell(kBinary + " eval " + cfg.run.out_dir);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("val loss"), std::string::npos) << out;
+  auto [rc1, s1] = shell(kBinary + " sample " + r.last_checkpoint + " --prompt In --tokens 30 --seed 4");
+  auto [rc2, s2] = shell(kBinary + " sample " + r.last_checkpoint + " --prompt In --tokens 30 --seed 4");
+  ASSERT_EQ(rc1, 0) << s1;
+  EXPECT_EQ(s1, s2);
 }
 
 }  // namespace
