@@ -1,11 +1,12 @@
 // CUDA runtime glue for the tensor library: stream-ordered allocation from CUDA's memory pool,
-// host/device copies, gradient accumulation, and device discovery.
+// host/device copies, memset, dtype conversion, and device discovery.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cstdlib>
 
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/elementwise.h"
 #include "src/tensor/tensor.h"
 
 namespace tg {
@@ -23,10 +24,6 @@ void configure_pool(int device) {
   configured[device] = true;
 }
 
-__global__ void accumulate_f32(float* dst, const float* src, int64_t n) {
-  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) dst[i] += src[i];
-}
 }  // namespace
 
 void* cuda_allocate(size_t nbytes, int device) {
@@ -47,14 +44,19 @@ void cuda_copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_
   TG_CUDA_CHECK(cudaMemcpy(dst, src, nbytes, cudaMemcpyDefault));
 }
 
-void cuda_accumulate(Tensor& dst, const Tensor& src) {
-  TG_CHECK(dst.dtype() == DType::f32, "gradient accumulation on the GPU supports f32, got ", dst.desc());
-  int64_t n = dst.numel();
-  int threads = 256;
-  accumulate_f32<<<unsigned((n + threads - 1) / threads), threads, 0, cudaStreamPerThread>>>(
-      dst.data<float>(), src.data<float>(), n);
-  TG_CUDA_CHECK(cudaGetLastError());
+void cuda_zero(void* p, size_t nbytes) { TG_CUDA_CHECK(cudaMemsetAsync(p, 0, nbytes, cudaStreamPerThread)); }
+
+// Device dtype conversion for Tensor::to: f32 ↔ bf16 (the mixed-precision casts).
+void cuda_convert(const void* src, DType from, void* dst, DType to, int64_t n) {
+  cudaStream_t s = cudaStreamPerThread;
+  if (from == DType::f32 && to == DType::bf16) cuda::cast(static_cast<const float*>(src), static_cast<bf16*>(dst), n, s);
+  else if (from == DType::bf16 && to == DType::f32) cuda::cast(static_cast<const bf16*>(src), static_cast<float*>(dst), n, s);
+  else TG_CHECK(false, "dtype conversion ", dtype_name(from), " → ", dtype_name(to), " is not supported on the GPU");
 }
+
+void cuda_synchronize() { TG_CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread)); }
+
+void cuda_mem_get_info(size_t* free_bytes, size_t* total_bytes) { TG_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes)); }
 
 int cuda_device_count() {
   int n = 0;

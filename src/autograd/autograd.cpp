@@ -5,6 +5,8 @@
 #include <unordered_set>
 
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cuda/elementwise.h"
+#include "src/tensor/dispatch.h"
 
 namespace tg {
 
@@ -37,23 +39,14 @@ void record(Tensor& output, std::string op, std::vector<Tensor> inputs,
   output.impl()->requires_grad = true;
 }
 
-#ifdef TILEGRAD_HAVE_CUDA
-void cuda_accumulate(Tensor& dst, const Tensor& src);
-#endif
-
 void accumulate_into(Tensor& dst, const Tensor& src) {
   TG_CHECK(dst.shape() == src.shape() && dst.dtype() == src.dtype() && dst.device() == src.device(),
            "gradient accumulation: ", src.desc(), " into ", dst.desc());
-  if (dst.device().is_cpu()) {
-    switch (dst.dtype()) {
-      case DType::f32: cpu::add_inplace(dst.data<float>(), src.data<float>(), dst.numel()); return;
-      case DType::f64: cpu::add_inplace(dst.data<double>(), src.data<double>(), dst.numel()); return;
-      default: TG_CHECK(false, "gradient accumulation in dtype ", dtype_name(dst.dtype()));
-    }
-  }
-#ifdef TILEGRAD_HAVE_CUDA
-  cuda_accumulate(dst, src);
-#endif
+  detail::dispatch("gradient accumulation", dst,
+                   [&]<typename T>() { cpu::add_inplace(dst.data<T>(), src.data<T>(), dst.numel()); },
+                   [&]<typename T>() {
+                     cuda::add_inplace(dst.data<T>(), src.data<T>(), dst.numel(), detail::cuda_stream());
+                   });
 }
 
 void backward(const Tensor& root) {

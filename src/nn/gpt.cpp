@@ -27,7 +27,8 @@ ops::AttentionKind parse_attention(const std::string& s) {
   return ops::AttentionKind::flash;
 }
 
-GPT::GPT(const GPTConfig& c, uint64_t seed, DType dtype, Device device) : config_(c), seed_(seed) {
+GPT::GPT(const GPTConfig& c, uint64_t seed, DType dtype, Device device, std::optional<DType> compute)
+    : config_(c), seed_(seed), device_(device), compute_(compute.value_or(dtype)) {
   TG_CHECK(c.n_layer >= 1 && c.n_head >= 1 && c.d_model >= 1 && c.vocab_size >= 1 && c.max_seq_len >= 1,
            "GPT: n_layer, n_head, d_model, vocab_size and max_seq_len must be positive");
   TG_CHECK(c.d_model % c.n_head == 0, "GPT: d_model ", c.d_model, " is not divisible by n_head ", c.n_head);
@@ -60,7 +61,8 @@ GPT::GPT(const GPTConfig& c, uint64_t seed, DType dtype, Device device) : config
   params_.allocate(seed, dtype, device);
 }
 
-Tensor GPT::maybe(const std::string& name) const { return params_.has(name) ? params_.get(name) : Tensor(); }
+Tensor GPT::p(const std::string& name) const { return ops::cast(params_.get(name), compute_); }
+Tensor GPT::maybe(const std::string& name) const { return params_.has(name) ? p(name) : Tensor(); }
 
 Tensor GPT::dropout(const Tensor& x, uint64_t site) {
   if (!training_ || config_.dropout == 0.0) return x;
@@ -102,7 +104,8 @@ Tensor GPT::forward(const Tensor& ids) {
            "GPT.forward: sequence length ", T, " exceeds model.max_seq_len ", config_.max_seq_len,
            " of the learned position table (raise max_seq_len or use pos_embedding: rope)");
   if (training_) ++dropout_counter_;
-  Tensor x = ops::embedding(p("transformer.wte.weight"), ids);  // (B, T, C)
+  const Tensor wte = p("transformer.wte.weight");  // cast once, used by the embedding and the tied LM head
+  Tensor x = ops::embedding(wte, ids);             // (B, T, C)
   if (config_.pos_embedding == PosEmbedding::learned) {
     std::vector<int32_t> pos(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = int32_t(t);
@@ -111,7 +114,7 @@ Tensor GPT::forward(const Tensor& ids) {
   x = dropout(x, 1023);
   for (int64_t i = 0; i < config_.n_layer; ++i) x = block(x, i);
   x = ops::layernorm(x, p("transformer.ln_f.weight"), maybe("transformer.ln_f.bias"));
-  return ops::linear(x, p("transformer.wte.weight"), Tensor());  // (B, T, V): lm_head tied to wte
+  return ops::linear(x, wte, Tensor());  // (B, T, V): lm_head tied to wte
 }
 
 Tensor GPT::loss(const Tensor& ids, const Tensor& targets) {

@@ -2,6 +2,7 @@
 // of causal self-attention and a GELU MLP, a final LayerNorm and an LM head tied to wte.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "src/nn/parameters.h"
@@ -26,7 +27,14 @@ struct GPTConfig {
 
 class GPT {
  public:
-  GPT(const GPTConfig& config, uint64_t seed, DType dtype = DType::f32, Device device = Device::cpu());
+  // Parameters are kept in `dtype` (the master copy: f32, or f64 for gradient checks);
+  // activations and matmuls run in `compute` (bf16 for mixed precision on the GPU): each
+  // weight is cast once per forward, and the cast's backward brings gradients back to `dtype`.
+  GPT(const GPTConfig& config, uint64_t seed, DType dtype = DType::f32, Device device = Device::cpu(),
+      std::optional<DType> compute = std::nullopt);  // default: the same as dtype
+
+  Device device() const { return device_; }
+  DType compute_dtype() const { return compute_; }
 
   // ids (B, T) i32 → logits (B, T, V).
   Tensor forward(const Tensor& ids);
@@ -46,13 +54,15 @@ class GPT {
 
  private:
   Tensor block(const Tensor& x, int64_t layer);
-  const Tensor& p(const std::string& name) const { return params_.get(name); }
-  Tensor maybe(const std::string& name) const;  // undefined when the model has no such parameter
+  Tensor p(const std::string& name) const;      // the parameter in the compute dtype
+  Tensor maybe(const std::string& name) const;  // same, undefined when the model has no such parameter
   Tensor dropout(const Tensor& x, uint64_t site);
 
   GPTConfig config_;
   ParameterStore params_;
   uint64_t seed_;
+  Device device_;
+  DType compute_;
   uint64_t dropout_counter_ = 0;
   bool training_ = true;
 };

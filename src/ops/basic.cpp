@@ -1,20 +1,31 @@
-// Elementwise and layout ops: add, mul, scale, sum, reshape, transpose, slices.
+// Elementwise and layout ops: add, mul, scale, sum, cast, reshape, transpose, slices.
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/permute.h"
-#include "src/ops/dispatch.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/layout.h"
 #include "src/ops/ops.h"
+#include "src/tensor/dispatch.h"
 
 namespace tg::ops {
 
 using detail::check_defined;
 using detail::check_same;
-using detail::dispatch_float;
+using detail::cuda_stream;
+using detail::dispatch;
 using detail::empty_like;
 
 namespace {
 bool is_suffix(const Shape& small, const Shape& big) {
   if (small.size() > big.size()) return false;
   return std::equal(small.rbegin(), small.rend(), big.rbegin());
+}
+
+// out (cols) = Σ_rows g (rows, cols): the gradient of a broadcast operand.
+Tensor sum_rows(const char* op, const Tensor& g, const Shape& shape, int64_t rows, int64_t cols) {
+  Tensor out = Tensor::empty(shape, g.dtype(), g.device());
+  dispatch(op, g, [&]<typename T>() { cpu::sum_rows(g.data<T>(), out.data<T>(), rows, cols); },
+           [&]<typename T>() { cuda::sum_rows(g.data<T>(), out.data<T>(), rows, cols, cuda_stream()); });
+  return out;
 }
 }  // namespace
 
@@ -27,19 +38,12 @@ Tensor add(const Tensor& a, const Tensor& b) {
            " (b's shape must equal a's or a trailing part of it)");
   const int64_t cols = b.numel(), rows = cols ? a.numel() / cols : 0;
   Tensor out = empty_like(a);
-  dispatch_float("add", a, [&]<typename T>() {
-    cpu::add_forward(a.data<T>(), b.data<T>(), out.data<T>(), rows, cols);
-  });
+  dispatch("add", a, [&]<typename T>() { cpu::add_forward(a.data<T>(), b.data<T>(), out.data<T>(), rows, cols); },
+           [&]<typename T>() {
+             cuda::add_forward(a.data<T>(), b.data<T>(), out.data<T>(), rows, cols, cuda_stream());
+           });
   record(out, "add", {a, b}, [rows, cols, b_shape = b.shape()](const Tensor& g) {
-    Tensor gb;
-    if (rows == 1) {
-      gb = g.view(b_shape);
-    } else {
-      gb = Tensor::empty(b_shape, g.dtype(), g.device());
-      dispatch_float("add backward", g, [&]<typename T>() {
-        cpu::sum_rows(g.data<T>(), gb.data<T>(), rows, cols);
-      });
-    }
+    Tensor gb = rows == 1 ? g.view(b_shape) : sum_rows("add backward", g, b_shape, rows, cols);
     return std::vector<Tensor>{g, gb};
   });
   return out;
@@ -51,41 +55,43 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   check_same("mul", a, b);
   TG_CHECK(a.shape() == b.shape(), "mul: shapes differ: ", shape_str(a.shape()), " vs ",
            shape_str(b.shape()));
+  auto run = [](const Tensor& x, const Tensor& y, Tensor& out) {
+    dispatch("mul", x, [&]<typename T>() { cpu::mul_forward(x.data<T>(), y.data<T>(), out.data<T>(), x.numel()); },
+             [&]<typename T>() {
+               cuda::mul_forward(x.data<T>(), y.data<T>(), out.data<T>(), x.numel(), cuda_stream());
+             });
+  };
   Tensor out = empty_like(a);
-  dispatch_float("mul", a, [&]<typename T>() {
-    cpu::mul_forward(a.data<T>(), b.data<T>(), out.data<T>(), a.numel());
-  });
-  record(out, "mul", {a, b}, [a = a.detach(), b = b.detach()](const Tensor& g) {
+  run(a, b, out);
+  record(out, "mul", {a, b}, [a = a.detach(), b = b.detach(), run](const Tensor& g) {
     Tensor ga = empty_like(g), gb = empty_like(g);
-    dispatch_float("mul backward", g, [&]<typename T>() {
-      cpu::mul_forward(g.data<T>(), b.data<T>(), ga.data<T>(), g.numel());
-      cpu::mul_forward(g.data<T>(), a.data<T>(), gb.data<T>(), g.numel());
-    });
+    run(g, b, ga);
+    run(g, a, gb);
     return std::vector<Tensor>{ga, gb};
   });
   return out;
 }
 
+namespace {
+Tensor scale_raw(const Tensor& x, double s) {
+  Tensor out = empty_like(x);
+  dispatch("scale", x, [&]<typename T>() { cpu::scale_forward(x.data<T>(), out.data<T>(), T(s), x.numel()); },
+           [&]<typename T>() { cuda::scale_forward(x.data<T>(), out.data<T>(), float(s), x.numel(), cuda_stream()); });
+  return out;
+}
+}  // namespace
+
 Tensor scale(const Tensor& x, double s) {
   check_defined("scale", x, "x");
-  Tensor out = empty_like(x);
-  dispatch_float("scale", x, [&]<typename T>() {
-    cpu::scale_forward(x.data<T>(), out.data<T>(), T(s), x.numel());
-  });
-  record(out, "scale", {x}, [s](const Tensor& g) {
-    Tensor gx = empty_like(g);
-    dispatch_float("scale backward", g, [&]<typename T>() {
-      cpu::scale_forward(g.data<T>(), gx.data<T>(), T(s), g.numel());
-    });
-    return std::vector<Tensor>{gx};
-  });
+  Tensor out = scale_raw(x, s);
+  record(out, "scale", {x}, [s](const Tensor& g) { return std::vector<Tensor>{scale_raw(g, s)}; });
   return out;
 }
 
 Tensor sum(const Tensor& x) {
   check_defined("sum", x, "x");
-  Tensor out = Tensor::empty({1}, x.dtype(), x.device());
-  dispatch_float("sum", x, [&]<typename T>() { out.data<T>()[0] = cpu::sum_all(x.data<T>(), x.numel()); });
+  // A sum over everything is the column sum of an (n, 1) matrix: one fixed-order reduction.
+  Tensor out = sum_rows("sum", x, {1}, x.numel(), 1);
   record(out, "sum", {x}, [shape = x.shape()](const Tensor& g) {
     return std::vector<Tensor>{Tensor::full(shape, g.item(), g.dtype(), g.device())};
   });
@@ -95,6 +101,16 @@ Tensor sum(const Tensor& x) {
 Tensor mean(const Tensor& x) {
   TG_CHECK(x.numel() > 0, "mean of an empty tensor ", x.desc());
   return scale(sum(x), 1.0 / double(x.numel()));
+}
+
+Tensor cast(const Tensor& x, DType dtype) {
+  check_defined("cast", x, "x");
+  if (x.dtype() == dtype) return x;
+  TG_CHECK(is_floating(x.dtype()) && is_floating(dtype), "cast: ", x.desc(), " to ", dtype_name(dtype),
+           ": only floating dtypes convert");
+  Tensor out = x.to(dtype);
+  record(out, "cast", {x}, [from = x.dtype()](const Tensor& g) { return std::vector<Tensor>{g.to(from)}; });
+  return out;
 }
 
 Tensor reshape(const Tensor& x, const Shape& shape) {
@@ -108,21 +124,22 @@ Tensor reshape(const Tensor& x, const Shape& shape) {
   return out;
 }
 
+namespace {
+// x (A, M, N, D) → (A, N, M, D).
+Tensor swap12(const Tensor& x, int64_t A, int64_t M, int64_t N, int64_t D) {
+  Tensor out = Tensor::empty({A, N, M, D}, x.dtype(), x.device());
+  dispatch("transpose12", x, [&]<typename T>() { cpu::swap_dims12(x.data<T>(), out.data<T>(), A, M, N, D); },
+           [&]<typename T>() { cuda::swap_dims12(x.data<T>(), out.data<T>(), A, M, N, D, cuda_stream()); });
+  return out;
+}
+}  // namespace
+
 Tensor transpose12(const Tensor& x) {
   check_defined("transpose12", x, "x");
   TG_CHECK(x.dim() == 4, "transpose12: needs a 4-D tensor (A, M, N, D), got ", x.desc());
   const int64_t A = x.size(0), M = x.size(1), N = x.size(2), D = x.size(3);
-  Tensor out = Tensor::empty({A, N, M, D}, x.dtype(), x.device());
-  dispatch_float("transpose12", x, [&]<typename T>() {
-    cpu::swap_dims12(x.data<T>(), out.data<T>(), A, M, N, D);
-  });
-  record(out, "transpose12", {x}, [A, M, N, D](const Tensor& g) {
-    Tensor gx = Tensor::empty({A, M, N, D}, g.dtype(), g.device());
-    dispatch_float("transpose12 backward", g, [&]<typename T>() {
-      cpu::swap_dims12(g.data<T>(), gx.data<T>(), A, N, M, D);
-    });
-    return std::vector<Tensor>{gx};
-  });
+  Tensor out = swap12(x, A, M, N, D);
+  record(out, "transpose12", {x}, [A, M, N, D](const Tensor& g) { return std::vector<Tensor>{swap12(g, A, N, M, D)}; });
   return out;
 }
 
@@ -136,14 +153,17 @@ Tensor slice_last(const Tensor& x, int64_t start, int64_t len) {
   Shape shape = x.shape();
   shape.back() = len;
   Tensor out = Tensor::empty(shape, x.dtype(), x.device());
-  dispatch_float("slice_last", x, [&]<typename T>() {
-    cpu::slice_last(x.data<T>(), out.data<T>(), rows, cols, start, len);
-  });
+  dispatch("slice_last", x, [&]<typename T>() { cpu::slice_last(x.data<T>(), out.data<T>(), rows, cols, start, len); },
+           [&]<typename T>() {
+             cuda::slice_last(x.data<T>(), out.data<T>(), rows, cols, start, len, cuda_stream());
+           });
   record(out, "slice_last", {x}, [rows, cols, start, len, in_shape = x.shape()](const Tensor& g) {
     Tensor gx = Tensor::zeros(in_shape, g.dtype(), g.device());
-    dispatch_float("slice_last backward", g, [&]<typename T>() {
-      cpu::unslice_last(g.data<T>(), gx.data<T>(), rows, cols, start, len);
-    });
+    dispatch("slice_last backward", g,
+             [&]<typename T>() { cpu::unslice_last(g.data<T>(), gx.data<T>(), rows, cols, start, len); },
+             [&]<typename T>() {
+               cuda::unslice_last(g.data<T>(), gx.data<T>(), rows, cols, start, len, cuda_stream());
+             });
     return std::vector<Tensor>{gx};
   });
   return out;

@@ -10,43 +10,72 @@
 #include "kernels/cpu/permute.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/softmax.h"
-#include "src/ops/dispatch.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/layout.h"
+#include "kernels/cuda/norm.h"
 #include "src/ops/ops.h"
+#include "src/tensor/dispatch.h"
 
 namespace tg::ops {
 
 using detail::check_defined;
 using detail::check_same;
-using detail::dispatch_float;
+using detail::cuda_stream;
+using detail::dispatch;
 using detail::empty_like;
 
-Tensor embedding(const Tensor& weight, const Tensor& ids) {
+namespace {
+// Integer inputs (token ids, targets) are range-checked on the host; a GPU op then gets a
+// device copy. Ids that already live on the GPU are trusted (nothing reads them back).
+Tensor ids_on(const Tensor& ids, Device d) { return ids.device() == d ? ids : ids.to(d); }
+}  // namespace
+
+Tensor embedding(const Tensor& weight, const Tensor& ids_in) {
   check_defined("embedding", weight, "weight");
-  check_defined("embedding", ids, "ids");
+  check_defined("embedding", ids_in, "ids");
   TG_CHECK(weight.dim() == 2, "embedding: weight must be (V, C), got ", weight.desc());
-  TG_CHECK(ids.dtype() == DType::i32, "embedding: ids must be i32, got ", ids.desc());
-  TG_CHECK(ids.device() == weight.device(), "embedding: device mismatch: weight ", weight.desc(),
-           ", ids ", ids.desc());
-  const int64_t V = weight.size(0), C = weight.size(1), N = ids.numel();
-  const int32_t* id = ids.data<int32_t>();
-  for (int64_t n = 0; n < N; ++n)
-    TG_CHECK(id[n] >= 0 && id[n] < V, "embedding: id ", id[n], " at position ", n,
-             " is outside the table of ", V, " rows (", weight.desc(), ")");
+  TG_CHECK(ids_in.dtype() == DType::i32, "embedding: ids must be i32, got ", ids_in.desc());
+  const int64_t V = weight.size(0), C = weight.size(1), N = ids_in.numel();
+  if (ids_in.device().is_cpu()) {
+    const int32_t* id = ids_in.data<int32_t>();
+    for (int64_t n = 0; n < N; ++n)
+      TG_CHECK(id[n] >= 0 && id[n] < V, "embedding: id ", id[n], " at position ", n,
+               " is outside the table of ", V, " rows (", weight.desc(), ")");
+  }
+  TG_CHECK(ids_in.device().is_cpu() || ids_in.device() == weight.device(), "embedding: device mismatch: weight ",
+           weight.desc(), ", ids ", ids_in.desc());
+  Tensor ids = ids_on(ids_in, weight.device());
   Shape shape = ids.shape();
   shape.push_back(C);
   Tensor out = Tensor::empty(shape, weight.dtype(), weight.device());
-  dispatch_float("embedding", weight, [&]<typename T>() {
-    cpu::embedding_forward(weight.data<T>(), id, out.data<T>(), N, C);
-  });
+  dispatch("embedding", weight,
+           [&]<typename T>() { cpu::embedding_forward(weight.data<T>(), ids.data<int32_t>(), out.data<T>(), N, C); },
+           [&]<typename T>() {
+             cuda::embedding_forward(weight.data<T>(), ids.data<int32_t>(), out.data<T>(), N, C, cuda_stream());
+           });
   record(out, "embedding", {weight}, [ids, V, C, N](const Tensor& g) {
     Tensor gw = Tensor::empty({V, C}, g.dtype(), g.device());
-    dispatch_float("embedding backward", g, [&]<typename T>() {
-      cpu::embedding_backward(g.data<T>(), ids.data<int32_t>(), gw.data<T>(), N, V, C);
-    });
+    dispatch("embedding backward", g,
+             [&]<typename T>() { cpu::embedding_backward(g.data<T>(), ids.data<int32_t>(), gw.data<T>(), N, V, C); },
+             [&]<typename T>() {
+               cuda::embedding_backward(g.data<T>(), ids.data<int32_t>(), gw.data<T>(), N, V, C, cuda_stream());
+             });
     return std::vector<Tensor>{gw};
   });
   return out;
 }
+
+namespace {
+// C (M, N) = op(A) · op(B) (+ bias per column), row-major, through cuBLASLt with fp32 accumulation.
+template <typename T>
+void cuda_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb,
+               T* C, int64_t ldc, int64_t batch, int64_t sa, int64_t sb, int64_t sc, const T* bias = nullptr) {
+  cuda::gemm<T>(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc, batch, sa, sb, sc,
+                bias ? cuda::Epilogue::bias : cuda::Epilogue::none, bias, cuda_stream());
+}
+}  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   check_defined("linear", x, "x");
@@ -65,30 +94,42 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Shape shape = x.shape();
   shape.back() = N;
   Tensor out = Tensor::empty(shape, x.dtype(), x.device());
-  dispatch_float("linear", x, [&]<typename T>() {
-    T* o = out.data<T>();
-    if (bias.defined()) {  // beta = 1 folds the bias add into the GEMM
-      const T* b = bias.data<T>();
-      for (int64_t r = 0; r < rows; ++r) std::copy(b, b + N, o + r * N);
-    }
-    cpu::gemm(false, true, rows, N, K, T(1), x.data<T>(), K, weight.data<T>(), K,
-              T(bias.defined() ? 1 : 0), o, N);
-  });
+  dispatch("linear", x,
+           [&]<typename T>() {
+             T* o = out.data<T>();
+             if (bias.defined()) {  // beta = 1 folds the bias add into the GEMM
+               const T* b = bias.data<T>();
+               for (int64_t r = 0; r < rows; ++r) std::copy(b, b + N, o + r * N);
+             }
+             cpu::gemm(false, true, rows, N, K, T(1), x.data<T>(), K, weight.data<T>(), K,
+                       T(bias.defined() ? 1 : 0), o, N);
+           },
+           [&]<typename T>() {  // the bias rides in cuBLASLt's epilogue
+             cuda_gemm<T>(false, true, rows, N, K, x.data<T>(), K, weight.data<T>(), K, out.data<T>(), N, 1, 0, 0, 0,
+                        bias.defined() ? bias.data<T>() : nullptr);
+           });
   record(out, "linear", {x, weight, bias},
          [x = x.detach(), w = weight.detach(), has_bias = bias.defined(), rows, N, K,
           need_x = x.requires_grad()](const Tensor& g) {
            Tensor gx, gw = Tensor::empty({N, K}, g.dtype(), g.device()), gb;
            if (need_x) gx = Tensor::empty(x.shape(), g.dtype(), g.device());
-           if (has_bias) gb = Tensor::empty({N}, g.dtype(), g.device());
-           dispatch_float("linear backward", g, [&]<typename T>() {
-             if (need_x)  // dx (rows, K) = g (rows, N) · W (N, K)
-               cpu::gemm(false, false, rows, K, N, T(1), g.data<T>(), N, w.data<T>(), K, T(0),
-                         gx.data<T>(), K);
-             // dW (N, K) = gᵀ (N, rows) · x (rows, K)
-             cpu::gemm(true, false, N, K, rows, T(1), g.data<T>(), N, x.data<T>(), K, T(0),
-                       gw.data<T>(), K);
-             if (has_bias) cpu::sum_rows(g.data<T>(), gb.data<T>(), rows, N);
-           });
+           // dx (rows, K) = g (rows, N) · W (N, K); dW (N, K) = gᵀ (N, rows) · x (rows, K)
+           dispatch("linear backward", g,
+                    [&]<typename T>() {
+                      if (need_x)
+                        cpu::gemm(false, false, rows, K, N, T(1), g.data<T>(), N, w.data<T>(), K, T(0), gx.data<T>(), K);
+                      cpu::gemm(true, false, N, K, rows, T(1), g.data<T>(), N, x.data<T>(), K, T(0), gw.data<T>(), K);
+                    },
+                    [&]<typename T>() {
+                      if (need_x)
+                        cuda_gemm<T>(false, false, rows, K, N, g.data<T>(), N, w.data<T>(), K, gx.data<T>(), K, 1, 0, 0, 0);
+                      cuda_gemm<T>(true, false, N, K, rows, g.data<T>(), N, x.data<T>(), K, gw.data<T>(), K, 1, 0, 0, 0);
+                    });
+           if (has_bias) {
+             gb = Tensor::empty({N}, g.dtype(), g.device());
+             dispatch("linear backward", g, [&]<typename T>() { cpu::sum_rows(g.data<T>(), gb.data<T>(), rows, N); },
+                      [&]<typename T>() { cuda::sum_rows(g.data<T>(), gb.data<T>(), rows, N, cuda_stream()); });
+           }
            return std::vector<Tensor>{gx, gw, gb};
          });
   return out;
@@ -111,24 +152,30 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   shape.push_back(M);
   shape.push_back(N);
   Tensor out = Tensor::empty(shape, a.dtype(), a.device());
-  dispatch_float("matmul", a, [&]<typename T>() {
-    cpu::gemm_batched(ta, tb, batch, M, N, K, a.data<T>(), M * K, b.data<T>(), K * N, T(0),
-                      out.data<T>(), M * N);
-  });
+  // One batched product; lda/ldb follow the stored layouts.
+  auto product = [](const Tensor& like, bool tA, bool tB, int64_t batch, int64_t M, int64_t N, int64_t K,
+                    const Tensor& A, int64_t sA, const Tensor& B, int64_t sB, Tensor& C) {
+    const int64_t lda = tA ? M : K, ldb = tB ? K : N;
+    dispatch("matmul", like,
+             [&]<typename T>() {
+               cpu::gemm_batched(tA, tB, batch, M, N, K, A.data<T>(), sA, B.data<T>(), sB, T(0), C.data<T>(), M * N);
+             },
+             [&]<typename T>() {
+               cuda_gemm<T>(tA, tB, M, N, K, A.data<T>(), lda, B.data<T>(), ldb, C.data<T>(), N, batch, sA, sB, M * N);
+             });
+  };
+  product(a, ta, tb, batch, M, N, K, a, M * K, b, K * N, out);
   record(out, "matmul", {a, b},
-         [a = a.detach(), b = b.detach(), ta, tb, batch, M, N, K](const Tensor& g) {
+         [a = a.detach(), b = b.detach(), ta, tb, batch, M, N, K, product](const Tensor& g) {
            Tensor ga = empty_like(a), gb = empty_like(b);
-           dispatch_float("matmul backward", g, [&]<typename T>() {
-             const T *A = a.data<T>(), *B = b.data<T>(), *G = g.data<T>();
-             if (!ta)  // dA (M, K) = G · op(B)ᵀ
-               cpu::gemm_batched(false, !tb, batch, M, K, N, G, M * N, B, K * N, T(0), ga.data<T>(), M * K);
-             else  // stored A is (K, M): dA = op(B) · Gᵀ
-               cpu::gemm_batched(tb, true, batch, K, M, N, B, K * N, G, M * N, T(0), ga.data<T>(), M * K);
-             if (!tb)  // dB (K, N) = op(A)ᵀ · G
-               cpu::gemm_batched(!ta, false, batch, K, N, M, A, M * K, G, M * N, T(0), gb.data<T>(), K * N);
-             else  // stored B is (N, K): dB = Gᵀ · op(A)
-               cpu::gemm_batched(true, ta, batch, N, K, M, G, M * N, A, M * K, T(0), gb.data<T>(), K * N);
-           });
+           if (!ta)  // dA (M, K) = G · op(B)ᵀ
+             product(g, false, !tb, batch, M, K, N, g, M * N, b, K * N, ga);
+           else  // stored A is (K, M): dA = op(B) · Gᵀ
+             product(g, tb, true, batch, K, M, N, b, K * N, g, M * N, ga);
+           if (!tb)  // dB (K, N) = op(A)ᵀ · G
+             product(g, !ta, false, batch, K, N, M, a, M * K, g, M * N, gb);
+           else  // stored B is (N, K): dB = Gᵀ · op(A)
+             product(g, true, ta, batch, N, K, M, g, M * N, a, M * K, gb);
            return std::vector<Tensor>{ga, gb};
          });
   return out;
@@ -137,12 +184,14 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
 Tensor gelu(const Tensor& x) {
   check_defined("gelu", x, "x");
   Tensor out = empty_like(x);
-  dispatch_float("gelu", x, [&]<typename T>() { cpu::gelu_forward(x.data<T>(), out.data<T>(), x.numel()); });
+  dispatch("gelu", x, [&]<typename T>() { cpu::gelu_forward(x.data<T>(), out.data<T>(), x.numel()); },
+           [&]<typename T>() { cuda::gelu_forward(x.data<T>(), out.data<T>(), x.numel(), cuda_stream()); });
   record(out, "gelu", {x}, [x = x.detach()](const Tensor& g) {
     Tensor gx = empty_like(g);
-    dispatch_float("gelu backward", g, [&]<typename T>() {
-      cpu::gelu_backward(x.data<T>(), g.data<T>(), gx.data<T>(), g.numel());
-    });
+    dispatch("gelu backward", g, [&]<typename T>() { cpu::gelu_backward(x.data<T>(), g.data<T>(), gx.data<T>(), g.numel()); },
+             [&]<typename T>() {
+               cuda::gelu_backward(x.data<T>(), g.data<T>(), gx.data<T>(), g.numel(), cuda_stream());
+             });
     return std::vector<Tensor>{gx};
   });
   return out;
@@ -162,19 +211,40 @@ Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
              x.desc());
   }
   Tensor out = empty_like(x);
-  Tensor mean = Tensor::empty({N}, x.dtype(), x.device()), rstd = Tensor::empty({N}, x.dtype(), x.device());
-  dispatch_float("layernorm", x, [&]<typename T>() {
-    cpu::layernorm_forward(x.data<T>(), weight.data<T>(), bias.defined() ? bias.data<T>() : nullptr,
-                           out.data<T>(), mean.data<T>(), rstd.data<T>(), N, C, eps);
-  });
+  // Statistics: in the input's precision on the CPU (f64 for gradient checks), fp32 on the GPU.
+  const DType stat = x.device().is_cpu() ? x.dtype() : DType::f32;
+  Tensor mean = Tensor::empty({N}, stat, x.device()), rstd = Tensor::empty({N}, stat, x.device());
+  dispatch("layernorm", x,
+           [&]<typename T>() {
+             cpu::layernorm_forward(x.data<T>(), weight.data<T>(), bias.defined() ? bias.data<T>() : nullptr,
+                                    out.data<T>(), mean.data<T>(), rstd.data<T>(), N, C, eps);
+           },
+           [&]<typename T>() {
+             cuda::layernorm_forward(x.data<T>(), weight.data<T>(), bias.defined() ? bias.data<T>() : nullptr,
+                                     out.data<T>(), mean.data<float>(), rstd.data<float>(), N, C, float(eps),
+                                     cuda_stream());
+           });
   record(out, "layernorm", {x, weight, bias},
          [x = x.detach(), w = weight.detach(), mean, rstd, has_bias = bias.defined(), N, C](const Tensor& g) {
            Tensor gx = empty_like(x), gw = empty_like(w), gb;
            if (has_bias) gb = empty_like(w);
-           dispatch_float("layernorm backward", g, [&]<typename T>() {
-             cpu::layernorm_backward(x.data<T>(), w.data<T>(), mean.data<T>(), rstd.data<T>(), g.data<T>(),
-                                     gx.data<T>(), gw.data<T>(), has_bias ? gb.data<T>() : nullptr, N, C);
-           });
+           dispatch("layernorm backward", g,
+                    [&]<typename T>() {
+                      cpu::layernorm_backward(x.data<T>(), w.data<T>(), mean.data<T>(), rstd.data<T>(), g.data<T>(),
+                                              gx.data<T>(), gw.data<T>(), has_bias ? gb.data<T>() : nullptr, N, C);
+                    },
+                    [&]<typename T>() {
+                      Tensor scratch;
+                      {
+                        MemoryCategoryScope ws(MemCategory::workspace);
+                        scratch = Tensor::empty({int64_t(cuda::layernorm_backward_scratch_floats(N, C))}, DType::f32,
+                                                g.device());
+                      }
+                      cuda::layernorm_backward(x.data<T>(), w.data<T>(), mean.data<float>(), rstd.data<float>(),
+                                               g.data<T>(), gx.data<T>(), gw.data<T>(),
+                                               has_bias ? gb.data<T>() : nullptr, N, C, scratch.data<float>(),
+                                               cuda_stream());
+                    });
            return std::vector<Tensor>{gx, gw, gb};
          });
   return out;
@@ -185,102 +255,137 @@ Tensor softmax(const Tensor& x) {
   TG_CHECK(x.dim() >= 1, "softmax: needs at least 1 dimension, got ", x.desc());
   const int64_t C = x.size(-1), N = C ? x.numel() / C : 0;
   Tensor out = empty_like(x);
-  dispatch_float("softmax", x, [&]<typename T>() { cpu::softmax_forward(x.data<T>(), out.data<T>(), N, C); });
+  dispatch("softmax", x, [&]<typename T>() { cpu::softmax_forward(x.data<T>(), out.data<T>(), N, C); },
+           [&]<typename T>() { cuda::softmax_forward(x.data<T>(), out.data<T>(), N, C, cuda_stream()); });
   record(out, "softmax", {x}, [y = out.detach(), N, C](const Tensor& g) {
     Tensor gx = empty_like(g);
-    dispatch_float("softmax backward", g, [&]<typename T>() {
-      cpu::softmax_backward(y.data<T>(), g.data<T>(), gx.data<T>(), N, C);
-    });
+    dispatch("softmax backward", g,
+             [&]<typename T>() { cpu::softmax_backward(y.data<T>(), g.data<T>(), gx.data<T>(), N, C); },
+             [&]<typename T>() { cuda::softmax_backward(y.data<T>(), g.data<T>(), gx.data<T>(), N, C, cuda_stream()); });
     return std::vector<Tensor>{gx};
   });
   return out;
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index) {
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets_in, int32_t ignore_index) {
   check_defined("cross_entropy", logits, "logits");
-  check_defined("cross_entropy", targets, "targets");
+  check_defined("cross_entropy", targets_in, "targets");
   TG_CHECK(logits.dim() == 2, "cross_entropy: logits must be (N, V), got ", logits.desc());
-  TG_CHECK(targets.dtype() == DType::i32 && targets.numel() == logits.size(0) && targets.dim() == 1,
+  TG_CHECK(targets_in.dtype() == DType::i32 && targets_in.numel() == logits.size(0) && targets_in.dim() == 1,
            "cross_entropy: targets must be i32 [", logits.size(0), "] to match logits ", logits.desc(),
-           ", got ", targets.desc());
+           ", got ", targets_in.desc());
   const int64_t N = logits.size(0), V = logits.size(1);
-  const int32_t* t = targets.data<int32_t>();
-  for (int64_t n = 0; n < N; ++n)
-    TG_CHECK(t[n] == ignore_index || (t[n] >= 0 && t[n] < V), "cross_entropy: target ", t[n],
-             " at row ", n, " is outside [0, ", V, ") and is not the ignore index ", ignore_index);
+  if (targets_in.device().is_cpu()) {
+    const int32_t* t = targets_in.data<int32_t>();
+    for (int64_t n = 0; n < N; ++n)
+      TG_CHECK(t[n] == ignore_index || (t[n] >= 0 && t[n] < V), "cross_entropy: target ", t[n],
+               " at row ", n, " is outside [0, ", V, ") and is not the ignore index ", ignore_index);
+  }
+  Tensor targets = ids_on(targets_in, logits.device());
+  if (logits.device().is_cuda()) {
+    // GPU: statistics and the loss in fp32 whatever the logits' dtype; the count of rows that
+    // are not ignored stays on the device for the backward.
+    Tensor lse = Tensor::empty({N}, DType::f32, logits.device()), row_loss = Tensor::empty({N}, DType::f32, logits.device());
+    Tensor out = Tensor::empty({1}, DType::f32, logits.device()), count = Tensor::empty({1}, DType::i32, logits.device());
+    dispatch("cross_entropy", logits, [&]<typename T>() {}, [&]<typename T>() {
+      cuda::cross_entropy_forward(logits.data<T>(), targets.data<int32_t>(), lse.data<float>(), row_loss.data<float>(),
+                                  out.data<float>(), count.data<int32_t>(), N, V, ignore_index, cuda_stream());
+    });
+    record(out, "cross_entropy", {logits},
+           [logits = logits.detach(), targets, lse, count, N, V, ignore_index](const Tensor& g) {
+             Tensor gl = empty_like(logits);
+             dispatch("cross_entropy backward", logits, [&]<typename T>() {}, [&]<typename T>() {
+               cuda::cross_entropy_backward(logits.data<T>(), targets.data<int32_t>(), lse.data<float>(), g.data<float>(),
+                                            count.data<int32_t>(), gl.data<T>(), N, V, ignore_index, cuda_stream());
+             });
+             return std::vector<Tensor>{gl};
+           });
+    return out;
+  }
   Tensor lse = Tensor::empty({N}, logits.dtype(), logits.device());
   Tensor row_loss = Tensor::empty({N}, logits.dtype(), logits.device());
   Tensor out = Tensor::empty({1}, logits.dtype(), logits.device());
   int64_t counted = 0;
-  dispatch_float("cross_entropy", logits, [&]<typename T>() {
-    counted = cpu::cross_entropy_forward(logits.data<T>(), t, lse.data<T>(), row_loss.data<T>(), N, V,
-                                         ignore_index);
-    T total = cpu::sum_all(row_loss.data<T>(), N);
-    out.data<T>()[0] = counted > 0 ? total / T(counted) : T(0);
-  });
+  dispatch("cross_entropy", logits,
+           [&]<typename T>() {
+             counted = cpu::cross_entropy_forward(logits.data<T>(), targets.data<int32_t>(), lse.data<T>(),
+                                                  row_loss.data<T>(), N, V, ignore_index);
+             T total = cpu::sum_all(row_loss.data<T>(), N);
+             out.data<T>()[0] = counted > 0 ? total / T(counted) : T(0);
+           },
+           [&]<typename T>() {});
   record(out, "cross_entropy", {logits},
          [logits = logits.detach(), targets, lse, counted, N, V, ignore_index](const Tensor& g) {
            Tensor gl = empty_like(logits);
-           dispatch_float("cross_entropy backward", g, [&]<typename T>() {
-             cpu::cross_entropy_backward(logits.data<T>(), targets.data<int32_t>(), lse.data<T>(),
-                                         g.data<T>()[0], counted, gl.data<T>(), N, V, ignore_index);
-           });
+           dispatch("cross_entropy backward", g,
+                    [&]<typename T>() {
+                      cpu::cross_entropy_backward(logits.data<T>(), targets.data<int32_t>(), lse.data<T>(),
+                                                  g.data<T>()[0], counted, gl.data<T>(), N, V, ignore_index);
+                    },
+                    [&]<typename T>() {});
            return std::vector<Tensor>{gl};
          });
   return out;
 }
 
+namespace {
+Tensor dropout_raw(const Tensor& x, double p, uint64_t seed) {
+  Tensor out = empty_like(x);
+  dispatch("dropout", x, [&]<typename T>() { cpu::dropout_apply(x.data<T>(), out.data<T>(), x.numel(), float(p), seed); },
+           [&]<typename T>() {
+             cuda::dropout_apply(x.data<T>(), out.data<T>(), x.numel(), float(p), seed, cuda_stream());
+           });
+  return out;
+}
+}  // namespace
+
 Tensor dropout(const Tensor& x, double p, uint64_t seed, bool training) {
   check_defined("dropout", x, "x");
   TG_CHECK(p >= 0.0 && p < 1.0, "dropout: probability ", p, " is outside [0, 1)");
   if (!training || p == 0.0) return x;
-  Tensor out = empty_like(x);
-  dispatch_float("dropout", x, [&]<typename T>() {
-    cpu::dropout_apply(x.data<T>(), out.data<T>(), x.numel(), float(p), seed);
-  });
-  record(out, "dropout", {x}, [p, seed](const Tensor& g) {
-    Tensor gx = empty_like(g);
-    dispatch_float("dropout backward", g, [&]<typename T>() {
-      cpu::dropout_apply(g.data<T>(), gx.data<T>(), g.numel(), float(p), seed);
-    });
-    return std::vector<Tensor>{gx};
-  });
+  Tensor out = dropout_raw(x, p, seed);
+  record(out, "dropout", {x}, [p, seed](const Tensor& g) { return std::vector<Tensor>{dropout_raw(g, p, seed)}; });
   return out;
 }
+
+namespace {
+Tensor rope_raw(const Tensor& x, double base, int64_t pos_offset, int direction) {
+  const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3);
+  Tensor out = empty_like(x);
+  dispatch("rope", x,
+           [&]<typename S>() { cpu::rope_apply(x.data<S>(), out.data<S>(), B, T, H, D, base, pos_offset, direction); },
+           [&]<typename S>() {
+             cuda::rope_apply(x.data<S>(), out.data<S>(), B, T, H, D, base, pos_offset, direction, cuda_stream());
+           });
+  return out;
+}
+}  // namespace
 
 Tensor rope(const Tensor& x, double base, int64_t pos_offset) {
   check_defined("rope", x, "x");
   TG_CHECK(x.dim() == 4 && x.size(3) % 2 == 0, "rope: needs (B, T, H, D) with even D, got ", x.desc());
-  const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3);
-  Tensor out = empty_like(x);
-  dispatch_float("rope", x, [&]<typename S>() {
-    cpu::rope_apply(x.data<S>(), out.data<S>(), B, T, H, D, base, pos_offset, +1);
-  });
-  record(out, "rope", {x}, [B, T, H, D, base, pos_offset](const Tensor& g) {
-    Tensor gx = empty_like(g);
-    dispatch_float("rope backward", g, [&]<typename S>() {
-      cpu::rope_apply(g.data<S>(), gx.data<S>(), B, T, H, D, base, pos_offset, -1);
-    });
-    return std::vector<Tensor>{gx};
+  Tensor out = rope_raw(x, base, pos_offset, +1);
+  record(out, "rope", {x}, [base, pos_offset](const Tensor& g) {
+    return std::vector<Tensor>{rope_raw(g, base, pos_offset, -1)};  // the inverse rotation
   });
   return out;
 }
+
+namespace {
+Tensor mask_raw(const Tensor& s, int64_t batch, int64_t T, double fill) {
+  Tensor out = empty_like(s);
+  dispatch("causal_mask", s, [&]<typename S>() { cpu::causal_mask(s.data<S>(), out.data<S>(), batch, T, T, S(fill)); },
+           [&]<typename S>() { cuda::causal_mask(s.data<S>(), out.data<S>(), batch, T, T, float(fill), cuda_stream()); });
+  return out;
+}
+}  // namespace
 
 Tensor causal_mask(const Tensor& s) {
   check_defined("causal_mask", s, "scores");
   TG_CHECK(s.dim() >= 2 && s.size(-1) == s.size(-2), "causal_mask: needs (..., T, T), got ", s.desc());
   const int64_t T = s.size(-1), batch = T > 0 ? s.numel() / (T * T) : 0;
-  Tensor out = empty_like(s);
-  dispatch_float("causal_mask", s, [&]<typename S>() {
-    cpu::causal_mask(s.data<S>(), out.data<S>(), batch, T, T, -std::numeric_limits<S>::infinity());
-  });
-  record(out, "causal_mask", {s}, [batch, T](const Tensor& g) {
-    Tensor gs = empty_like(g);
-    dispatch_float("causal_mask backward", g, [&]<typename S>() {
-      cpu::causal_mask(g.data<S>(), gs.data<S>(), batch, T, T, S(0));
-    });
-    return std::vector<Tensor>{gs};
-  });
+  Tensor out = mask_raw(s, batch, T, -std::numeric_limits<double>::infinity());
+  record(out, "causal_mask", {s}, [batch, T](const Tensor& g) { return std::vector<Tensor>{mask_raw(g, batch, T, 0.0)}; });
   return out;
 }
 

@@ -13,6 +13,8 @@ namespace tg::ops {
 Tensor add(const Tensor& a, const Tensor& b);  // b's shape equals a's or a trailing suffix of it
 Tensor mul(const Tensor& a, const Tensor& b);  // same shapes
 Tensor scale(const Tensor& x, double s);
+// Differentiable dtype conversion (f32 ↔ bf16 for mixed precision, f32 ↔ f64 on the CPU).
+Tensor cast(const Tensor& x, DType dtype);
 Tensor sum(const Tensor& x);                   // scalar
 Tensor mean(const Tensor& x);                  // scalar
 Tensor reshape(const Tensor& x, const Shape& shape);

@@ -4,6 +4,8 @@
 #include <cmath>
 
 #include "kernels/cpu/adamw.h"
+#include "kernels/cuda/optim.h"
+#include "src/tensor/dispatch.h"
 
 namespace tg::optim {
 
@@ -16,25 +18,47 @@ AdamW::AdamW(nn::ParameterStore& params, const AdamWConfig& config) : params_(pa
 
 void AdamW::step(double lr) {
   ++steps_;
-  TG_CHECK(params_.flat_values().dtype() == DType::f32 && params_.flat_values().device().is_cpu(),
-           "AdamW: needs f32 parameters on the cpu, got ", params_.flat_values().desc());
+  Tensor values = params_.flat_values();
+  TG_CHECK(values.dtype() == DType::f32, "AdamW: needs f32 master parameters, got ", values.desc());
   const float bc1 = float(1.0 - std::pow(config_.beta1, double(steps_)));
   const float bc2 = float(1.0 - std::pow(config_.beta2, double(steps_)));
-  float* p = params_.flat_values().data<float>();
+  float* p = values.data<float>();
   const float* g = params_.flat_grads().data<float>();
   float* m = m_.data<float>();
   float* v = v_.data<float>();
-  // The flat layout puts decayed parameters first: two sweeps cover everything.
+  // The flat layout puts decayed parameters first: elements [0, n_decay) take weight decay.
   const int64_t n = params_.numel(), n_decay = params_.decay_numel();
-  cpu::adamw_update(p, g, m, v, n_decay, float(lr), float(config_.beta1), float(config_.beta2),
-                    float(config_.eps), float(config_.weight_decay), bc1, bc2);
-  cpu::adamw_update(p + n_decay, g + n_decay, m + n_decay, v + n_decay, n - n_decay, float(lr),
-                    float(config_.beta1), float(config_.beta2), float(config_.eps), 0.0f, bc1, bc2);
+  const float b1 = float(config_.beta1), b2 = float(config_.beta2), eps = float(config_.eps);
+  if (values.device().is_cuda()) {
+#ifdef TILEGRAD_HAVE_CUDA
+    // One fused kernel over the whole flat buffer.
+    cuda::adamw_update(p, g, m, v, n, n_decay, float(lr), b1, b2, eps, float(config_.weight_decay), bc1, bc2,
+                       detail::cuda_stream());
+#endif
+    return;
+  }
+  cpu::adamw_update(p, g, m, v, n_decay, float(lr), b1, b2, eps, float(config_.weight_decay), bc1, bc2);
+  cpu::adamw_update(p + n_decay, g + n_decay, m + n_decay, v + n_decay, n - n_decay, float(lr), b1, b2, eps, 0.0f,
+                    bc1, bc2);
 }
 
 double grad_norm(const nn::ParameterStore& params) {
   Tensor g = params.flat_grads();
-  TG_CHECK(g.dtype() == DType::f32 && g.device().is_cpu(), "grad_norm: needs f32 cpu gradients, got ", g.desc());
+  TG_CHECK(g.dtype() == DType::f32, "grad_norm: needs f32 gradients, got ", g.desc());
+  if (g.device().is_cuda()) {
+#ifdef TILEGRAD_HAVE_CUDA
+    Tensor scratch, total;
+    {
+      MemoryCategoryScope ws(MemCategory::workspace);
+      const int64_t words = int64_t((cuda::sum_squares_scratch_bytes(g.numel()) + 7) / 8);
+      scratch = Tensor::empty({words}, DType::f64, g.device());
+      total = Tensor::empty({1}, DType::f64, g.device());
+    }
+    cuda::sum_squares(g.data<float>(), g.numel(), scratch.raw(), static_cast<double*>(total.raw()),
+                      detail::cuda_stream());
+    return std::sqrt(total.item());
+#endif
+  }
   return std::sqrt(cpu::sum_squares(g.data<float>(), g.numel()));
 }
 
@@ -42,7 +66,14 @@ double clip_grad_norm(nn::ParameterStore& params, double max_norm) {
   double norm = grad_norm(params);
   if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) {
     Tensor g = params.flat_grads();
-    cpu::scale_inplace(g.data<float>(), float(max_norm / (norm + 1e-6)), g.numel());
+    const float s = float(max_norm / (norm + 1e-6));
+    if (g.device().is_cuda()) {
+#ifdef TILEGRAD_HAVE_CUDA
+      cuda::scale_inplace(g.data<float>(), s, g.numel(), detail::cuda_stream());
+#endif
+    } else {
+      cpu::scale_inplace(g.data<float>(), s, g.numel());
+    }
   }
   return norm;
 }

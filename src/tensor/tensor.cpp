@@ -8,6 +8,18 @@ namespace tg {
 
 #ifdef TILEGRAD_HAVE_CUDA
 void cuda_copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t nbytes);
+void cuda_zero(void* p, size_t nbytes);
+void cuda_convert(const void* src, DType from, void* dst, DType to, int64_t n);
+#endif
+
+#ifdef TILEGRAD_HAVE_CUDA
+void cuda_synchronize();
+void device_synchronize(Device d) {
+  if (d.is_cuda()) cuda_synchronize();
+}
+#else
+int cuda_device_count() { return 0; }
+void device_synchronize(Device) {}
 #endif
 
 std::string shape_str(const Shape& s) {
@@ -141,8 +153,13 @@ Tensor Tensor::clone() const {
 
 Tensor Tensor::to(DType t) const {
   if (t == dtype()) return clone();
-  TG_CHECK(device().is_cpu(), "dtype conversion of ", desc(), " is only implemented on the CPU");
   Tensor out = empty(shape(), t, device());
+  if (device().is_cuda()) {
+#ifdef TILEGRAD_HAVE_CUDA
+    cuda_convert(raw(), dtype(), out.raw(), t, numel());
+#endif
+    return out;
+  }
   out.copy_from(*this);
   return out;
 }
@@ -194,8 +211,7 @@ void Tensor::zero() {
     return;
   }
 #ifdef TILEGRAD_HAVE_CUDA
-  Tensor host = zeros(shape(), dtype(), Device::cpu());
-  copy_from(host);
+  cuda_zero(raw(), nbytes());
 #endif
 }
 

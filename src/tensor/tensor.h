@@ -29,6 +29,11 @@ struct TensorImpl {
   std::shared_ptr<Node> grad_fn;     // non-leaves: the op that produced this tensor
 };
 
+// Number of usable CUDA devices (0 in a build without CUDA or on a machine without a GPU).
+int cuda_device_count();
+// Waits for the GPU work queued by this thread (no-op on CPU-only builds): for timing.
+void device_synchronize(Device d);
+
 class Tensor {
  public:
   Tensor() = default;

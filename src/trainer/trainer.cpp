@@ -73,10 +73,18 @@ bool stop_requested() { return g_stop_signal != 0; }
 void clear_stop_request() { g_stop_signal = 0; }
 
 Device resolve_device(const std::string& setting) {
-  if (setting == "cpu" || setting == "auto") return Device::cpu();  // auto: the CUDA trainer is not built yet
-  TG_CHECK(false, "run.device: '", setting,
-           "': training on the GPU is not available in this build yet; use run.device: cpu or auto");
-  return Device::cpu();
+  const int gpus = cuda_device_count();
+  if (setting == "cpu") return Device::cpu();
+  if (setting == "auto") return gpus > 0 ? Device::cuda(0) : Device::cpu();
+  TG_CHECK(setting == "cuda", "run.device: '", setting, "': expected auto, cpu or cuda");
+  TG_CHECK(gpus > 0, "run.device: cuda, but ",
+#ifdef TILEGRAD_HAVE_CUDA
+           "no CUDA GPU is visible on this machine",
+#else
+           "this tilegrad was built without CUDA (no nvcc at configure time)",
+#endif
+           "; use run.device: cpu or auto");
+  return Device::cuda(0);
 }
 
 Trainer::Trainer(const Config& config) : config_(config) {
@@ -135,9 +143,13 @@ TrainResult Trainer::run(const std::string& resume) {
     cfg << config_yaml_;
   }
   log_line("tilegrad train: resolved config (" + config_.source_path + ")\n" + config_yaml_);
-  log_line("device: " + device.str() + ", threads: " + std::to_string(omp_get_max_threads()));
+  log_line("device: " + device.str() + " (run.device: " + rc.device + "), precision: " + tc.precision +
+           ", cpu threads: " + std::to_string(omp_get_max_threads()));
 
-  model_ = std::make_unique<nn::GPT>(gpt_config_from(config_.model), uint64_t(tc.seed), DType::f32, device);
+  TG_CHECK(tc.precision == "fp32" || device.is_cuda(), "train.precision: bf16 needs a GPU, but this run is on ",
+           device.str(), " (run.device: ", rc.device, "); use train.precision: fp32");
+  const DType compute = tc.precision == "bf16" ? DType::bf16 : DType::f32;
+  model_ = std::make_unique<nn::GPT>(gpt_config_from(config_.model), uint64_t(tc.seed), DType::f32, device, compute);
   opt_ = std::make_unique<optim::AdamW>(model_->params(), optim::AdamWConfig{tc.beta1, tc.beta2, tc.eps, tc.weight_decay});
   train_data_ = std::make_unique<DataLoader>(config_.data.train, config_.model.vocab_size, tc.batch_size, tc.seq_len,
                                              uint64_t(tc.seed));

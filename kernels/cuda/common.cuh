@@ -1,0 +1,159 @@
+// Device helpers shared by tilegrad's CUDA kernels: fp32 views of float / tg::bf16 elements,
+// 16-byte packed loads and stores, deterministic warp reductions, grid sizing and precondition checks.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "src/tensor/dtype.h"
+
+namespace tg::cuda {
+
+// Elements per 16-byte access: 4 floats or 8 bf16.
+template <typename T>
+constexpr int kVec = int(16 / sizeof(T));
+
+// bf16 → float is exact: the bf16 bits are the top half of the float.
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(tg::bf16 x) { return __uint_as_float(uint32_t(x.bits) << 16); }
+
+// float → bf16 with the same bit manipulation as tg::float_to_bf16 (round to nearest even, NaN
+// kept quiet), so GPU and CPU roundings are bitwise equal, NaN payloads included.
+__device__ __forceinline__ uint32_t float_to_bf16_bits(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return u >> 16;
+}
+
+template <typename T>
+__device__ __forceinline__ T from_float(float f);
+template <>
+__device__ __forceinline__ float from_float<float>(float f) { return f; }
+template <>
+__device__ __forceinline__ tg::bf16 from_float<tg::bf16>(float f) {
+  tg::bf16 b;
+  b.bits = uint16_t(float_to_bf16_bits(f));
+  return b;
+}
+
+// Loads V consecutive elements at p as floats. V == 1 is a scalar access; otherwise V·sizeof(T)
+// must be 8 or 16 bytes and p aligned to that (the launchers check alignment before choosing V).
+template <int V, typename T>
+__device__ __forceinline__ void load_vec(const T* p, float (&f)[V]) {
+  if constexpr (V == 1) {
+    f[0] = to_float(*p);
+  } else {
+    constexpr int kBytes = V * int(sizeof(T));
+    static_assert(kBytes == 8 || kBytes == 16, "packed access must be 8 or 16 bytes");
+    uint32_t w[kBytes / 4];
+    if constexpr (kBytes == 16) {
+      uint4 r = *reinterpret_cast<const uint4*>(p);
+      w[0] = r.x, w[1] = r.y, w[2] = r.z, w[3] = r.w;
+    } else {
+      uint2 r = *reinterpret_cast<const uint2*>(p);
+      w[0] = r.x, w[1] = r.y;
+    }
+    if constexpr (sizeof(T) == 4) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) f[k] = __uint_as_float(w[k]);
+    } else {
+      // Little-endian: element 2k is the low half of word k.
+#pragma unroll
+      for (int k = 0; k < V / 2; ++k) {
+        f[2 * k] = __uint_as_float(w[k] << 16);
+        f[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+      }
+    }
+  }
+}
+
+// Stores V floats to p as T (rounded to nearest even for bf16); same size/alignment rules as load_vec.
+template <int V, typename T>
+__device__ __forceinline__ void store_vec(T* p, const float (&f)[V]) {
+  if constexpr (V == 1) {
+    *p = from_float<T>(f[0]);
+  } else {
+    constexpr int kBytes = V * int(sizeof(T));
+    static_assert(kBytes == 8 || kBytes == 16, "packed access must be 8 or 16 bytes");
+    uint32_t w[kBytes / 4];
+    if constexpr (sizeof(T) == 4) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) w[k] = __float_as_uint(f[k]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < V / 2; ++k) w[k] = float_to_bf16_bits(f[2 * k]) | (float_to_bf16_bits(f[2 * k + 1]) << 16);
+    }
+    if constexpr (kBytes == 16) {
+      *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+    } else {
+      *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
+    }
+  }
+}
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Blocks for a grid-stride loop over `items` work items: enough to fill the GPU several times
+// over (132 SMs on an H200), capped so huge tensors loop instead of launching millions of blocks.
+inline unsigned grid_for(int64_t items, int threads, int64_t max_blocks = 132 * 32) {
+  int64_t blocks = (items + threads - 1) / threads;
+  if (blocks < 1) blocks = 1;
+  if (blocks > max_blocks) blocks = max_blocks;
+  return unsigned(blocks);
+}
+
+// A launcher's broken precondition is a bug in the calling op: say which launcher and why.
+inline void require(bool ok, const char* launcher, const std::string& what) {
+  if (!ok) throw std::invalid_argument(std::string("tg::cuda::") + launcher + ": " + what);
+}
+
+}  // namespace tg::cuda
+
+namespace tg::cuda {
+
+// Butterfly sums: lane i adds lane i^m's value, so both lanes form a+b with the same operands
+// (addition commutes exactly): every lane ends with the bitwise same, run-to-run fixed result.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+  return v;
+}
+__device__ __forceinline__ double warp_sum(double v) {
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, m));
+  return v;
+}
+
+// out (cols) = Σ_r x (rows, cols). Block (32, 32) owns 32 columns: thread (tx, ty) sums rows
+// ty, ty+32, … of column tx in order, then ty = 0 adds the 32 partials in order. The order depends
+// only on (rows, cols), so the result is bitwise reproducible without atomics or scratch.
+template <typename TI, typename TO>
+__global__ void column_sum_kernel(const TI* __restrict__ x, TO* __restrict__ out, int64_t rows, int64_t cols) {
+  __shared__ float partial[32][32];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t c = int64_t(blockIdx.x) * 32 + tx;
+  float acc = 0.0f;
+  if (c < cols) {
+    const TI* p = x + c;
+#pragma unroll 4
+    for (int64_t r = ty; r < rows; r += 32) acc += to_float(p[r * cols]);
+  }
+  partial[ty][tx] = acc;
+  __syncthreads();
+  if (ty == 0 && c < cols) {
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 32; ++k) s += partial[k][tx];
+    out[c] = from_float<TO>(s);
+  }
+}
+
+}  // namespace tg::cuda

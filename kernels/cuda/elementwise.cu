@@ -1,0 +1,264 @@
+// CUDA elementwise kernels and their launchers: the twins of kernels/cpu/elementwise.h and dropout.h.
+#include "kernels/cuda/elementwise.h"
+
+#include <algorithm>
+#include <type_traits>
+
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/hash.cuh"
+
+namespace tg::cuda {
+
+// ───────────────────────────── kernels ─────────────────────────────
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// Unary map out[i] = op(x[i], i) in fp32. Packs of V elements cover [0, n/V·V); the remainder
+// (< V elements) is done scalar. V = 1 is the fallback for misaligned pointers.
+template <int V, typename TI, typename TO, typename Op>
+__global__ void map1_kernel(const TI* __restrict__ x, TO* __restrict__ out, int64_t n, Op op) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t nv = n / V;
+  for (int64_t j = tid; j < nv; j += stride) {
+    float f[V];
+    load_vec<V>(x + j * V, f);
+#pragma unroll
+    for (int k = 0; k < V; ++k) f[k] = op(f[k], j * V + k);
+    store_vec<V>(out + j * V, f);
+  }
+  const int64_t i = nv * V + tid;
+  if (V > 1 && i < n) out[i] = from_float<TO>(op(to_float(x[i]), i));
+}
+
+// Binary map out[i] = op(a[i], b[i]); out may alias a (add_inplace), hence no __restrict__.
+template <int V, typename T, typename Op>
+__global__ void map2_kernel(const T* a, const T* b, T* out, int64_t n, Op op) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t nv = n / V;
+  for (int64_t j = tid; j < nv; j += stride) {
+    float fa[V], fb[V];
+    load_vec<V>(a + j * V, fa);
+    load_vec<V>(b + j * V, fb);
+#pragma unroll
+    for (int k = 0; k < V; ++k) fa[k] = op(fa[k], fb[k]);
+    store_vec<V>(out + j * V, fa);
+  }
+  const int64_t i = nv * V + tid;
+  if (V > 1 && i < n) out[i] = from_float<T>(op(to_float(a[i]), to_float(b[i])));
+}
+
+// out (rows, cols) = a + b (cols). Block (32, 8): x walks packs of a row (coalesced), y walks
+// rows; a 2-D grid avoids a 64-bit division per element. V > 1 needs cols % V == 0.
+template <int V, typename T>
+__global__ void add_broadcast_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,
+                                     int64_t rows, int64_t cols) {
+  const int64_t cv = cols / V;
+  for (int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; r < rows; r += int64_t(gridDim.y) * blockDim.y) {
+    for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < cv; j += int64_t(gridDim.x) * blockDim.x) {
+      float fa[V], fb[V];
+      load_vec<V>(a + r * cols + j * V, fa);
+      load_vec<V>(b + j * V, fb);
+#pragma unroll
+      for (int k = 0; k < V; ++k) fa[k] += fb[k];
+      store_vec<V>(out + r * cols + j * V, fa);
+    }
+  }
+}
+
+template <int V, typename T>
+__global__ void fill_kernel(T* __restrict__ x, float value, int64_t n) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t nv = n / V;
+  float f[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) f[k] = value;
+  for (int64_t j = tid; j < nv; j += stride) store_vec<V>(x + j * V, f);
+  const int64_t i = nv * V + tid;
+  if (V > 1 && i < n) x[i] = from_float<T>(value);
+}
+
+struct AddOp {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct MulOp {
+  __device__ float operator()(float a, float b) const { return a * b; }
+};
+struct ScaleOp {
+  float s;
+  __device__ float operator()(float x, int64_t) const { return x * s; }
+};
+struct IdentityOp {
+  __device__ float operator()(float x, int64_t) const { return x; }
+};
+
+constexpr float kGeluK = 0.7978845608028654f;  // √(2/π)
+
+struct GeluOp {
+  __device__ float operator()(float v, int64_t) const {
+    return 0.5f * v * (1.0f + tanhf(kGeluK * (v + 0.044715f * v * v * v)));
+  }
+};
+struct GeluBackwardOp {  // (x, dout) → dx
+  __device__ float operator()(float v, float d) const {
+    float inner = kGeluK * (v + 0.044715f * v * v * v);
+    float th = tanhf(inner);
+    float sech2 = 1.0f - th * th;
+    float local = 0.5f * (1.0f + th) + 0.5f * v * sech2 * kGeluK * (1.0f + 3.0f * 0.044715f * v * v);
+    return local * d;
+  }
+};
+struct DropoutOp {
+  uint64_t seed;
+  float p, scale;
+  __device__ float operator()(float x, int64_t i) const {
+    return uniform_from(seed, uint64_t(i)) >= p ? x * scale : 0.0f;
+  }
+};
+
+template <typename TI, typename TO, typename Op>
+void launch_map1(const TI* x, TO* out, int64_t n, Op op, cudaStream_t stream) {
+  if (n == 0) return;
+  constexpr int V = 16 / int(sizeof(TI) > sizeof(TO) ? sizeof(TI) : sizeof(TO));
+  if (aligned16(x) && aligned16(out) && n >= V) {
+    map1_kernel<V><<<grid_for(n / V, kThreads), kThreads, 0, stream>>>(x, out, n, op);
+  } else {
+    map1_kernel<1><<<grid_for(n, kThreads), kThreads, 0, stream>>>(x, out, n, op);
+  }
+  TG_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename T, typename Op>
+void launch_map2(const T* a, const T* b, T* out, int64_t n, Op op, cudaStream_t stream) {
+  if (n == 0) return;
+  constexpr int V = kVec<T>;
+  if (aligned16(a) && aligned16(b) && aligned16(out) && n >= V) {
+    map2_kernel<V><<<grid_for(n / V, kThreads), kThreads, 0, stream>>>(a, b, out, n, op);
+  } else {
+    map2_kernel<1><<<grid_for(n, kThreads), kThreads, 0, stream>>>(a, b, out, n, op);
+  }
+  TG_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+// ───────────────────────────── launchers ─────────────────────────────
+
+template <typename T>
+void add_forward(const T* a, const T* b, T* out, int64_t rows, int64_t cols, cudaStream_t stream) {
+  require(rows >= 0 && cols >= 0, "add_forward", "negative size");
+  if (rows == 0 || cols == 0) return;
+  if (rows == 1) return launch_map2(a, b, out, cols, AddOp{}, stream);
+  constexpr int V = kVec<T>;
+  const bool vec = cols % V == 0 && aligned16(a) && aligned16(b) && aligned16(out);
+  const int64_t cv = vec ? cols / V : cols;
+  dim3 block(32, 8);
+  dim3 grid(unsigned(std::min<int64_t>((cv + 31) / 32, 1024)), unsigned(std::min<int64_t>((rows + 7) / 8, 65535)));
+  if (vec) {
+    add_broadcast_kernel<V><<<grid, block, 0, stream>>>(a, b, out, rows, cols);
+  } else {
+    add_broadcast_kernel<1><<<grid, block, 0, stream>>>(a, b, out, rows, cols);
+  }
+  TG_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename T>
+void add_inplace(T* dst, const T* src, int64_t n, cudaStream_t stream) {
+  require(n >= 0, "add_inplace", "negative size");
+  launch_map2<T>(dst, src, dst, n, AddOp{}, stream);
+}
+
+// Cost: one read of x; ceil(cols/32) blocks of 1024 threads (24 blocks for C = 768), which
+// keeps a fixed summation order without scratch. Bias gradients are small next to the GEMMs.
+template <typename T>
+void sum_rows(const T* x, T* out, int64_t rows, int64_t cols, cudaStream_t stream) {
+  require(rows >= 0 && cols >= 0, "sum_rows", "negative size");
+  if (cols == 0) return;
+  const int64_t blocks = (cols + 31) / 32;
+  require(blocks <= INT32_MAX, "sum_rows", "too many columns");
+  column_sum_kernel<<<unsigned(blocks), dim3(32, 32), 0, stream>>>(x, out, rows, cols);
+  TG_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename T>
+void mul_forward(const T* a, const T* b, T* out, int64_t n, cudaStream_t stream) {
+  require(n >= 0, "mul_forward", "negative size");
+  launch_map2(a, b, out, n, MulOp{}, stream);
+}
+
+template <typename T>
+void scale_forward(const T* x, T* out, float s, int64_t n, cudaStream_t stream) {
+  require(n >= 0, "scale_forward", "negative size");
+  launch_map1(x, out, n, ScaleOp{s}, stream);
+}
+
+template <typename T>
+void gelu_forward(const T* x, T* out, int64_t n, cudaStream_t stream) {
+  require(n >= 0, "gelu_forward", "negative size");
+  launch_map1(x, out, n, GeluOp{}, stream);
+}
+
+template <typename T>
+void gelu_backward(const T* x, const T* dout, T* dx, int64_t n, cudaStream_t stream) {
+  require(n >= 0, "gelu_backward", "negative size");
+  launch_map2(x, dout, dx, n, GeluBackwardOp{}, stream);
+}
+
+template <typename Src, typename Dst>
+void cast(const Src* x, Dst* out, int64_t n, cudaStream_t stream) {
+  require(n >= 0, "cast", "negative size");
+  if (n == 0) return;
+  if constexpr (std::is_same_v<Src, Dst>) {
+    TG_CUDA_CHECK(cudaMemcpyAsync(out, x, size_t(n) * sizeof(Src), cudaMemcpyDeviceToDevice, stream));
+  } else {
+    launch_map1(x, out, n, IdentityOp{}, stream);
+  }
+}
+
+template <typename T>
+void dropout_apply(const T* x, T* out, int64_t n, float p, uint64_t seed, cudaStream_t stream) {
+  require(n >= 0, "dropout_apply", "negative size");
+  require(p >= 0.0f && p <= 1.0f, "dropout_apply", "probability outside [0, 1]");
+  // The same fp32 expression as the CPU's T(1) / T(1 − p), so kept values match bitwise.
+  const float scale = 1.0f / (1.0f - p);
+  launch_map1(x, out, n, DropoutOp{seed, p, scale}, stream);
+}
+
+template <typename T>
+void fill(T* x, float value, int64_t n, cudaStream_t stream) {
+  require(n >= 0, "fill", "negative size");
+  if (n == 0) return;
+  constexpr int V = kVec<T>;
+  if (aligned16(x) && n >= V) {
+    fill_kernel<V><<<grid_for(n / V, kThreads), kThreads, 0, stream>>>(x, value, n);
+  } else {
+    fill_kernel<1><<<grid_for(n, kThreads), kThreads, 0, stream>>>(x, value, n);
+  }
+  TG_CUDA_CHECK(cudaGetLastError());
+}
+
+#define TG_INSTANTIATE(T)                                                                        \
+  template void add_forward<T>(const T*, const T*, T*, int64_t, int64_t, cudaStream_t);           \
+  template void add_inplace<T>(T*, const T*, int64_t, cudaStream_t);                             \
+  template void sum_rows<T>(const T*, T*, int64_t, int64_t, cudaStream_t);                       \
+  template void mul_forward<T>(const T*, const T*, T*, int64_t, cudaStream_t);                   \
+  template void scale_forward<T>(const T*, T*, float, int64_t, cudaStream_t);                    \
+  template void gelu_forward<T>(const T*, T*, int64_t, cudaStream_t);                            \
+  template void gelu_backward<T>(const T*, const T*, T*, int64_t, cudaStream_t);                 \
+  template void dropout_apply<T>(const T*, T*, int64_t, float, uint64_t, cudaStream_t);          \
+  template void fill<T>(T*, float, int64_t, cudaStream_t);
+TG_INSTANTIATE(float)
+TG_INSTANTIATE(tg::bf16)
+#undef TG_INSTANTIATE
+
+template void cast<float, float>(const float*, float*, int64_t, cudaStream_t);
+template void cast<float, tg::bf16>(const float*, tg::bf16*, int64_t, cudaStream_t);
+template void cast<tg::bf16, float>(const tg::bf16*, float*, int64_t, cudaStream_t);
+template void cast<tg::bf16, tg::bf16>(const tg::bf16*, tg::bf16*, int64_t, cudaStream_t);
+
+}  // namespace tg::cuda

@@ -1,0 +1,58 @@
+// CUDA elementwise ops (add with broadcast, mul, scale, GELU, cast, dropout, fill) and the
+// column sum their backwards need: the GPU twins of kernels/cpu/elementwise.h and dropout.h.
+#pragma once
+#include "kernels/cuda/stream.h"
+
+#include <cstdint>
+
+#include "src/tensor/dtype.h"
+
+namespace tg::cuda {
+
+// T is float or tg::bf16 throughout; arithmetic is fp32 and bf16 results are rounded to nearest
+// even once, on store. Every launcher runs on `stream` and throws std::invalid_argument on a
+// broken precondition (negative sizes) or std::runtime_error on a failed launch.
+
+// out (rows, cols) = a (rows, cols) + b (cols) broadcast over rows; rows = 1 is a plain add.
+template <typename T>
+void add_forward(const T* a, const T* b, T* out, int64_t rows, int64_t cols, cudaStream_t stream);
+
+// dst (n) += src (n).
+template <typename T>
+void add_inplace(T* dst, const T* src, int64_t n, cudaStream_t stream);
+
+// out (cols) = sum over rows of x (rows, cols), accumulated in fp32 in a fixed order (bitwise
+// reproducible). One pass, no scratch; parallel over column tiles of 32 (see elementwise.cu).
+template <typename T>
+void sum_rows(const T* x, T* out, int64_t rows, int64_t cols, cudaStream_t stream);
+
+// out (n) = a (n) ∘ b (n).
+template <typename T>
+void mul_forward(const T* a, const T* b, T* out, int64_t n, cudaStream_t stream);
+
+// out (n) = x (n) · s.
+template <typename T>
+void scale_forward(const T* x, T* out, float s, int64_t n, cudaStream_t stream);
+
+// GELU, tanh form (GPT-2), and its backward dx = gelu'(x) · dout; same formulas as the CPU.
+template <typename T>
+void gelu_forward(const T* x, T* out, int64_t n, cudaStream_t stream);
+template <typename T>
+void gelu_backward(const T* x, const T* dout, T* dx, int64_t n, cudaStream_t stream);
+
+// out (n) = x (n) converted: float→bf16 rounds exactly like tg::float_to_bf16 (bitwise, NaN
+// included), bf16→float is exact, float→float and bf16→bf16 are device copies.
+// Instantiated for (Src, Dst) in {float, tg::bf16}².
+template <typename Src, typename Dst>
+void cast(const Src* x, Dst* out, int64_t n, cudaStream_t stream);
+
+// out (n) = x (n) · keep / (1 − p), keep = uniform_from(seed, i) ≥ p: the same mask as
+// tg::cpu::dropout_apply for the same (seed, i). Used for both directions. Requires 0 ≤ p ≤ 1.
+template <typename T>
+void dropout_apply(const T* x, T* out, int64_t n, float p, uint64_t seed, cudaStream_t stream);
+
+// x (n) = value (rounded to T).
+template <typename T>
+void fill(T* x, float value, int64_t n, cudaStream_t stream);
+
+}  // namespace tg::cuda

@@ -1,0 +1,536 @@
+// CUDA LayerNorm, softmax and softmax–cross-entropy kernels and their launchers: the twins of
+// kernels/cpu/layernorm.h and softmax.h.
+#include "kernels/cuda/norm.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/common.cuh"
+
+namespace tg::cuda {
+
+// ───────────────────────────── kernels ─────────────────────────────
+
+namespace {
+
+// ── row reductions ──
+// A row is reduced by TPR threads: a warp (TPR = 32, several rows per block) or the whole block
+// (TPR > 32, one row per block). Lanes combine by butterfly, warps fold in warp order through
+// shared memory: the order depends only on the launch shape, so results are reproducible.
+
+// Running (max, Σ exp(x − max)) of a set of logits; the empty set is (−inf, 0).
+struct MaxSum {
+  float m, s;
+};
+// __fmul_rn keeps the compiler from fusing one product into an FMA, so combine(a, b) and
+// combine(b, a) round identically and all lanes of a butterfly agree bitwise.
+__device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
+  const float M = fmaxf(a.m, b.m);
+  if (M == -INFINITY) return {M, 0.0f};
+  return {M, __fmul_rn(a.s, expf(a.m - M)) + __fmul_rn(b.s, expf(b.m - M))};
+}
+// Folds V more logits into a running MaxSum: one rescale per pack, not per element.
+template <int V>
+__device__ __forceinline__ MaxSum absorb(MaxSum acc, const float (&f)[V]) {
+  float pm = f[0];
+#pragma unroll
+  for (int k = 1; k < V; ++k) pm = fmaxf(pm, f[k]);
+  const float M = fmaxf(acc.m, pm);
+  if (M == -INFINITY) return acc;  // everything so far is −inf: contributes nothing
+  float s = acc.s * expf(acc.m - M);
+#pragma unroll
+  for (int k = 0; k < V; ++k) s += expf(f[k] - M);
+  return {M, s};
+}
+
+template <int TPR>
+__device__ __forceinline__ MaxSum row_reduce(MaxSum v, MaxSum* smem) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) {
+    MaxSum o{__shfl_xor_sync(0xffffffffu, v.m, d), __shfl_xor_sync(0xffffffffu, v.s, d)};
+    v = combine(v, o);
+  }
+  if constexpr (TPR > 32) {
+    if ((threadIdx.x & 31) == 0) smem[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = smem[0];
+    for (int w = 1; w < TPR / 32; ++w) v = combine(v, smem[w]);
+    __syncthreads();  // smem may be reused by the next reduction
+  }
+  return v;
+}
+
+template <int TPR>
+__device__ __forceinline__ float row_sum(float v, float* smem) {
+  v = warp_sum(v);
+  if constexpr (TPR > 32) {
+    if ((threadIdx.x & 31) == 0) smem[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = smem[0];
+    for (int w = 1; w < TPR / 32; ++w) v += smem[w];
+    __syncthreads();
+  }
+  return v;
+}
+
+// ── LayerNorm forward: one warp per row, 8 rows per block ──
+// Three passes over the row (mean, variance, write) like the CPU's two-pass statistics; the
+// second and third read the row again from L1/L2 rather than keeping a runtime-sized row in registers.
+constexpr int kLnRowsPerBlock = 8;
+
+template <int V, typename T>
+__global__ void __launch_bounds__(kLnRowsPerBlock * 32)
+    layernorm_forward_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                             T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd, int64_t N,
+                             int64_t C, float eps) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t packs = C / V;
+  for (int64_t row = int64_t(blockIdx.x) * kLnRowsPerBlock + warp; row < N;
+       row += int64_t(gridDim.x) * kLnRowsPerBlock) {
+    const T* xr = x + row * C;
+    float sum = 0.0f;
+    for (int64_t p = lane; p < packs; p += 32) {
+      float f[V];
+      load_vec<V>(xr + p * V, f);
+#pragma unroll
+      for (int k = 0; k < V; ++k) sum += f[k];
+    }
+    const float m = warp_sum(sum) / float(C);
+    float var = 0.0f;
+    for (int64_t p = lane; p < packs; p += 32) {
+      float f[V];
+      load_vec<V>(xr + p * V, f);
+#pragma unroll
+      for (int k = 0; k < V; ++k) var += (f[k] - m) * (f[k] - m);
+    }
+    const float rs = 1.0f / sqrtf(warp_sum(var) / float(C) + eps);
+    T* o = out + row * C;
+    for (int64_t p = lane; p < packs; p += 32) {
+      float f[V], fw[V], fb[V];
+      load_vec<V>(xr + p * V, f);
+      load_vec<V>(w + p * V, fw);
+      if (b) {
+        load_vec<V>(b + p * V, fb);
+      } else {
+#pragma unroll
+        for (int k = 0; k < V; ++k) fb[k] = 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < V; ++k) f[k] = (f[k] - m) * rs * fw[k] + fb[k];
+      store_vec<V>(o + p * V, f);
+    }
+    if (lane == 0) {
+      mean[row] = m;
+      rstd[row] = rs;
+    }
+  }
+}
+
+// ── LayerNorm backward ──
+// Block b owns the contiguous rows [b·R, (b+1)·R); its warps take them round-robin. Per row, a
+// warp computes dx (two passes, like the CPU) and adds dout·x̂ and dout into per-warp fp32
+// accumulators in shared memory (each lane owns its columns, so no synchronisation). At the end
+// the block folds its warps in order into one partial row per block; column_sum_kernel then adds
+// the G partial rows in order. G depends only on N, so the summation order is fixed.
+constexpr int kLnBwdWarps = 4;
+constexpr int64_t kLnBwdMaxBlocks = 512;  // enough to fill 132 SMs; bounds scratch at 2·512·C floats
+constexpr int64_t kLnBwdMaxC = 7168;      // 2 · 4 warps · C floats must fit in 227 KB of shared memory
+
+int64_t ln_bwd_blocks(int64_t N) { return std::clamp<int64_t>((N + 15) / 16, 1, kLnBwdMaxBlocks); }
+
+template <int V, typename T>
+__global__ void __launch_bounds__(kLnBwdWarps * 32)
+    layernorm_backward_kernel(const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ mean,
+                              const float* __restrict__ rstd, const T* __restrict__ dout, T* __restrict__ dx,
+                              int64_t N, int64_t C, int64_t rows_per_block, float* __restrict__ partial_dw,
+                              float* __restrict__ partial_db) {
+  extern __shared__ float acc[];  // [kLnBwdWarps][C] for dweight, then [kLnBwdWarps][C] for dbias
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int64_t i = threadIdx.x; i < 2 * kLnBwdWarps * C; i += blockDim.x) acc[i] = 0.0f;
+  __syncthreads();
+  float* adw = acc + warp * C;
+  float* adb = acc + (kLnBwdWarps + warp) * C;
+  const int64_t packs = C / V;
+  const int64_t r0 = int64_t(blockIdx.x) * rows_per_block;
+  const int64_t r1 = r0 + rows_per_block < N ? r0 + rows_per_block : N;
+  for (int64_t row = r0 + warp; row < r1; row += kLnBwdWarps) {
+    const T* xr = x + row * C;
+    const T* dr = dout + row * C;
+    const float m = mean[row], rs = rstd[row];
+    float s1 = 0.0f, s2 = 0.0f;  // Σ dnorm, Σ dnorm·norm
+    for (int64_t p = lane; p < packs; p += 32) {
+      float fx[V], fd[V], fw[V];
+      load_vec<V>(xr + p * V, fx);
+      load_vec<V>(dr + p * V, fd);
+      load_vec<V>(w + p * V, fw);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float dnorm = fd[k] * fw[k];
+        s1 += dnorm;
+        s2 += dnorm * ((fx[k] - m) * rs);
+      }
+    }
+    const float dnorm_mean = warp_sum(s1) / float(C);
+    const float dnorm_norm_mean = warp_sum(s2) / float(C);
+    T* dxr = dx + row * C;
+    for (int64_t p = lane; p < packs; p += 32) {
+      float fx[V], fd[V], fw[V], g[V];
+      load_vec<V>(xr + p * V, fx);
+      load_vec<V>(dr + p * V, fd);
+      load_vec<V>(w + p * V, fw);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float norm = (fx[k] - m) * rs;
+        g[k] = (fd[k] * fw[k] - dnorm_mean - norm * dnorm_norm_mean) * rs;
+        adw[p * V + k] += fd[k] * (fx[k] - m) * rs;
+        adb[p * V + k] += fd[k];
+      }
+      store_vec<V>(dxr + p * V, g);
+    }
+  }
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    float sw = 0.0f, sb = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kLnBwdWarps; ++k) {
+      sw += acc[k * C + c];
+      sb += acc[(kLnBwdWarps + k) * C + c];
+    }
+    partial_dw[int64_t(blockIdx.x) * C + c] = sw;
+    partial_db[int64_t(blockIdx.x) * C + c] = sb;
+  }
+}
+
+// ── softmax ──
+// TPR threads per row; rows per block = blockDim.x / TPR (TPR > 32 means one row per block).
+template <int V, int TPR, typename T>
+__global__ void softmax_forward_kernel(const T* __restrict__ x, T* __restrict__ out, int64_t N, int64_t C) {
+  __shared__ MaxSum smem[TPR > 32 ? TPR / 32 : 1];
+  const int rows_per_block = blockDim.x / TPR;
+  const int t = threadIdx.x % TPR;
+  const int64_t packs = C / V;
+  for (int64_t row = int64_t(blockIdx.x) * rows_per_block + threadIdx.x / TPR; row < N;
+       row += int64_t(gridDim.x) * rows_per_block) {
+    const T* xr = x + row * C;
+    MaxSum acc{-INFINITY, 0.0f};
+    for (int64_t p = t; p < packs; p += TPR) {
+      float f[V];
+      load_vec<V>(xr + p * V, f);
+      acc = absorb(acc, f);
+    }
+    acc = row_reduce<TPR>(acc, smem);
+    // A fully masked row (max = −inf) gives zeros, as on the CPU.
+    const bool masked = acc.m == -INFINITY;
+    const float inv = 1.0f / acc.s;
+    T* o = out + row * C;
+    for (int64_t p = t; p < packs; p += TPR) {
+      float f[V];
+      load_vec<V>(xr + p * V, f);
+#pragma unroll
+      for (int k = 0; k < V; ++k) f[k] = masked ? 0.0f : expf(f[k] - acc.m) * inv;
+      store_vec<V>(o + p * V, f);
+    }
+  }
+}
+
+template <int V, int TPR, typename T>
+__global__ void softmax_backward_kernel(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx,
+                                        int64_t N, int64_t C) {
+  __shared__ float smem[TPR > 32 ? TPR / 32 : 1];
+  const int rows_per_block = blockDim.x / TPR;
+  const int t = threadIdx.x % TPR;
+  const int64_t packs = C / V;
+  for (int64_t row = int64_t(blockIdx.x) * rows_per_block + threadIdx.x / TPR; row < N;
+       row += int64_t(gridDim.x) * rows_per_block) {
+    const T* yr = y + row * C;
+    const T* dyr = dy + row * C;
+    float dot = 0.0f;
+    for (int64_t p = t; p < packs; p += TPR) {
+      float fy[V], fd[V];
+      load_vec<V>(yr + p * V, fy);
+      load_vec<V>(dyr + p * V, fd);
+#pragma unroll
+      for (int k = 0; k < V; ++k) dot += fy[k] * fd[k];
+    }
+    dot = row_sum<TPR>(dot, smem);
+    T* dxr = dx + row * C;
+    for (int64_t p = t; p < packs; p += TPR) {
+      float fy[V], fd[V];
+      load_vec<V>(yr + p * V, fy);
+      load_vec<V>(dyr + p * V, fd);
+#pragma unroll
+      for (int k = 0; k < V; ++k) fy[k] = fy[k] * (fd[k] - dot);
+      store_vec<V>(dxr + p * V, fy);
+    }
+  }
+}
+
+// ── cross-entropy ──
+constexpr int kCeThreads = 512;  // one block per row: V = 50304 bf16 is ~12 packs per thread
+
+template <int V, typename T>
+__global__ void __launch_bounds__(kCeThreads)
+    cross_entropy_forward_kernel(const T* __restrict__ logits, const int32_t* __restrict__ targets,
+                                 float* __restrict__ lse, float* __restrict__ row_loss, int64_t N, int64_t Vocab,
+                                 int32_t ignore_index) {
+  __shared__ MaxSum smem[kCeThreads / 32];
+  const int64_t packs = Vocab / V;
+  for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+    const T* lr = logits + row * Vocab;
+    MaxSum acc{-INFINITY, 0.0f};
+    for (int64_t p = threadIdx.x; p < packs; p += kCeThreads) {
+      float f[V];
+      load_vec<V>(lr + p * V, f);
+      acc = absorb(acc, f);
+    }
+    acc = row_reduce<kCeThreads>(acc, smem);
+    if (threadIdx.x == 0) {
+      const float l = acc.m + logf(acc.s);
+      const int32_t tgt = targets[row];
+      lse[row] = l;
+      if (tgt == ignore_index) {
+        row_loss[row] = 0.0f;
+      } else if (tgt >= 0 && tgt < Vocab) {
+        row_loss[row] = l - to_float(lr[tgt]);
+      } else {
+        row_loss[row] = NAN;
+      }
+    }
+  }
+}
+
+// One block: thread t adds rows t, t+1024, … in double, then warps and lanes combine in a
+// fixed order. Also counts the rows that are not ignored.
+constexpr int kCeReduceThreads = 1024;
+
+__global__ void __launch_bounds__(kCeReduceThreads)
+    cross_entropy_mean_kernel(const float* __restrict__ row_loss, const int32_t* __restrict__ targets, int64_t N,
+                              int32_t ignore_index, float* __restrict__ loss_out, int32_t* __restrict__ count_out) {
+  __shared__ double sums[kCeReduceThreads / 32];
+  __shared__ int counts[kCeReduceThreads / 32];
+  double s = 0.0;
+  int cnt = 0;
+  for (int64_t i = threadIdx.x; i < N; i += kCeReduceThreads) {
+    s += double(row_loss[i]);
+    cnt += targets[i] != ignore_index;
+  }
+  s = warp_sum(s);
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, d);
+  if ((threadIdx.x & 31) == 0) {
+    sums[threadIdx.x >> 5] = s;
+    counts[threadIdx.x >> 5] = cnt;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    int64_t count = 0;
+    for (int w = 0; w < kCeReduceThreads / 32; ++w) {
+      total += sums[w];
+      count += counts[w];
+    }
+    *loss_out = count > 0 ? float(total / double(count)) : 0.0f;
+    *count_out = int32_t(count);
+  }
+}
+
+constexpr int kCeBwdThreads = 256;
+
+template <int V, typename T>
+__global__ void __launch_bounds__(kCeBwdThreads)
+    cross_entropy_backward_kernel(const T* __restrict__ logits, const int32_t* __restrict__ targets,
+                                  const float* __restrict__ lse, const float* __restrict__ dloss,
+                                  const int32_t* __restrict__ count, T* __restrict__ dlogits, int64_t N,
+                                  int64_t Vocab, int32_t ignore_index) {
+  const int32_t cnt = *count;
+  const float scale = cnt > 0 ? *dloss / float(cnt) : 0.0f;
+  const int64_t packs = Vocab / V;
+  for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+    const T* lr = logits + row * Vocab;
+    T* dr = dlogits + row * Vocab;
+    const int32_t tgt = targets[row];
+    const bool ignored = tgt == ignore_index;
+    const float l = lse[row];
+    for (int64_t p = threadIdx.x; p < packs; p += kCeBwdThreads) {
+      float f[V];
+      if (ignored) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) f[k] = 0.0f;
+      } else {
+        load_vec<V>(lr + p * V, f);
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          f[k] = expf(f[k] - l) * scale;
+          if (p * V + k == tgt) f[k] -= scale;  // same two steps as the CPU
+        }
+      }
+      store_vec<V>(dr + p * V, f);
+    }
+  }
+}
+
+// Threads per row for softmax: a warp for rows up to 1024 (attention scores), the block above.
+constexpr int64_t kSoftmaxWarpMaxC = 1024;
+constexpr int kSoftmaxThreads = 256;
+
+template <int V, typename T>
+void launch_softmax_forward(const T* x, T* out, int64_t N, int64_t C, cudaStream_t stream) {
+  if (C <= kSoftmaxWarpMaxC) {
+    softmax_forward_kernel<V, 32><<<grid_for(N, kSoftmaxThreads / 32), kSoftmaxThreads, 0, stream>>>(x, out, N, C);
+  } else {
+    softmax_forward_kernel<V, kSoftmaxThreads><<<grid_for(N, 1, 132 * 64), kSoftmaxThreads, 0, stream>>>(x, out, N, C);
+  }
+}
+
+template <int V, typename T>
+void launch_softmax_backward(const T* y, const T* dy, T* dx, int64_t N, int64_t C, cudaStream_t stream) {
+  if (C <= kSoftmaxWarpMaxC) {
+    softmax_backward_kernel<V, 32><<<grid_for(N, kSoftmaxThreads / 32), kSoftmaxThreads, 0, stream>>>(y, dy, dx, N, C);
+  } else {
+    softmax_backward_kernel<V, kSoftmaxThreads>
+        <<<grid_for(N, 1, 132 * 64), kSoftmaxThreads, 0, stream>>>(y, dy, dx, N, C);
+  }
+}
+
+}  // namespace
+
+// ───────────────────────────── launchers ─────────────────────────────
+
+template <typename T>
+void layernorm_forward(const T* x, const T* weight, const T* bias, T* out, float* mean, float* rstd, int64_t N,
+                       int64_t C, float eps, cudaStream_t stream) {
+  require(N >= 0 && C > 0, "layernorm_forward", "need N ≥ 0 and C > 0");
+  if (N == 0) return;
+  constexpr int V = kVec<T>;
+  const unsigned grid = grid_for(N, kLnRowsPerBlock);
+  const bool vec = C % V == 0 && aligned16(x) && aligned16(weight) && aligned16(out) && (!bias || aligned16(bias));
+  if (vec) {
+    layernorm_forward_kernel<V><<<grid, kLnRowsPerBlock * 32, 0, stream>>>(x, weight, bias, out, mean, rstd, N, C, eps);
+  } else {
+    layernorm_forward_kernel<1><<<grid, kLnRowsPerBlock * 32, 0, stream>>>(x, weight, bias, out, mean, rstd, N, C, eps);
+  }
+  TG_CUDA_CHECK(cudaGetLastError());
+}
+
+size_t layernorm_backward_scratch_floats(int64_t N, int64_t C) {
+  return size_t(2 * ln_bwd_blocks(N) * C);
+}
+
+template <typename T>
+void layernorm_backward(const T* x, const T* weight, const float* mean, const float* rstd, const T* dout, T* dx,
+                        T* dweight, T* dbias, int64_t N, int64_t C, float* scratch, cudaStream_t stream) {
+  require(N >= 0 && C > 0, "layernorm_backward", "need N ≥ 0 and C > 0");
+  require(C <= kLnBwdMaxC, "layernorm_backward", "C > 7168 does not fit the shared-memory accumulators");
+  require(scratch != nullptr, "layernorm_backward", "scratch is null");
+  const int64_t G = ln_bwd_blocks(N);
+  const int64_t rows_per_block = (N + G - 1) / G;
+  float* partial_dw = scratch;
+  float* partial_db = scratch + G * C;
+  const size_t smem = size_t(2 * kLnBwdWarps * C) * sizeof(float);
+  constexpr int V = kVec<T>;
+  const bool vec = C % V == 0 && aligned16(x) && aligned16(weight) && aligned16(dout) && aligned16(dx);
+  auto launch = [&](auto kernel) {
+    if (smem > 48 * 1024)
+      TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    // With N = 0 the blocks still run and write zero partials, so dweight/dbias come out zero.
+    kernel<<<unsigned(G), kLnBwdWarps * 32, smem, stream>>>(x, weight, mean, rstd, dout, dx, N, C, rows_per_block,
+                                                           partial_dw, partial_db);
+    TG_CUDA_CHECK(cudaGetLastError());
+  };
+  if (vec) {
+    launch(layernorm_backward_kernel<V, T>);
+  } else {
+    launch(layernorm_backward_kernel<1, T>);
+  }
+  const unsigned col_blocks = unsigned((C + 31) / 32);
+  column_sum_kernel<<<col_blocks, dim3(32, 32), 0, stream>>>(partial_dw, dweight, G, C);
+  TG_CUDA_CHECK(cudaGetLastError());
+  if (dbias) {
+    column_sum_kernel<<<col_blocks, dim3(32, 32), 0, stream>>>(partial_db, dbias, G, C);
+    TG_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+template <typename T>
+void softmax_forward(const T* x, T* out, int64_t N, int64_t C, cudaStream_t stream) {
+  require(N >= 0 && C >= 0, "softmax_forward", "negative size");
+  if (N == 0 || C == 0) return;
+  constexpr int V = kVec<T>;
+  if (C % V == 0 && aligned16(x) && aligned16(out)) {
+    launch_softmax_forward<V>(x, out, N, C, stream);
+  } else {
+    launch_softmax_forward<1>(x, out, N, C, stream);
+  }
+  TG_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename T>
+void softmax_backward(const T* y, const T* dy, T* dx, int64_t N, int64_t C, cudaStream_t stream) {
+  require(N >= 0 && C >= 0, "softmax_backward", "negative size");
+  if (N == 0 || C == 0) return;
+  constexpr int V = kVec<T>;
+  if (C % V == 0 && aligned16(y) && aligned16(dy) && aligned16(dx)) {
+    launch_softmax_backward<V>(y, dy, dx, N, C, stream);
+  } else {
+    launch_softmax_backward<1>(y, dy, dx, N, C, stream);
+  }
+  TG_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename T>
+void cross_entropy_forward(const T* logits, const int32_t* targets, float* lse, float* row_loss, float* loss_out,
+                           int32_t* count_out, int64_t N, int64_t V, int32_t ignore_index, cudaStream_t stream) {
+  require(N >= 0 && V > 0, "cross_entropy_forward", "need N ≥ 0 and V > 0");
+  require(N <= INT32_MAX, "cross_entropy_forward", "more than 2^31 rows");
+  if (N > 0) {
+    constexpr int kV = kVec<T>;
+    const unsigned grid = grid_for(N, 1, 1 << 20);
+    if (V % kV == 0 && aligned16(logits)) {
+      cross_entropy_forward_kernel<kV><<<grid, kCeThreads, 0, stream>>>(logits, targets, lse, row_loss, N, V,
+                                                                       ignore_index);
+    } else {
+      cross_entropy_forward_kernel<1><<<grid, kCeThreads, 0, stream>>>(logits, targets, lse, row_loss, N, V,
+                                                                      ignore_index);
+    }
+    TG_CUDA_CHECK(cudaGetLastError());
+  }
+  cross_entropy_mean_kernel<<<1, kCeReduceThreads, 0, stream>>>(row_loss, targets, N, ignore_index, loss_out,
+                                                                count_out);
+  TG_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename T>
+void cross_entropy_backward(const T* logits, const int32_t* targets, const float* lse, const float* dloss,
+                            const int32_t* count, T* dlogits, int64_t N, int64_t V, int32_t ignore_index,
+                            cudaStream_t stream) {
+  require(N >= 0 && V > 0, "cross_entropy_backward", "need N ≥ 0 and V > 0");
+  if (N == 0) return;
+  constexpr int kV = kVec<T>;
+  const unsigned grid = grid_for(N, 1, 1 << 20);
+  if (V % kV == 0 && aligned16(logits) && aligned16(dlogits)) {
+    cross_entropy_backward_kernel<kV><<<grid, kCeBwdThreads, 0, stream>>>(logits, targets, lse, dloss, count,
+                                                                         dlogits, N, V, ignore_index);
+  } else {
+    cross_entropy_backward_kernel<1><<<grid, kCeBwdThreads, 0, stream>>>(logits, targets, lse, dloss, count,
+                                                                        dlogits, N, V, ignore_index);
+  }
+  TG_CUDA_CHECK(cudaGetLastError());
+}
+
+#define TG_INSTANTIATE(T)                                                                                       \
+  template void layernorm_forward<T>(const T*, const T*, const T*, T*, float*, float*, int64_t, int64_t, float, \
+                                     cudaStream_t);                                                             \
+  template void layernorm_backward<T>(const T*, const T*, const float*, const float*, const T*, T*, T*, T*,     \
+                                      int64_t, int64_t, float*, cudaStream_t);                                  \
+  template void softmax_forward<T>(const T*, T*, int64_t, int64_t, cudaStream_t);                              \
+  template void softmax_backward<T>(const T*, const T*, T*, int64_t, int64_t, cudaStream_t);                   \
+  template void cross_entropy_forward<T>(const T*, const int32_t*, float*, float*, float*, int32_t*, int64_t,   \
+                                         int64_t, int32_t, cudaStream_t);                                       \
+  template void cross_entropy_backward<T>(const T*, const int32_t*, const float*, const float*, const int32_t*, \
+                                          T*, int64_t, int64_t, int32_t, cudaStream_t);
+TG_INSTANTIATE(float)
+TG_INSTANTIATE(tg::bf16)
+#undef TG_INSTANTIATE
+
+}  // namespace tg::cuda

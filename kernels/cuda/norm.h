@@ -1,0 +1,58 @@
+// CUDA LayerNorm, softmax and fused softmax–cross-entropy: twins of kernels/cpu/layernorm.h and
+// softmax.h, with fp32 statistics and fixed-order (bitwise reproducible) reductions.
+#pragma once
+#include "kernels/cuda/stream.h"
+
+#include <cstddef>
+#include <cstdint>
+
+#include "src/tensor/dtype.h"
+
+namespace tg::cuda {
+
+// T is float or tg::bf16; statistics, reductions and losses are fp32. Every launcher runs on
+// `stream` and throws std::invalid_argument on a broken precondition.
+
+// x, out (N, C); weight, bias (C) (bias may be null); mean, rstd (N) fp32 out. One warp per row.
+template <typename T>
+void layernorm_forward(const T* x, const T* weight, const T* bias, T* out, float* mean, float* rstd, int64_t N,
+                       int64_t C, float eps, cudaStream_t stream);
+
+// Floats of scratch layernorm_backward needs for (N, C): fp32 partial sums of dweight and dbias,
+// one row of C per row-block.
+size_t layernorm_backward_scratch_floats(int64_t N, int64_t C);
+
+// dx (N, C), dweight (C) and dbias (C, may be null) are overwritten. mean, rstd (N) are the
+// forward's. scratch holds layernorm_backward_scratch_floats(N, C) floats. Row blocks produce
+// per-channel partials that a second kernel adds in block order: bitwise reproducible.
+// Requires C ≤ 7168 (the per-warp accumulators live in shared memory).
+template <typename T>
+void layernorm_backward(const T* x, const T* weight, const float* mean, const float* rstd, const T* dout, T* dx,
+                        T* dweight, T* dbias, int64_t N, int64_t C, float* scratch, cudaStream_t stream);
+
+// x, out (N, C): softmax over the last dimension. Rows that are entirely −inf give zeros.
+template <typename T>
+void softmax_forward(const T* x, T* out, int64_t N, int64_t C, cudaStream_t stream);
+
+// dx = y ∘ (dy − rowsum(dy ∘ y)); y, dy, dx (N, C).
+template <typename T>
+void softmax_backward(const T* y, const T* dy, T* dx, int64_t N, int64_t C, cudaStream_t stream);
+
+// logits (N, V), targets (N). Writes lse (N) (kept for the backward), row_loss (N) = lse − logit[target]
+// (0 where target == ignore_index; NaN where the target is outside [0, V), so a bad target is
+// loud instead of an out-of-bounds read), loss_out (1) = Σ row_loss / count (0 when count = 0)
+// and count_out (1) = rows not ignored. All outputs are device pointers. One block per row
+// (online max/sum in one pass over V), then a single block adds the rows in a fixed order.
+template <typename T>
+void cross_entropy_forward(const T* logits, const int32_t* targets, float* lse, float* row_loss, float* loss_out,
+                           int32_t* count_out, int64_t N, int64_t V, int32_t ignore_index, cudaStream_t stream);
+
+// dlogits (N, V) = (softmax(logits) − onehot(target)) · dloss / count; ignored rows get zeros.
+// dloss (1 float) and count (1 int, from cross_entropy_forward) are device pointers, so the
+// backward needs no host synchronisation.
+template <typename T>
+void cross_entropy_backward(const T* logits, const int32_t* targets, const float* lse, const float* dloss,
+                            const int32_t* count, T* dlogits, int64_t N, int64_t V, int32_t ignore_index,
+                            cudaStream_t stream);
+
+}  // namespace tg::cuda

@@ -1,0 +1,30 @@
+// CUDA AdamW over the flat fp32 parameter buffer, the deterministic global sum of squares for
+// gradient clipping, and an in-place scale: twins of kernels/cpu/adamw.h.
+#pragma once
+#include "kernels/cuda/stream.h"
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tg::cuda {
+
+// One fused pass over p, g, m, v (n) fp32: elements [0, n_decay) get decoupled weight decay, the
+// rest (biases, LayerNorm parameters, by the buffer's ordering) do not. Same formula as the CPU:
+//   m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²;  p ← p − lr·(m/bc1 / (√(v/bc2) + eps) + wd·p)
+// bc1, bc2 = 1 − β1^t, 1 − β2^t for the step t being taken. Requires 0 ≤ n_decay ≤ n.
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, int64_t n_decay, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, float bc1, float bc2, cudaStream_t stream);
+
+// Bytes of scratch sum_squares needs for n elements (one double per 8192-element block).
+size_t sum_squares_scratch_bytes(int64_t n);
+
+// *out_device (one double, device memory) = Σ g[i]² accumulated in double: each 8192-element block
+// sums in a fixed order into scratch, then one block adds the partials in order. Bitwise
+// reproducible for a given n and g alignment. scratch holds sum_squares_scratch_bytes(n) bytes
+// (8-byte aligned). No host synchronisation.
+void sum_squares(const float* g, int64_t n, void* scratch, double* out_device, cudaStream_t stream);
+
+// x (n) *= s.
+void scale_inplace(float* x, float s, int64_t n, cudaStream_t stream);
+
+}  // namespace tg::cuda
