@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "src/nn/parameters.h"
@@ -29,8 +30,11 @@ inline double rel_error(const std::vector<double>& a, const std::vector<double>&
   return num / den;
 }
 
+// Bitwise equality of two tensors on any devices (compared on the host).
 inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+  Tensor ha = a.device().is_cpu() ? a : a.to(Device::cpu());
+  Tensor hb = b.device().is_cpu() ? b : b.to(Device::cpu());
+  return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
 }
 
 }  // namespace tg::testing

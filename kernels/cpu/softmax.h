@@ -45,6 +45,36 @@ void softmax_backward(const T* y, const T* dy, T* dx, int64_t N, int64_t C) {
   }
 }
 
+// The softmax of the materialised attention, fused with its scale and causal mask:
+// p (batch, T, T) = softmax over j of scale · s[i, j], keys j > i removed when causal.
+template <typename T>
+void attention_softmax_forward(const T* s, T* p, int64_t batch, int64_t Tn, T scale, bool causal) {
+#pragma omp parallel for if (batch * Tn * Tn > kParallelGrain)
+  for (int64_t row = 0; row < batch * Tn; ++row) {
+    const int64_t valid = causal ? row % Tn + 1 : Tn;
+    const T* sr = s + row * Tn;
+    T* pr = p + row * Tn;
+    T mx = -std::numeric_limits<T>::infinity();
+    for (int64_t j = 0; j < valid; ++j) mx = sr[j] * scale > mx ? sr[j] * scale : mx;
+    T sum = 0;
+    for (int64_t j = 0; j < valid; ++j) sum += std::exp(sr[j] * scale - mx);
+    for (int64_t j = 0; j < Tn; ++j) pr[j] = j < valid ? std::exp(sr[j] * scale - mx) / sum : T(0);
+  }
+}
+
+// ds = scale · p ∘ (dp − rowsum(dp ∘ p)); masked entries have p = 0, hence ds = 0.
+template <typename T>
+void attention_softmax_backward(const T* p, const T* dp, T* ds, int64_t batch, int64_t Tn, T scale) {
+#pragma omp parallel for if (batch * Tn * Tn > kParallelGrain)
+  for (int64_t row = 0; row < batch * Tn; ++row) {
+    const T* pr = p + row * Tn;
+    const T* dr = dp + row * Tn;
+    T dot = 0;
+    for (int64_t j = 0; j < Tn; ++j) dot += pr[j] * dr[j];
+    for (int64_t j = 0; j < Tn; ++j) ds[row * Tn + j] = scale * pr[j] * (dr[j] - dot);
+  }
+}
+
 // logits (N, V), targets (N); rows whose target == ignore_index do not count.
 // Writes lse (N) for the backward and per-row losses (N, zero when ignored); returns
 // the number of counted rows. The mean is taken by the caller in a fixed order.

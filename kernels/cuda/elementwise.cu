@@ -17,9 +17,10 @@ namespace {
 constexpr int kThreads = 256;
 
 // Unary map out[i] = op(x[i], i) in fp32. Packs of V elements cover [0, n/V·V); the remainder
-// (< V elements) is done scalar. V = 1 is the fallback for misaligned pointers.
+// (< V elements) is done scalar. V = 1 is the fallback for misaligned pointers. out may equal x
+// (each element is read and written by one thread), hence no __restrict__.
 template <int V, typename TI, typename TO, typename Op>
-__global__ void map1_kernel(const TI* __restrict__ x, TO* __restrict__ out, int64_t n, Op op) {
+__global__ void map1_kernel(const TI* x, TO* out, int64_t n, Op op) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t nv = n / V;
@@ -53,10 +54,9 @@ __global__ void map2_kernel(const T* a, const T* b, T* out, int64_t n, Op op) {
 }
 
 // out (rows, cols) = a + b (cols). Block (32, 8): x walks packs of a row (coalesced), y walks
-// rows; a 2-D grid avoids a 64-bit division per element. V > 1 needs cols % V == 0.
+// rows; a 2-D grid avoids a 64-bit division per element. V > 1 needs cols % V == 0. out may equal a.
 template <int V, typename T>
-__global__ void add_broadcast_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,
-                                     int64_t rows, int64_t cols) {
+__global__ void add_broadcast_kernel(const T* a, const T* __restrict__ b, T* out, int64_t rows, int64_t cols) {
   const int64_t cv = cols / V;
   for (int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; r < rows; r += int64_t(gridDim.y) * blockDim.y) {
     for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < cv; j += int64_t(gridDim.x) * blockDim.x) {

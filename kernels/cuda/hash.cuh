@@ -4,15 +4,15 @@
 #include <cstdint>
 
 #if defined(__CUDACC__)
-#define TG_HOST_DEVICE __host__ __device__ __forceinline__
+#define TG_HASH_HD __host__ __device__ __forceinline__
 #else
-#define TG_HOST_DEVICE inline
+#define TG_HASH_HD inline
 #endif
 
 namespace tg::cuda {
 
 // splitmix64 finaliser (same constants and steps as tg::cpu::hash64).
-TG_HOST_DEVICE uint64_t hash64(uint64_t x) {
+TG_HASH_HD uint64_t hash64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
@@ -20,8 +20,10 @@ TG_HOST_DEVICE uint64_t hash64(uint64_t x) {
 }
 
 // Uniform in [0, 1) from the top 24 bits: exact in fp32, so host and device agree bitwise.
-TG_HOST_DEVICE float uniform_from(uint64_t seed, uint64_t index) {
+TG_HASH_HD float uniform_from(uint64_t seed, uint64_t index) {
   return float(hash64(seed ^ hash64(index)) >> 40) * (1.0f / 16777216.0f);
 }
 
 }  // namespace tg::cuda
+
+#undef TG_HASH_HD

@@ -33,10 +33,9 @@ Tensor attention_naive(const Tensor& q, const Tensor& k, const Tensor& v, bool c
   check_qkv("attention_naive", q, k, v);
   const double scale_factor = 1.0 / std::sqrt(double(q.size(3)));
   Tensor qh = transpose12(q), kh = transpose12(k), vh = transpose12(v);  // (B, H, T, D)
-  Tensor s = scale(matmul(qh, kh, false, true), scale_factor);          // (B, H, T, T)
-  if (causal) s = causal_mask(s);
-  Tensor p = softmax(s);
-  return transpose12(matmul(p, vh));  // (B, T, H, D)
+  Tensor s = matmul(qh, kh, false, true);                               // (B, H, T, T)
+  Tensor p = attention_softmax(s, scale_factor, causal);               // scale, mask, softmax: only P is kept
+  return transpose12(matmul(p, vh));                                    // (B, T, H, D)
 }
 
 Tensor attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {

@@ -10,6 +10,7 @@
 #include "kernels/cpu/permute.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/softmax.h"
+#include "kernels/cuda/attention_softmax.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/gemm.h"
@@ -387,6 +388,31 @@ Tensor causal_mask(const Tensor& s) {
   Tensor out = mask_raw(s, batch, T, -std::numeric_limits<double>::infinity());
   record(out, "causal_mask", {s}, [batch, T](const Tensor& g) { return std::vector<Tensor>{mask_raw(g, batch, T, 0.0)}; });
   return out;
+}
+
+Tensor attention_softmax(const Tensor& s, double scale, bool causal) {
+  check_defined("attention_softmax", s, "scores");
+  TG_CHECK(s.dim() >= 2 && s.size(-1) == s.size(-2), "attention_softmax: needs (..., T, T), got ", s.desc());
+  const int64_t T = s.size(-1), batch = T > 0 ? s.numel() / (T * T) : 0;
+  Tensor p = empty_like(s);
+  dispatch("attention_softmax", s,
+           [&]<typename S>() { cpu::attention_softmax_forward(s.data<S>(), p.data<S>(), batch, T, S(scale), causal); },
+           [&]<typename S>() {
+             cuda::attention_softmax_forward(s.data<S>(), p.data<S>(), batch, T, float(scale), causal, cuda_stream());
+           });
+  record(p, "attention_softmax", {s}, [p_saved = p.detach(), batch, T, scale](const Tensor& g) {
+    Tensor gs = empty_like(g);
+    dispatch("attention_softmax backward", g,
+             [&]<typename S>() {
+               cpu::attention_softmax_backward(p_saved.data<S>(), g.data<S>(), gs.data<S>(), batch, T, S(scale));
+             },
+             [&]<typename S>() {
+               cuda::attention_softmax_backward(p_saved.data<S>(), g.data<S>(), gs.data<S>(), batch, T, float(scale),
+                                                cuda_stream());
+             });
+    return std::vector<Tensor>{gs};
+  });
+  return p;
 }
 
 }  // namespace tg::ops

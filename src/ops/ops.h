@@ -38,6 +38,9 @@ Tensor dropout(const Tensor& x, double p, uint64_t seed, bool training = true);
 // x (B, T, H, D), D even; rotates positions pos_offset..pos_offset+T−1.
 Tensor rope(const Tensor& x, double base = 10000.0, int64_t pos_offset = 0);
 Tensor causal_mask(const Tensor& scores /*(..., T, T)*/);  // future keys → −inf
+// softmax(scale · scores) over the last dim with future keys removed when causal, fused:
+// what the materialised attention keeps is P alone. scores (..., T, T).
+Tensor attention_softmax(const Tensor& scores, double scale, bool causal);
 
 // --- attention on (B, T, H, D) ---
 enum class AttentionKind { flash, naive };

@@ -159,6 +159,17 @@ std::vector<OpCase> op_table() {
                  for (int b = 0; b < 2; ++b) for (int i = 0; i < 4; ++i) for (int j = i + 1; j < 4; ++j) s[size_t((b * 4 + i) * 4 + j)] = -INFINITY;
                  return ref_softmax_rows(s, 8, 4);
                }});
+  for (bool causal : {false, true})
+    t.push_back({std::string("attention_softmax") + (causal ? "_causal" : ""), {{2, 5, 5}},
+                 [causal](auto& x) { return ops::attention_softmax(x[0], 0.7, causal); },
+                 [causal](auto& x) {
+                   Vec s(x[0]);
+                   for (double& v : s) v *= 0.7;
+                   if (causal)
+                     for (int b = 0; b < 2; ++b) for (int i = 0; i < 5; ++i) for (int j = i + 1; j < 5; ++j)
+                       s[size_t((b * 5 + i) * 5 + j)] = -INFINITY;
+                   return ref_softmax_rows(s, 10, 5);
+                 }});
   t.push_back({"cross_entropy", {{6, 5}}, [targets](auto& x) { return ops::cross_entropy(x[0], Tensor::from_ints(targets, {6})); },
                [targets](auto& x) {
                  double total = 0;

@@ -38,8 +38,9 @@ fs::path corpus_dir() {
   return dir;
 }
 
-Config tiny_config(const std::string& run_name) {
+Config tiny_config(const std::string& run_name, const std::string& device = "cpu") {
   Config c;
+  c.run.device = device;
   c.model.n_layer = 1; c.model.n_head = 2; c.model.d_model = 16; c.model.max_seq_len = 16;
   c.model.dropout = 0.1;  // exercises the dropout counter in resume
   c.data.train = (corpus_dir() / "data" / "train_*.bin").string();
@@ -52,12 +53,27 @@ Config tiny_config(const std::string& run_name) {
   return c;
 }
 
-TEST(Trainer, ExactResumeIsBitwiseEqualToAStraightRun) {
-  Config straight = tiny_config("straight");
+bool have_gpu() { return cuda_device_count() > 0; }
+
+// Sets one element of a (host or device) float buffer: the test's way of poisoning gradients.
+void set_element(Tensor t, int64_t i, float v) {
+  Tensor host = t.to(Device::cpu());
+  host.data<float>()[i] = v;
+  t.copy_from(host);
+}
+
+class ExactResume : public ::testing::TestWithParam<std::pair<std::string, std::string>> {};
+
+TEST_P(ExactResume, IsBitwiseEqualToAStraightRun) {
+  const auto& [device, precision] = GetParam();
+  if (device == "cuda" && !have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine (or built without CUDA)";
+  Config straight = tiny_config("straight_" + device + precision, device);
+  straight.train.precision = precision;
   Trainer a(straight);
   a.run();
   // Cut the same run half way with a signal (the schedule still spans 12 steps), then resume.
-  Config first = tiny_config("resumed");
+  Config first = tiny_config("resumed_" + device + precision, device);
+  first.train.precision = precision;
   Trainer b(first);
   b.set_step_hook([](int64_t step) { if (step == 6) std::raise(SIGTERM); });
   TrainResult rb = b.run();
@@ -72,6 +88,12 @@ TEST(Trainer, ExactResumeIsBitwiseEqualToAStraightRun) {
   for (size_t i = 0; i < joined.size(); ++i) EXPECT_EQ(joined[i], a.losses()[i]) << "step " << i + 1;
   EXPECT_TRUE(testing::bitwise_equal(a.model().params().flat_values(), c.model().params().flat_values()));
 }
+
+INSTANTIATE_TEST_SUITE_P(Devices, ExactResume,
+                         ::testing::Values(std::make_pair(std::string("cpu"), std::string("fp32")),
+                                           std::make_pair(std::string("cuda"), std::string("fp32")),
+                                           std::make_pair(std::string("cuda"), std::string("bf16"))),
+                         [](const auto& info) { return info.param.first + "_" + info.param.second; });
 
 TEST(Trainer, SigtermFinishesTheStepAndCheckpoints) {
   Config cfg = tiny_config("sigterm");
@@ -92,8 +114,8 @@ TEST(Trainer, NonFiniteStepsAreSkippedThenTheRunStops) {
   Tensor before_bad;
   t.set_gradient_hook([&](int64_t step, nn::ParameterStore& ps) {
     if (step == 4) before_bad = ps.flat_values().clone();
-    if (step == 4 || step == 5) ps.flat_grads().data<float>()[0] = NAN;  // two bad steps: tolerated
-    if (step >= 8) ps.flat_grads().data<float>()[0] = INFINITY;           // three in a row: stop
+    if (step == 4 || step == 5) set_element(ps.flat_grads(), 0, NAN);  // two bad steps: tolerated
+    if (step >= 8) set_element(ps.flat_grads(), 0, INFINITY);          // three in a row: stop
   });
   t.set_step_hook([&](int64_t step) {
     if (step == 6) EXPECT_TRUE(testing::bitwise_equal(before_bad, t.model().params().flat_values()))
@@ -215,6 +237,8 @@ namespace {
 
 TEST(Command, PlotWritesALossPng) {
   if (!fs::exists(kBinary)) GTEST_SKIP() << "tilegrad binary not built at " << kBinary;
+  // test.sh installs gnuplot, so CI runs this; a machine without it (the GPU box) skips.
+  if (std::system("gnuplot --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "gnuplot is not installed";
   Config cfg = tiny_config("plot");
   Trainer(cfg).run();
   auto [rc, out] = shell(kBinary + " plot " + cfg.run.out_dir);

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: build, run the whole test suite (GPU tests included), then the
+# benchmarks beside their PyTorch references. Logs go to $OUT (or ./gpu-out); a table prints last.
+# Usage: tools/gpu_check.sh [tests|bench|all]   (needs ../shared/bench copied to .bench/)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+WHAT="${1:-all}"
+OUT="${OUT:-gpu-out}"
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+if ! cmake --build build-gpu -j "$(nproc)" > "$OUT/build.log" 2>&1; then grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; fi
+echo "build ok"
+if [ "$WHAT" = tests ] || [ "$WHAT" = all ]; then
+  OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive ctest --test-dir build-gpu -j 8 --output-on-failure --timeout 600 > "$OUT/ctest.log" 2>&1
+  grep -E "tests passed|tests failed" "$OUT/ctest.log"
+  grep -E "\(Failed\)|\(Timeout\)|\(SEGFAULT\)|Exception" "$OUT/ctest.log" | head -40
+fi
+if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
+  for B in 16; do
+    build-gpu/tilegrad bench train configs/gpt2-124m.yaml --set train.batch_size=$B run.device=cuda 2>&1 | tee -a "$OUT/bench_train.log"
+  done
+  if [ -f .bench/torch_gpt.py ]; then
+    PYTHONUNBUFFERED=1 timeout 400 python3 .bench/torch_gpt.py throughput 2>&1 | grep "{" | tee "$OUT/torch_gpt.log"
+  fi
+fi
