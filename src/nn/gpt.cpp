@@ -70,22 +70,15 @@ Tensor GPT::dropout(const Tensor& x, uint64_t site) {
 }
 
 Tensor GPT::block(const Tensor& x, int64_t i) {
-  const int64_t B = x.size(0), T = x.size(1), C = config_.d_model, H = config_.n_head;
+  const int64_t H = config_.n_head;
   auto w = [&](const std::string& rest) { return p(layer_name(i, rest)); };
   auto b = [&](const std::string& rest) { return maybe(layer_name(i, rest)); };
 
-  // Causal self-attention. q, k, v are (B, T, H, D): a view of (B, T, C), no transposes.
+  // Causal self-attention; q, k, v are (B, T, H, D) heads of the fused projection.
   Tensor h = ops::layernorm(x, w("ln_1.weight"), b("ln_1.bias"));
   Tensor qkv = ops::linear(h, w("attn.c_attn.weight"), b("attn.c_attn.bias"));  // (B, T, 3C)
-  std::vector<Tensor> parts = ops::split_last(qkv, 3);
-  Tensor q = ops::reshape(parts[0], {B, T, H, C / H});
-  Tensor k = ops::reshape(parts[1], {B, T, H, C / H});
-  Tensor v = ops::reshape(parts[2], {B, T, H, C / H});
-  if (config_.pos_embedding == PosEmbedding::rope) {
-    q = ops::rope(q, config_.rope_base);
-    k = ops::rope(k, config_.rope_base);
-  }
-  Tensor y = ops::reshape(ops::attention(q, k, v, /*causal=*/true, config_.attention), {B, T, C});
+  const double rope_base = config_.pos_embedding == PosEmbedding::rope ? config_.rope_base : 0.0;
+  Tensor y = ops::self_attention(qkv, H, config_.attention, rope_base);           // (B, T, C)
   y = ops::linear(y, w("attn.c_proj.weight"), b("attn.c_proj.bias"));
   Tensor x1 = ops::add(x, dropout(y, uint64_t(2 * i)));
 

@@ -1,11 +1,15 @@
-// Attention on (B, T, H, D): the materialised reference and the fused FlashAttention op.
+// Attention on (B, T, H, D): the materialised reference, the fused FlashAttention op (CPU
+// kernel, or the CUDA tensor-core kernel for bf16 at head dims 64 and 128), and self-attention
+// straight from the fused qkv projection.
 #include <cmath>
 #include <iostream>
 #include <mutex>
 #include <set>
 #include <string>
+#include <tuple>
 
 #include "kernels/cpu/flash_attention.h"
+#include "kernels/cuda/flash_attention/flash.h"
 #include "src/ops/ops.h"
 #include "src/tensor/dispatch.h"
 
@@ -13,6 +17,7 @@ namespace tg::ops {
 
 using detail::check_defined;
 using detail::check_same;
+using detail::cuda_stream;
 using detail::dispatch;
 using detail::empty_like;
 
@@ -27,6 +32,100 @@ void check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v
   TG_CHECK(k.shape() == q.shape() && v.shape() == q.shape(), op, ": q, k, v shapes differ: ",
            shape_str(q.shape()), ", ", shape_str(k.shape()), ", ", shape_str(v.shape()));
 }
+
+// The fused kernel covers every CPU tensor, and on the GPU bf16 at the head dims it was built
+// for. Anything else takes the materialised path, and says so once per shape: an unusual head
+// dimension must never leave the fast path silently.
+// `heads` is the (B, T, H, D) shape of q.
+bool fused_kernel_covers(const Tensor& like, const Shape& heads) {
+  if (like.device().is_cpu()) return true;
+#ifdef TILEGRAD_HAVE_CUDA
+  if (like.dtype() == DType::bf16 && cuda::flash_attention_supported(heads[3])) return true;
+#endif
+  static std::mutex mu;
+  static std::set<std::string> warned;
+  std::lock_guard<std::mutex> lock(mu);
+  const std::string what = std::string(dtype_name(like.dtype())) + shape_str(heads) + " on " + like.device().str();
+  if (warned.insert(what).second)
+    std::cerr << "tilegrad: warning: no fused GPU attention kernel for q " << what
+              << " (it covers bf16 with head dim 64 or 128); using the materialised attention (T×T scores)"
+              << std::endl;
+  return false;
+}
+
+cpu::AttentionShape shape_of(const Tensor& q, bool causal) {
+  return {q.size(0), q.size(1), q.size(2), q.size(3), causal, 1.0 / std::sqrt(double(q.size(3)))};
+}
+
+#ifdef TILEGRAD_HAVE_CUDA
+cuda::FlashAttentionParams gpu_params(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+  cuda::FlashAttentionParams p{};
+  p.q = q.data<bf16>();
+  p.k = k.data<bf16>();
+  p.v = v.data<bf16>();
+  p.B = q.size(0), p.T = q.size(1), p.H = q.size(2), p.D = q.size(3);
+  p.scale = float(1.0 / std::sqrt(double(p.D)));
+  p.causal = causal;
+  return p;
+}
+#endif
+
+// O (B, T, H, D) and the per-row log-sum-exp L (B, H, T): all the backward needs.
+std::pair<Tensor, Tensor> flash_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+  Tensor o = empty_like(q);
+  const cpu::AttentionShape s = shape_of(q, causal);
+  const DType stat = q.device().is_cpu() ? q.dtype() : DType::f32;  // fp32 statistics on the GPU
+  Tensor lse = Tensor::empty({s.B, s.H, s.T}, stat, q.device());
+  if (q.device().is_cuda()) {
+#ifdef TILEGRAD_HAVE_CUDA
+    cuda::FlashAttentionParams p = gpu_params(q, k, v, causal);
+    p.o = o.data<bf16>();
+    p.lse = lse.data<float>();
+    cuda::flash_attention_forward(p, cuda_stream());
+#endif
+    return {o, lse};
+  }
+  dispatch("attention_flash", q,
+           [&]<typename T>() {
+             cpu::flash_attention_forward(q.data<T>(), k.data<T>(), v.data<T>(), o.data<T>(), lse.data<T>(), s);
+           },
+           [&]<typename T>() {});
+  return {o, lse};
+}
+
+// dQ, dK, dV from (Q, K, V, O, L, dO): recomputes the scores block by block.
+std::tuple<Tensor, Tensor, Tensor> flash_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                                                  const Tensor& lse, const Tensor& dout, bool causal) {
+  Tensor dq = empty_like(q), dk = empty_like(k), dv = empty_like(v);
+  if (q.device().is_cuda()) {
+#ifdef TILEGRAD_HAVE_CUDA
+    cuda::FlashAttentionParams p = gpu_params(q, k, v, causal);
+    Tensor workspace;
+    {
+      MemoryCategoryScope ws(MemCategory::workspace);
+      const size_t bytes = cuda::flash_attention_backward_workspace_bytes(p.B, p.T, p.H, p.D);
+      workspace = Tensor::empty({int64_t((bytes + 15) / 16) * 4}, DType::f32, q.device());
+    }
+    p.o = const_cast<bf16*>(o.data<bf16>());
+    p.lse = const_cast<float*>(lse.data<float>());
+    p.dout = dout.data<bf16>();
+    p.dq = dq.data<bf16>();
+    p.dk = dk.data<bf16>();
+    p.dv = dv.data<bf16>();
+    p.workspace = workspace.raw();
+    cuda::flash_attention_backward(p, cuda_stream());
+#endif
+    return {dq, dk, dv};
+  }
+  const cpu::AttentionShape s = shape_of(q, causal);
+  dispatch("attention_flash backward", q,
+           [&]<typename T>() {
+             cpu::flash_attention_backward(q.data<T>(), k.data<T>(), v.data<T>(), o.data<T>(), lse.data<T>(),
+                                           dout.data<T>(), dq.data<T>(), dk.data<T>(), dv.data<T>(), s);
+           },
+           [&]<typename T>() {});
+  return {dq, dk, dv};
+}
 }  // namespace
 
 Tensor attention_naive(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
@@ -40,36 +139,12 @@ Tensor attention_naive(const Tensor& q, const Tensor& k, const Tensor& v, bool c
 
 Tensor attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
   check_qkv("attention_flash", q, k, v);
-  if (q.device().is_cuda()) {
-    // No fused GPU kernel yet: take the materialised path, and say so once per shape.
-    static std::mutex mu;
-    static std::set<std::string> warned;
-    std::lock_guard<std::mutex> lock(mu);
-    if (warned.insert(q.desc()).second)
-      std::cerr << "tilegrad: warning: attention_flash has no GPU kernel for " << q.desc()
-                << "; using the materialised attention (T×T scores)" << std::endl;
-    return attention_naive(q, k, v, causal);
-  }
-  const cpu::AttentionShape shape{q.size(0), q.size(1), q.size(2), q.size(3), causal,
-                                  1.0 / std::sqrt(double(q.size(3)))};
-  Tensor o = empty_like(q);
-  Tensor lse = Tensor::empty({shape.B, shape.H, shape.T}, q.dtype(), q.device());  // (B, H, T)
-  dispatch("attention_flash", q,
-           [&]<typename T>() {
-             cpu::flash_attention_forward(q.data<T>(), k.data<T>(), v.data<T>(), o.data<T>(), lse.data<T>(), shape);
-           },
-           [&]<typename T>() {});
+  if (!fused_kernel_covers(q, q.shape())) return attention_naive(q, k, v, causal);
+  auto [o, lse] = flash_forward(q, k, v, causal);
   // Saved for the backward: the inputs, O and the log-sum-exp; never the (T, T) scores.
   record(o, "attention_flash", {q, k, v},
-         [q = q.detach(), k = k.detach(), v = v.detach(), o_saved = o.detach(), lse, shape](const Tensor& g) {
-           Tensor dq = empty_like(q), dk = empty_like(k), dv = empty_like(v);
-           dispatch("attention_flash backward", g,
-                    [&]<typename T>() {
-                      cpu::flash_attention_backward(q.data<T>(), k.data<T>(), v.data<T>(), o_saved.data<T>(),
-                                                    lse.data<T>(), g.data<T>(), dq.data<T>(), dk.data<T>(),
-                                                    dv.data<T>(), shape);
-                    },
-                    [&]<typename T>() {});
+         [q = q.detach(), k = k.detach(), v = v.detach(), o_saved = o.detach(), lse, causal](const Tensor& g) {
+           auto [dq, dk, dv] = flash_backward(q, k, v, o_saved, lse, g, causal);
            return std::vector<Tensor>{dq, dk, dv};
          });
   return o;
@@ -77,6 +152,45 @@ Tensor attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, bool c
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, AttentionKind kind) {
   return kind == AttentionKind::flash ? attention_flash(q, k, v, causal) : attention_naive(q, k, v, causal);
+}
+
+Tensor self_attention(const Tensor& qkv, int64_t n_head, AttentionKind kind, double rope_base) {
+  check_defined("self_attention", qkv, "qkv");
+  TG_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0 && n_head > 0 && (qkv.size(2) / 3) % n_head == 0,
+           "self_attention: qkv must be (B, T, 3C) with C divisible by n_head ", n_head, ", got ", qkv.desc());
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, H = n_head, D = C / H;
+  const Shape heads = {B, T, H, D};
+  auto split = [&](const Tensor& x) {
+    std::vector<Tensor> parts = split_last(x, 3);
+    Tensor q = reshape(parts[0], heads), k = reshape(parts[1], heads), v = reshape(parts[2], heads);
+    if (rope_base > 0) {
+      q = rope(q, rope_base);
+      k = rope(k, rope_base);
+    }
+    return std::make_tuple(q, k, v);
+  };
+  const bool fused = kind == AttentionKind::flash && fused_kernel_covers(qkv, heads);
+  if (!fused) {  // the composite: every step its own node
+    auto [q, k, v] = split(qkv);
+    return reshape(attention_naive(q, k, v, /*causal=*/true), {B, T, C});
+  }
+  Tensor q, k, v;
+  {
+    NoGradGuard no_grad;  // one node for the whole op: the pieces below record nothing
+    std::tie(q, k, v) = split(qkv.detach());
+  }
+  auto [o, lse] = flash_forward(q, k, v, /*causal=*/true);
+  Tensor out = o.view({B, T, C});
+  record(out, "self_attention", {qkv}, [q, k, v, o, lse, rope_base, B, T, C](const Tensor& g) {
+    auto [dq, dk, dv] = flash_backward(q, k, v, o, lse, g.view(o.shape()), /*causal=*/true);
+    if (rope_base > 0) {  // back through the rotation
+      dq = rope(dq, rope_base, 0, /*inverse=*/true);
+      dk = rope(dk, rope_base, 0, /*inverse=*/true);
+    }
+    // d(qkv) in one piece: each third written once, nothing zero-filled or accumulated.
+    return std::vector<Tensor>{concat_last({dq.view({B, T, C}), dk.view({B, T, C}), dv.view({B, T, C})})};
+  });
+  return out;
 }
 
 }  // namespace tg::ops

@@ -179,4 +179,50 @@ std::vector<Tensor> split_last(const Tensor& x, int64_t parts) {
   return out;
 }
 
+Tensor concat_last(const std::vector<Tensor>& xs) {
+  TG_CHECK(!xs.empty(), "concat_last: no inputs");
+  const Tensor& x0 = xs[0];
+  check_defined("concat_last", x0, "xs[0]");
+  Shape lead(x0.shape().begin(), x0.shape().end() - 1);
+  int64_t cols = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    check_same("concat_last", x0, xs[i]);
+    TG_CHECK(xs[i].dim() == x0.dim() && Shape(xs[i].shape().begin(), xs[i].shape().end() - 1) == lead,
+             "concat_last: input ", i, " ", xs[i].desc(), " does not match the leading shape of ", x0.desc());
+    cols += xs[i].size(-1);
+  }
+  const int64_t rows = shape_numel(lead);
+  Shape shape = lead;
+  shape.push_back(cols);
+  Tensor out = Tensor::empty(shape, x0.dtype(), x0.device());
+  std::vector<int64_t> starts;
+  int64_t start = 0;
+  for (const Tensor& x : xs) {  // every column of out is written once: no zero fill needed
+    const int64_t len = x.size(-1);
+    dispatch("concat_last", x, [&]<typename T>() { cpu::unslice_last(x.data<T>(), out.data<T>(), rows, cols, start, len); },
+             [&]<typename T>() {
+               cuda::unslice_last(x.data<T>(), out.data<T>(), rows, cols, start, len, cuda_stream());
+             });
+    starts.push_back(start);
+    start += len;
+  }
+  std::vector<Shape> shapes;
+  for (const Tensor& x : xs) shapes.push_back(x.shape());
+  record(out, "concat_last", xs, [rows, cols, starts, shapes](const Tensor& g) {
+    std::vector<Tensor> gs;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const int64_t len = shapes[i].back();
+      Tensor gi = Tensor::empty(shapes[i], g.dtype(), g.device());
+      dispatch("concat_last backward", g,
+               [&]<typename T>() { cpu::slice_last(g.data<T>(), gi.data<T>(), rows, cols, starts[i], len); },
+               [&]<typename T>() {
+                 cuda::slice_last(g.data<T>(), gi.data<T>(), rows, cols, starts[i], len, cuda_stream());
+               });
+      gs.push_back(gi);
+    }
+    return gs;
+  });
+  return out;
+}
+
 }  // namespace tg::ops

@@ -362,12 +362,13 @@ Tensor rope_raw(const Tensor& x, double base, int64_t pos_offset, int direction)
 }
 }  // namespace
 
-Tensor rope(const Tensor& x, double base, int64_t pos_offset) {
+Tensor rope(const Tensor& x, double base, int64_t pos_offset, bool inverse) {
   check_defined("rope", x, "x");
   TG_CHECK(x.dim() == 4 && x.size(3) % 2 == 0, "rope: needs (B, T, H, D) with even D, got ", x.desc());
-  Tensor out = rope_raw(x, base, pos_offset, +1);
-  record(out, "rope", {x}, [base, pos_offset](const Tensor& g) {
-    return std::vector<Tensor>{rope_raw(g, base, pos_offset, -1)};  // the inverse rotation
+  const int direction = inverse ? -1 : +1;
+  Tensor out = rope_raw(x, base, pos_offset, direction);
+  record(out, "rope", {x}, [base, pos_offset, direction](const Tensor& g) {
+    return std::vector<Tensor>{rope_raw(g, base, pos_offset, -direction)};  // a rotation's gradient rotates back
   });
   return out;
 }

@@ -21,6 +21,7 @@ Tensor reshape(const Tensor& x, const Shape& shape);
 Tensor transpose12(const Tensor& x);           // 4-D: (A, M, N, D) → (A, N, M, D)
 Tensor slice_last(const Tensor& x, int64_t start, int64_t len);  // x[..., start:start+len]
 std::vector<Tensor> split_last(const Tensor& x, int64_t parts);  // equal parts of the last dim
+Tensor concat_last(const std::vector<Tensor>& xs);               // along the last dim; same leading shape
 
 // --- neural-network ops ---
 Tensor embedding(const Tensor& weight /*(V, C)*/, const Tensor& ids /*(...) i32*/);  // (..., C)
@@ -35,8 +36,8 @@ Tensor softmax(const Tensor& x);  // over the last dimension
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index = -1);
 // Deterministic from `seed`; identity (and no node) when p == 0 or !training.
 Tensor dropout(const Tensor& x, double p, uint64_t seed, bool training = true);
-// x (B, T, H, D), D even; rotates positions pos_offset..pos_offset+T−1.
-Tensor rope(const Tensor& x, double base = 10000.0, int64_t pos_offset = 0);
+// x (B, T, H, D), D even; rotates positions pos_offset..pos_offset+T−1 (inverse: back).
+Tensor rope(const Tensor& x, double base = 10000.0, int64_t pos_offset = 0, bool inverse = false);
 Tensor causal_mask(const Tensor& scores /*(..., T, T)*/);  // future keys → −inf
 // softmax(scale · scores) over the last dim with future keys removed when causal, fused:
 // what the materialised attention keeps is P alone. scores (..., T, T).
@@ -49,5 +50,10 @@ Tensor attention_naive(const Tensor& q, const Tensor& k, const Tensor& v, bool c
 // Fused: saves only O and the per-row log-sum-exp; the backward recomputes scores block by block.
 Tensor attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, AttentionKind kind);
+// Causal self-attention straight from the fused projection qkv (B, T, 3C) = [q | k | v]:
+// splits the heads, applies RoPE to q and k when rope_base > 0, attends, returns (B, T, C).
+// The flash kind is one node whose backward hands back d(qkv) in one piece; the naive kind
+// is the composite of the ops above (the reference).
+Tensor self_attention(const Tensor& qkv, int64_t n_head, AttentionKind kind, double rope_base = 0.0);
 
 }  // namespace tg::ops

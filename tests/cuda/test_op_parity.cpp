@@ -61,6 +61,12 @@ std::vector<ParityCase> parity_table() {
   t.push_back({"sum", {{37, 5}}, [](auto& x) { return ops::sum(x[0]); }});
   t.push_back({"transpose12", {{2, 3, 4, 40}}, [](auto& x) { return ops::transpose12(x[0]); }});
   t.push_back({"slice_last", {{3, 99}}, [](auto& x) { return ops::slice_last(x[0], 33, 33); }});
+  t.push_back({"concat_last", {{4, 9, 16}, {4, 9, 8}}, [](auto& x) { return ops::concat_last({x[0], x[1]}); }});
+  for (double base : {0.0, 10000.0}) {
+    // d = 64 takes the fused kernel in bf16 (and the materialised fallback in f32).
+    t.push_back({std::string("self_attention_flash") + (base > 0 ? "_rope" : ""), {{2, 77, 3 * 128}},
+                 [base](auto& x) { return ops::self_attention(x[0], 2, ops::AttentionKind::flash, base); }});
+  }
   t.push_back({"embedding", {{5, 24}}, [ids](auto& x) { return ops::embedding(x[0], Tensor::from_ints(ids, {2, 4})); }});
   t.push_back({"linear", {{2, 7, 64}, {48, 64}, {48}}, [](auto& x) { return ops::linear(x[0], x[1], x[2]); }});
   t.push_back({"linear_nobias", {{9, 40}, {24, 40}}, [](auto& x) { return ops::linear(x[0], x[1], Tensor()); }});

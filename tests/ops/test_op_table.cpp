@@ -124,6 +124,17 @@ std::vector<OpCase> op_table() {
                }});
   t.push_back({"slice_last", {{3, 9}}, [](auto& x) { return ops::slice_last(x[0], 3, 4); },
                [](auto& x) { Vec y; for (int r = 0; r < 3; ++r) for (int c = 3; c < 7; ++c) y.push_back(x[0][size_t(r * 9 + c)]); return y; }});
+  t.push_back({"concat_last", {{2, 3, 2}, {2, 3, 5}, {2, 3, 1}},
+               [](auto& x) { return ops::concat_last({x[0], x[1], x[2]}); },
+               [](auto& x) {
+                 Vec y;
+                 for (int r = 0; r < 6; ++r) {
+                   for (int c = 0; c < 2; ++c) y.push_back(x[0][size_t(r * 2 + c)]);
+                   for (int c = 0; c < 5; ++c) y.push_back(x[1][size_t(r * 5 + c)]);
+                   y.push_back(x[2][size_t(r)]);
+                 }
+                 return y;
+               }});
   t.push_back({"embedding", {{5, 3}}, [ids](auto& x) { return ops::embedding(x[0], Tensor::from_ints(ids, {2, 3})); },
                [ids](auto& x) { Vec y; for (int32_t i : ids) for (int c = 0; c < 3; ++c) y.push_back(x[0][size_t(i * 3 + c)]); return y; }});
   t.push_back({"linear", {{2, 3, 4}, {5, 4}, {5}}, [](auto& x) { return ops::linear(x[0], x[1], x[2]); },
@@ -201,6 +212,31 @@ std::vector<OpCase> op_table() {
                  }
                  return y;
                }});
+  for (int kind = 0; kind < 2; ++kind)
+    for (double base : {0.0, 100.0}) {  // (B, T, 3C) with C = 8, two heads of 4; with and without RoPE
+      std::string name = std::string("self_attention_") + (kind ? "naive" : "flash") + (base > 0 ? "_rope" : "");
+      t.push_back({name, {{2, 5, 24}},
+                   [kind, base](auto& x) {
+                     return ops::self_attention(x[0], 2, kind ? ops::AttentionKind::naive : ops::AttentionKind::flash, base);
+                   },
+                   [base](auto& x) {
+                     // Split q, k, v, rotate q and k (rotate-half pairing), attend causally.
+                     Vec q, k, v;
+                     for (int r = 0; r < 10; ++r)
+                       for (int c = 0; c < 24; ++c) (c < 8 ? q : c < 16 ? k : v).push_back(x[0][size_t(r * 24 + c)]);
+                     if (base > 0)
+                       for (Vec* z : {&q, &k})
+                         for (int b = 0; b < 2; ++b) for (int tt = 0; tt < 5; ++tt) for (int h = 0; h < 2; ++h)
+                           for (int i = 0; i < 2; ++i) {
+                             double ang = tt * std::pow(base, -2.0 * i / 4);
+                             size_t r = size_t(((b * 5 + tt) * 2 + h) * 4);
+                             double x1 = (*z)[r + size_t(i)], x2 = (*z)[r + size_t(i) + 2];
+                             (*z)[r + size_t(i)] = x1 * std::cos(ang) - x2 * std::sin(ang);
+                             (*z)[r + size_t(i) + 2] = x1 * std::sin(ang) + x2 * std::cos(ang);
+                           }
+                     return ref_attention(q, k, v, 2, 5, 2, 4, true);
+                   }});
+    }
   for (bool causal : {false, true}) {
     std::string suffix = causal ? "_causal" : "";
     Shape s = {2, 5, 2, 4};

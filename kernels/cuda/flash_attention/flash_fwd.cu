@@ -1,0 +1,163 @@
+// FlashAttention forward on tensor cores: tiled online softmax over K/V tiles streamed through
+// shared memory; writes O (bf16) and the per-row log-sum-exp (fp32) the backward recomputes P from.
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cmath>
+
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/flash_attention/flash.h"
+#include "kernels/cuda/flash_attention/kernel_traits.cuh"
+#include "kernels/cuda/flash_attention/tile.cuh"
+
+namespace tg::cuda {
+
+// ───────────────────────────── kernels ─────────────────────────────
+
+namespace flash {
+
+// One block per (query block, head, batch). Warp w owns query rows q0 + 16w .. q0 + 16w + 15:
+// its Q fragments stay in registers, its S (16 × Bc) and O (16 × D) accumulators too, so the
+// softmax statistics of a row never leave the 4 lanes that hold it.
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kThreads) flash_fwd_kernel(const FlashAttentionParams p) {
+  constexpr int D = Tr::kD, Br = Tr::kBr, Bc = Tr::kBc, LDS = Tr::kLds, NT = Tr::kThreads;
+  extern __shared__ __align__(16) unsigned char smem[];
+  tg::bf16* sQ = reinterpret_cast<tg::bf16*>(smem);  // (Br, LDS)
+  tg::bf16* sK = sQ + Tr::kTileQ;                      // (stage, Bc, LDS)
+  tg::bf16* sV = sK + kStages * Tr::kTileKV;           // (stage, Bc, LDS)
+
+  const int T = int(p.T), H = int(p.H);
+  const bool causal = p.causal;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  // Causal query blocks differ in cost (block i visits ~i key blocks): schedule the heaviest first.
+  const int qb = causal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int q0 = qb * Br;
+  const int64_t ld = int64_t(H) * D;                   // consecutive tokens of one head
+  const int64_t head = (int64_t(b) * T * H + h) * D;   // (b, 0, h, 0)
+  const tg::bf16* Q = p.q + head;
+  const tg::bf16* K = p.k + head;
+  const tg::bf16* V = p.v + head;
+
+  // Causal: key blocks starting after the last query row are wholly in the future, never loaded.
+  const int q_last = min(q0 + Br, T) - 1;
+  const int n_kb = causal ? q_last / Bc + 1 : (T + Bc - 1) / Bc;
+
+  load_tile<Br, D, LDS, NT>(sQ, Q, ld, q0, T, tid);
+  load_tile<Bc, D, LDS, NT>(sK, K, ld, 0, T, tid);
+  load_tile<Bc, D, LDS, NT>(sV, V, ld, 0, T, tid);
+  cp_async_commit();
+
+  // Scores are kept in log2 units: x = S · scale · log2(e), so every exponential is one exp2.
+  const float scale_log2 = p.scale * kLog2e;
+  const int row0 = q0 + warp * kRowsPerWarp;  // this warp's first query row
+  float o[D / 8][4];                          // (16, D) accumulator, unnormalised
+  zero(o);
+  float m[2] = {-INFINITY, -INFINITY};  // running max of rows g, g+8 (log2 units)
+  float l[2] = {0.0f, 0.0f};            // this lane's part of the running sums
+  uint32_t qf[D / 16][4];               // Q rows of this warp as A fragments
+
+  for (int j = 0; j < n_kb; ++j) {
+    const int st = j & 1;
+    if (j + 1 < n_kb) {  // prefetch tile j+1 into the other stage (freed by the last barrier)
+      load_tile<Bc, D, LDS, NT>(sK + (st ^ 1) * Tr::kTileKV, K, ld, (j + 1) * Bc, T, tid);
+      load_tile<Bc, D, LDS, NT>(sV + (st ^ 1) * Tr::kTileKV, V, ld, (j + 1) * Bc, T, tid);
+    }
+    cp_async_commit();  // possibly empty: keeps "all but the newest group" meaning "tile j"
+    cp_async_wait<1>();
+    __syncthreads();
+    if (j == 0) load_a_frags<D>(qf, sQ + warp * kRowsPerWarp * LDS, LDS, lane);
+    const tg::bf16* Kj = sK + st * Tr::kTileKV;
+    const tg::bf16* Vj = sV + st * Tr::kTileKV;
+
+    float s[Bc / 8][4];  // S = Q Kᵀ, (16, Bc)
+    zero(s);
+    mma_abt<Bc, D>(s, qf, Kj, LDS, lane);
+    scale_tile<Bc>(s, scale_log2);
+
+    // Only tiles that reach past T or straddle the diagonal pay for the mask.
+    const int k0 = j * Bc;
+    if (k0 + Bc > T || (causal && k0 + Bc - 1 > q0))
+      mask_tile<Bc>(s, row0, k0, lane, [=](int q, int k) { return k >= T || (causal && k > q); });
+
+    float m_new[2] = {m[0], m[1]};
+    row_max<Bc>(m_new, s);
+    rescale<D>(o, l, m, m_new);
+    m[0] = m_new[0], m[1] = m_new[1];
+    exp2_row_sum<Bc>(s, m, l);  // s is now P (relative to the running max)
+
+    uint32_t pf[Bc / 16][4];  // P as bf16 A fragments
+    acc_to_a<Bc>(pf, s);
+    mma_ab<D, Bc>(o, pf, Vj, LDS, lane);  // O += P V
+    __syncthreads();                      // stage st is overwritten by the next prefetch
+  }
+
+  // O = acc / l; lse = (m + log2 l)·ln 2 = max + log(sum) of the scaled scores in natural log.
+  float inv_l[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] = quad_sum(l[i]);
+    inv_l[i] = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;  // l ≥ 1 for every real row; padding rows are not stored
+  }
+  store_rows<D>(p.o + head, ld, o, inv_l, row0, T, lane);
+  if ((lane & 3) == 0) {
+    float* L = p.lse + (int64_t(b) * H + h) * T;  // (T,) of this head
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = row0 + (lane >> 2) + 8 * i;
+      if (row < T) L[row] = m[i] * kLn2 + logf(l[i]);
+    }
+  }
+}
+
+}  // namespace flash
+
+// ───────────────────────────── launchers ─────────────────────────────
+
+namespace {
+
+template <int D>
+void launch_fwd(const FlashAttentionParams& p, cudaStream_t stream) {
+  using Tr = typename flash::FwdConfig<D>::type;
+  auto kernel = flash::flash_fwd_kernel<Tr>;
+  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tr::kSmemBytes)));
+  const dim3 grid(unsigned((p.T + Tr::kBr - 1) / Tr::kBr), unsigned(p.H), unsigned(p.B));
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+  TG_CUDA_CHECK(cudaGetLastError());
+}
+
+// D = 64: 8 warps (Br = 128 query rows), Bc = 64 keys. Each K/V tile read from L2 feeds 128 query
+// rows (64 MACs per byte loaded, vs 32 at Br = 64), Q (16 regs) stays in registers; smem is
+// 18 KiB Q + 2 stages × 2 × 9 KiB K/V = 54 KiB, so 4 blocks fit an SM by shared memory.
+// Not yet measured on the H200.
+void flash_fwd_hdim64(const FlashAttentionParams& p, cudaStream_t stream) { launch_fwd<64>(p, stream); }
+
+// D = 128: 8 warps (Br = 128), Bc = 64. O (64 regs), Q (32 regs) and S (32 regs) live in
+// registers per thread; Bc = 64 keeps S at 32 registers while a tile still amortises a barrier
+// over 64 keys. smem: 34 KiB Q + 2 stages × 2 × 17 KiB K/V = 102 KiB, 2 blocks per SM.
+// Not yet measured on the H200.
+void flash_fwd_hdim128(const FlashAttentionParams& p, cudaStream_t stream) { launch_fwd<128>(p, stream); }
+
+}  // namespace
+
+bool flash_attention_supported(int64_t D) { return D == 64 || D == 128; }
+
+void flash_attention_forward(const FlashAttentionParams& p, cudaStream_t stream) {
+  const char* fn = "flash_attention_forward";
+  require(flash_attention_supported(p.D), fn, "head dim D = " + std::to_string(p.D) + " has no kernel (64, 128)");
+  require(p.B >= 0 && p.T >= 0 && p.H >= 0, fn, "negative size");
+  require(p.T < INT_MAX / 2, fn, "T must be < 2^30");
+  require(p.H <= 65535 && p.B <= 65535, fn, "B and H must be ≤ 65535 (grid dimensions)");
+  if (p.B == 0 || p.T == 0 || p.H == 0) return;
+  require(p.q && p.k && p.v && p.o && p.lse, fn, "null pointer");
+  require(aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned16(p.o), fn,
+          "q, k, v, o must be 16-byte aligned (cp.async)");
+  if (p.D == 64)
+    flash_fwd_hdim64(p, stream);
+  else
+    flash_fwd_hdim128(p, stream);
+}
+
+}  // namespace tg::cuda

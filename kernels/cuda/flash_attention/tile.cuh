@@ -1,0 +1,356 @@
+// Warp-level tile helpers for the FlashAttention kernels: cp.async tile loads, ldmatrix fragment
+// loads, m16n8k16 bf16 mma, and the softmax steps on accumulator fragments. Destination first.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "src/tensor/dtype.h"
+
+namespace tg::cuda::flash {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// ── Fragment layout (PTX ISA, mma.m16n8k16 with .bf16): lane = 4·g + t, g = lane/4, t = lane%4.
+//   A (16×16, row-major), 4 regs of bf16x2: a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..),
+//                                           a3 = (g+8, 2t+8..).
+//   B (16×8, "col": k×n), 2 regs:           b0 = (k 2t..2t+1, n g), b1 = (k 2t+8..2t+9, n g).
+//   C (16×8) fp32, 4 regs:                  c0, c1 = (g, 2t..2t+1), c2, c3 = (g+8, 2t..2t+1).
+// A warp's 16×N accumulator is float acc[N/8][4]: acc[nt][e] sits at row frag_row(e), column
+// frag_col(nt, e). In a bf16x2 register the lower column is the low half.
+
+__device__ __forceinline__ int frag_row(int lane, int e) { return (lane >> 2) + (e >> 1) * 8; }
+__device__ __forceinline__ int frag_col(int lane, int nt, int e) { return nt * 8 + (lane & 3) * 2 + (e & 1); }
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ── cp.async: global → shared without a register round trip ──
+
+// 16 bytes; when !valid nothing is read and the destination is zero-filled (src-size 0).
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+// 4 bytes, zero-filled when !valid.
+__device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 4 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still in flight. Other threads'
+// copies become visible only after a __syncthreads() that follows.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// dst (ROWS, LDS) smem ← rows [t0, t0 + ROWS) of one head, whose row t starts at src + t·ld with
+// D contiguous bf16. Rows ≥ T are zero-filled: later mmas multiply them (by P = 0 or into rows
+// never stored), and zeros, unlike stale smem, can never make a NaN.
+template <int ROWS, int D, int LDS, int THREADS>
+__device__ __forceinline__ void load_tile(tg::bf16* dst, const tg::bf16* src, int64_t ld, int t0, int T,
+                                          int tid) {
+  constexpr int kChunksPerRow = D / 8;  // 16-byte chunks
+  constexpr int kIters = ROWS * kChunksPerRow / THREADS;
+  static_assert(ROWS * kChunksPerRow % THREADS == 0, "tile must split evenly over the threads");
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int c = it * THREADS + tid;
+    const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+    const bool valid = t0 + r < T;
+    // An invalid row still needs a well-formed address: row 0 of the head exists (T ≥ 1).
+    cp_async_16(dst + r * LDS + col, src + (valid ? int64_t(t0 + r) * ld : 0) + col, valid);
+  }
+}
+
+// dst (ROWS) smem ← src[t0, t0 + ROWS), zeros past T (fp32 per-row statistics: lse, delta).
+template <int ROWS, int THREADS>
+__device__ __forceinline__ void load_row_stats(float* dst, const float* src, int t0, int T, int tid) {
+  for (int r = tid; r < ROWS; r += THREADS) {
+    const bool valid = t0 + r < T;
+    cp_async_4(dst + r, src + (valid ? t0 + r : 0), valid);
+  }
+}
+
+// ── ldmatrix and mma ──
+
+// Four 8×8 b16 matrices; lane l supplies the row address of matrix l/8, row l%8, and receives in
+// r[i] the pair (row l/4, cols 2(l%4)..+1) of matrix i.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+// Same, transposed: r[i] receives (rows 2(l%4)..+1, col l/4) of matrix i.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// c (16×8 fp32) += a (16×16 bf16) · b (16×8 bf16).
+__device__ __forceinline__ void mma_16x8x16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats → bf16x2 (round to nearest even), lo in the low half.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x = lo is the low half
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// ── Fragment loads ──
+
+// a (16×K) A fragments ← the 16×K row-major smem tile at `tile` (row stride lda). For each
+// 16-column k-step, the x4 matrices are (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
+// (rows 8-15, k 8-15) = a0..a3, so lane l addresses row l%16, column 8·(l/16).
+template <int K>
+__device__ __forceinline__ void load_a_frags(uint32_t (&a)[K / 16][4], const tg::bf16* tile, int lda, int lane) {
+  const tg::bf16* p = tile + (lane & 15) * lda + (lane >> 4) * 8;
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) ldmatrix_x4(a[kk], p + kk * 16);
+}
+
+// ── Warp GEMMs: acc (16×N, fp32) += A (16×K) · B ──
+// Two ways B is stored in smem, both row-major with stride ldb:
+//   mma_abt: B is an (N, K) tile and the product is A·Bᵀ (S = Q Kᵀ, dP = dO Vᵀ, Sᵀ = K Qᵀ,
+//            dPᵀ = V dOᵀ): a row of the tile is a column n of the mma's B, ldmatrix without .trans.
+//   mma_ab:  B is a (K, N) tile and the product is A·B (O += P V, dV += Pᵀ dO, dK += dSᵀ Q,
+//            dQ += dS K): ldmatrix.trans turns its rows (k) into the B fragment's k pairs.
+
+// acc += A · Bᵀ, A in registers, B an (N, K) smem tile. Per k-step, one x4 covers n-tiles n0 and
+// n0+8: matrices (n0+0..7, k0+0..7), (n0+0..7, k0+8..15), (n0+8..15, k0), (n0+8..15, k0+8) are
+// b0, b1 of n-tile n0 then of n0+8; lane l addresses row n0 + l%8 + 8·(l/16), column k0 + 8·((l/8)%2).
+template <int N, int K>
+__device__ __forceinline__ void mma_abt(float (&acc)[N / 8][4], const uint32_t (&a)[K / 16][4], const tg::bf16* b,
+                                        int ldb, int lane) {
+  static_assert(N % 16 == 0 && K % 16 == 0, "whole x4 loads only");
+  const tg::bf16* p = b + ((lane & 7) + (lane >> 4) * 8) * ldb + ((lane >> 3) & 1) * 8;
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+#pragma unroll
+    for (int nn = 0; nn < N / 16; ++nn) {
+      uint32_t f[4];
+      ldmatrix_x4(f, p + nn * 16 * ldb + kk * 16);
+      mma_16x8x16(acc[2 * nn], a[kk], f[0], f[1]);
+      mma_16x8x16(acc[2 * nn + 1], a[kk], f[2], f[3]);
+    }
+  }
+}
+
+// acc += A · Bᵀ with A's 16×K rows read from smem one k-step at a time (keeps only 4 A registers
+// live instead of K/4).
+template <int N, int K>
+__device__ __forceinline__ void mma_abt_smem_a(float (&acc)[N / 8][4], const tg::bf16* a, int lda, const tg::bf16* b,
+                                               int ldb, int lane) {
+  static_assert(N % 16 == 0 && K % 16 == 0, "whole x4 loads only");
+  const tg::bf16* pa = a + (lane & 15) * lda + (lane >> 4) * 8;
+  const tg::bf16* pb = b + ((lane & 7) + (lane >> 4) * 8) * ldb + ((lane >> 3) & 1) * 8;
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    uint32_t af[4];
+    ldmatrix_x4(af, pa + kk * 16);
+#pragma unroll
+    for (int nn = 0; nn < N / 16; ++nn) {
+      uint32_t f[4];
+      ldmatrix_x4(f, pb + nn * 16 * ldb + kk * 16);
+      mma_16x8x16(acc[2 * nn], af, f[0], f[1]);
+      mma_16x8x16(acc[2 * nn + 1], af, f[2], f[3]);
+    }
+  }
+}
+
+// acc += A · B, A in registers, B a (K, N) smem tile. Per k-step, one x4.trans covers n-tiles n0
+// and n0+8: matrices (k0+0..7, n0), (k0+8..15, n0), (k0+0..7, n0+8), (k0+8..15, n0+8), transposed,
+// are b0, b1 of n-tile n0 then of n0+8; lane l addresses row k0 + l%16, column n0 + 8·(l/16).
+template <int N, int K>
+__device__ __forceinline__ void mma_ab(float (&acc)[N / 8][4], const uint32_t (&a)[K / 16][4], const tg::bf16* b,
+                                       int ldb, int lane) {
+  static_assert(N % 16 == 0 && K % 16 == 0, "whole x4 loads only");
+  const tg::bf16* p = b + (lane & 15) * ldb + (lane >> 4) * 8;
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+#pragma unroll
+    for (int nn = 0; nn < N / 16; ++nn) {
+      uint32_t f[4];
+      ldmatrix_x4_trans(f, p + kk * 16 * ldb + nn * 16);
+      mma_16x8x16(acc[2 * nn], a[kk], f[0], f[1]);
+      mma_16x8x16(acc[2 * nn + 1], a[kk], f[2], f[3]);
+    }
+  }
+}
+
+// a (16×N as A fragments, bf16) ← c (16×N accumulator, fp32). The C layout of n-tiles 2k and
+// 2k+1 is exactly the A layout of k-step k (a0 = c[2k] rows g, a1 = c[2k] rows g+8, a2 = c[2k+1]
+// rows g, a3 = c[2k+1] rows g+8), so P and dS go from one mma to the next without leaving registers.
+template <int N>
+__device__ __forceinline__ void acc_to_a(uint32_t (&a)[N / 16][4], const float (&c)[N / 8][4]) {
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk) {
+    a[kk][0] = pack_bf16x2(c[2 * kk][0], c[2 * kk][1]);
+    a[kk][1] = pack_bf16x2(c[2 * kk][2], c[2 * kk][3]);
+    a[kk][2] = pack_bf16x2(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+    a[kk][3] = pack_bf16x2(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void zero(float (&acc)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[i][e] = 0.0f;
+}
+
+// ── Elementwise steps on a 16×N score tile ──
+
+template <int N>
+__device__ __forceinline__ void scale_tile(float (&s)[N / 8][4], float f) {
+#pragma unroll
+  for (int nt = 0; nt < N / 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] *= f;
+}
+
+// s = −inf where excluded(row0 + row, col0 + col): the causal rule and the tail past T. Only
+// tiles that straddle the diagonal or the end of the sequence call this.
+template <int N, typename Excluded>
+__device__ __forceinline__ void mask_tile(float (&s)[N / 8][4], int row0, int col0, int lane, Excluded excluded) {
+#pragma unroll
+  for (int nt = 0; nt < N / 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (excluded(row0 + frag_row(lane, e), col0 + frag_col(lane, nt, e))) s[nt][e] = -INFINITY;
+}
+
+// The 4 lanes 4g..4g+3 hold one row between them: butterfly over lane bits 0 and 1.
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// m[i] = max(m[i], max of row i of s) for this thread's rows i = 0 (g) and 1 (g + 8).
+template <int N>
+__device__ __forceinline__ void row_max(float (&m)[2], const float (&s)[N / 8][4]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float v = m[i];
+#pragma unroll
+    for (int nt = 0; nt < N / 8; ++nt) v = fmaxf(v, fmaxf(s[nt][2 * i], s[nt][2 * i + 1]));
+    m[i] = quad_max(v);
+  }
+}
+
+// A row whose max is still −inf has seen only masked scores; exponentiating against 0 instead
+// keeps exp2(−inf − (−inf)) = NaN out (the CPU reference guards the same case).
+__device__ __forceinline__ float safe_max(float m) { return m == -INFINITY ? 0.0f : m; }
+
+// Online-softmax rescale: everything accumulated against m_old is re-based on m_new by
+// exp2(m_old − m_new) (scores are in log2 units). m_old = −inf (nothing yet) gives 0.
+template <int D>
+__device__ __forceinline__ void rescale(float (&o)[D / 8][4], float (&l)[2], const float (&m_old)[2],
+                                        const float (&m_new)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float alpha = exp2f(m_old[i] - safe_max(m_new[i]));
+    l[i] *= alpha;
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {
+      o[nt][2 * i] *= alpha;
+      o[nt][2 * i + 1] *= alpha;
+    }
+  }
+}
+
+// s = exp2(s − m) in place and l += this thread's part of each row sum (the 4 lanes of a row are
+// summed once, at the end: their partial sums are all rescaled by the same alpha).
+template <int N>
+__device__ __forceinline__ void exp2_row_sum(float (&s)[N / 8][4], const float (&m)[2], float (&l)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float base = safe_max(m[i]);
+    float sum = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < N / 8; ++nt) {
+      s[nt][2 * i] = exp2f(s[nt][2 * i] - base);
+      s[nt][2 * i + 1] = exp2f(s[nt][2 * i + 1] - base);
+      sum += s[nt][2 * i] + s[nt][2 * i + 1];
+    }
+    l[i] += sum;
+  }
+}
+
+// P = exp2(s − lse₂) with lse₂ per row (lse in log2 units; rows g and g+8 of this thread).
+template <int N>
+__device__ __forceinline__ void exp2_minus_row(float (&s)[N / 8][4], const float (&lse2)[2]) {
+#pragma unroll
+  for (int nt = 0; nt < N / 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] = exp2f(s[nt][e] - lse2[e >> 1]);
+}
+
+// P = exp2(s − lse·log2e) with lse per column, read from smem (natural log units, as stored).
+template <int N>
+__device__ __forceinline__ void exp2_minus_col(float (&s)[N / 8][4], const float* lse, int lane) {
+#pragma unroll
+  for (int nt = 0; nt < N / 8; ++nt) {
+    const float2 L = *reinterpret_cast<const float2*>(lse + frag_col(lane, nt, 0));  // cols 2t, 2t+1
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] = exp2f(s[nt][e] - ((e & 1) ? L.y : L.x) * kLog2e);
+  }
+}
+
+// dS = P ∘ (dP − delta) in place over dP, delta per row (this thread's rows g, g+8).
+template <int N>
+__device__ __forceinline__ void softmax_grad_row(float (&dp)[N / 8][4], const float (&p)[N / 8][4],
+                                                 const float (&delta)[2]) {
+#pragma unroll
+  for (int nt = 0; nt < N / 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dp[nt][e] = p[nt][e] * (dp[nt][e] - delta[e >> 1]);
+}
+
+// dSᵀ = Pᵀ ∘ (dPᵀ − delta) in place over dPᵀ, delta per column, read from smem.
+template <int N>
+__device__ __forceinline__ void softmax_grad_col(float (&dp)[N / 8][4], const float (&p)[N / 8][4],
+                                                 const float* delta, int lane) {
+#pragma unroll
+  for (int nt = 0; nt < N / 8; ++nt) {
+    const float2 Dl = *reinterpret_cast<const float2*>(delta + frag_col(lane, nt, 0));
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dp[nt][e] = p[nt][e] * (dp[nt][e] - ((e & 1) ? Dl.y : Dl.x));
+  }
+}
+
+// Rows [row0, row0 + 16) of one head (row t at dst + t·ld) ← acc · f[row], bf16; rows ≥ T are
+// never written. Each lane stores its column pairs as 4-byte bf16x2.
+template <int D>
+__device__ __forceinline__ void store_rows(tg::bf16* dst, int64_t ld, const float (&acc)[D / 8][4], const float (&f)[2],
+                                           int row0, int T, int lane) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = row0 + (lane >> 2) + 8 * i;
+    if (row >= T) continue;
+    tg::bf16* out = dst + int64_t(row) * ld;
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt)
+      *reinterpret_cast<uint32_t*>(out + frag_col(lane, nt, 0)) =
+          pack_bf16x2(acc[nt][2 * i] * f[i], acc[nt][2 * i + 1] * f[i]);
+  }
+}
+
+}  // namespace tg::cuda::flash

@@ -1,0 +1,293 @@
+// cuda::flash_attention_{forward,backward} vs a double-precision naive attention: O, lse, dQ, dK,
+// dV over head dims, sequence lengths (tails included) and the causal rule; every output proven
+// written (poisoned first); the backward bitwise reproducible.
+#include <gtest/gtest.h>
+
+#ifdef TILEGRAD_HAVE_CUDA
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/flash_attention/flash.h"
+#include "src/tensor/dtype.h"
+
+namespace {
+
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define CHECK_CUDA(call)                                                                         \
+  do {                                                                                           \
+    cudaError_t e_ = (call);                                                                     \
+    if (e_ != cudaSuccess)                                                                       \
+      throw std::runtime_error(std::string(#call) + ": " + cudaGetErrorString(e_) + " at line " + \
+                               std::to_string(__LINE__));                                        \
+  } while (0)
+
+// Deterministic inputs in [-1, 1) (splitmix64), so a failure reproduces exactly.
+struct Rng {
+  uint64_t s;
+  double next() {
+    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return double(z >> 11) / double(1ull << 53) * 2.0 - 1.0;
+  }
+};
+
+// n bf16 values amplitude·U[-1, 1), and the same values exactly as doubles for the reference.
+struct Input {
+  std::vector<tg::bf16> bits;
+  std::vector<double> val;
+};
+Input random_input(size_t n, double amplitude, uint64_t seed) {
+  Rng rng{seed};
+  Input in;
+  in.bits.resize(n);
+  in.val.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    in.bits[i] = tg::float_to_bf16(float(amplitude * rng.next()));
+    in.val[i] = tg::bf16_to_float(in.bits[i]);
+  }
+  return in;
+}
+
+template <typename T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  size_t n = 0;
+  explicit DeviceBuffer(size_t count) : n(count) { CHECK_CUDA(cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T))); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { cudaFree(ptr); }
+  void upload(const std::vector<T>& h) { CHECK_CUDA(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
+  std::vector<T> download() const {
+    std::vector<T> h(n);
+    CHECK_CUDA(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+  // 0xFF bytes are NaN in both bf16 and fp32: an element the kernel fails to write shows up.
+  void poison() { CHECK_CUDA(cudaMemset(ptr, 0xFF, std::max<size_t>(n, 1) * sizeof(T))); }
+};
+
+std::vector<double> to_double(const std::vector<tg::bf16>& x) {
+  std::vector<double> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = tg::bf16_to_float(x[i]);
+  return out;
+}
+std::vector<double> to_double(const std::vector<float>& x) { return {x.begin(), x.end()}; }
+
+size_t count_nonfinite(const std::vector<double>& x) {
+  return size_t(std::count_if(x.begin(), x.end(), [](double v) { return !std::isfinite(v); }));
+}
+
+// ‖got − ref‖ / ‖ref‖. The denominator is floored at an RMS of 1e-3 so that a gradient that is
+// zero in exact arithmetic (dK at T = 1: P ≡ 1 makes dS ≡ 0) is judged by its absolute error.
+double rel_error(const std::vector<double>& got, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    num += (got[i] - ref[i]) * (got[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-3 * std::sqrt(double(ref.size())));
+}
+
+double max_abs_diff(const std::vector<double>& got, const std::vector<double>& ref) {
+  double m = 0;
+  for (size_t i = 0; i < ref.size(); ++i) m = std::max(m, std::abs(got[i] - ref[i]));
+  return m;
+}
+
+struct Case {
+  int64_t B, T, H, D;
+  bool causal;
+  double scale;  // 0: the usual 1/sqrt(D)
+};
+
+struct Reference {
+  std::vector<double> o, lse, dq, dk, dv;
+};
+
+// Naive materialised attention and its backward in double, one query row at a time (O(T) extra
+// memory). Layout as the kernels: (B, T, H, D) tensors, lse (B, H, T).
+Reference reference(const Case& c, double scale, const std::vector<double>& q, const std::vector<double>& k,
+                    const std::vector<double>& v, const std::vector<double>& dout) {
+  const int64_t B = c.B, T = c.T, H = c.H, D = c.D;
+  Reference r;
+  r.o.assign(q.size(), 0.0);
+  r.dq.assign(q.size(), 0.0);
+  r.dk.assign(q.size(), 0.0);
+  r.dv.assign(q.size(), 0.0);
+  r.lse.assign(size_t(B * H * T), 0.0);
+  std::vector<double> p(static_cast<size_t>(T)), dp(static_cast<size_t>(T));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      auto at = [&](int64_t t) { return size_t(((b * T + t) * H + h) * D); };
+      for (int64_t i = 0; i < T; ++i) {
+        const int64_t n = c.causal ? i + 1 : T;  // keys 0 .. n-1 are visible to query i
+        const double* qi = &q[at(i)];
+        const double* doi = &dout[at(i)];
+        double m = -INFINITY;
+        for (int64_t j = 0; j < n; ++j) {
+          const double* kj = &k[at(j)];
+          double s = 0;
+          for (int64_t d = 0; d < D; ++d) s += qi[d] * kj[d];
+          p[j] = scale * s;
+          m = std::max(m, p[j]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < n; ++j) sum += (p[j] = std::exp(p[j] - m));
+        for (int64_t j = 0; j < n; ++j) p[j] /= sum;
+        r.lse[size_t((b * H + h) * T + i)] = m + std::log(sum);
+
+        double delta = 0;  // Σ_j P_ij dP_ij
+        double* oi = &r.o[at(i)];
+        for (int64_t j = 0; j < n; ++j) {
+          const double* vj = &v[at(j)];
+          double s = 0;
+          for (int64_t d = 0; d < D; ++d) {
+            oi[d] += p[j] * vj[d];
+            s += doi[d] * vj[d];
+          }
+          dp[j] = s;
+          delta += p[j] * s;
+        }
+        double* dqi = &r.dq[at(i)];
+        for (int64_t j = 0; j < n; ++j) {
+          const double ds = p[j] * (dp[j] - delta) * scale;  // scale · dS
+          const double* kj = &k[at(j)];
+          double* dkj = &r.dk[at(j)];
+          double* dvj = &r.dv[at(j)];
+          for (int64_t d = 0; d < D; ++d) {
+            dqi[d] += ds * kj[d];
+            dkj[d] += ds * qi[d];
+            dvj[d] += p[j] * doi[d];
+          }
+        }
+      }
+    }
+  return r;
+}
+
+class FlashAttentionTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(FlashAttentionTest, MatchesDoubleReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
+  const Case c = GetParam();
+  const size_t n = size_t(c.B * c.T * c.H * c.D), n_lse = size_t(c.B * c.H * c.T);
+  const double scale = c.scale != 0 ? c.scale : 1.0 / std::sqrt(double(c.D));
+
+  // q, k with amplitude 2: scores of standard deviation ≈ 1.3 after the 1/sqrt(D) scale, so the
+  // softmax is far from uniform and the running max moves.
+  const uint64_t seed = uint64_t(c.T * 1000 + c.D * 10 + (c.causal ? 1 : 0));
+  const Input q = random_input(n, 2.0, seed + 1), k = random_input(n, 2.0, seed + 2);
+  const Input v = random_input(n, 1.0, seed + 3), dout = random_input(n, 1.0, seed + 4);
+  const Reference ref = reference(c, scale, q.val, k.val, v.val, dout.val);
+
+  DeviceBuffer<tg::bf16> dq_in(n), dk_in(n), dv_in(n), ddout(n), d_o(n), d_dq(n), d_dk(n), d_dv(n);
+  DeviceBuffer<float> d_lse(n_lse);
+  const size_t ws_bytes = tg::cuda::flash_attention_backward_workspace_bytes(c.B, c.T, c.H, c.D);
+  DeviceBuffer<unsigned char> d_ws(ws_bytes);
+  dq_in.upload(q.bits);
+  dk_in.upload(k.bits);
+  dv_in.upload(v.bits);
+  ddout.upload(dout.bits);
+
+  tg::cuda::FlashAttentionParams p{};
+  p.q = dq_in.ptr, p.k = dk_in.ptr, p.v = dv_in.ptr, p.o = d_o.ptr, p.lse = d_lse.ptr;
+  p.dout = ddout.ptr, p.dq = d_dq.ptr, p.dk = d_dk.ptr, p.dv = d_dv.ptr, p.workspace = d_ws.ptr;
+  p.B = c.B, p.T = c.T, p.H = c.H, p.D = c.D;
+  p.scale = float(scale);
+  p.causal = c.causal;
+
+  // Forward.
+  d_o.poison();
+  d_lse.poison();
+  tg::cuda::flash_attention_forward(p, nullptr);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  const std::vector<double> o = to_double(d_o.download()), lse = to_double(d_lse.download());
+  ASSERT_EQ(count_nonfinite(o), 0u) << "O has NaN/inf (unwritten or overflowed elements)";
+  ASSERT_EQ(count_nonfinite(lse), 0u) << "lse has NaN/inf";
+  EXPECT_LE(rel_error(o, ref.o), 2e-2) << "O";
+  EXPECT_LE(max_abs_diff(lse, ref.lse), 1e-3) << "lse";
+
+  // Backward, from the kernel's own O and lse (as autograd would run it).
+  auto run_backward = [&] {
+    d_dq.poison();
+    d_dk.poison();
+    d_dv.poison();
+    d_ws.poison();
+    tg::cuda::flash_attention_backward(p, nullptr);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    return std::vector<std::vector<tg::bf16>>{d_dq.download(), d_dk.download(), d_dv.download()};
+  };
+  const auto g1 = run_backward();
+  const char* names[3] = {"dQ", "dK", "dV"};
+  const std::vector<double>* refs[3] = {&ref.dq, &ref.dk, &ref.dv};
+  for (int t = 0; t < 3; ++t) {
+    const std::vector<double> g = to_double(g1[t]);
+    ASSERT_EQ(count_nonfinite(g), 0u) << names[t] << " has NaN/inf (unwritten elements?)";
+    EXPECT_LE(rel_error(g, *refs[t]), 5e-2) << names[t];
+  }
+
+  // Deterministic: a second run is bitwise identical.
+  const auto g2 = run_backward();
+  for (int t = 0; t < 3; ++t)
+    EXPECT_EQ(std::memcmp(g1[t].data(), g2[t].data(), n * sizeof(tg::bf16)), 0) << names[t] << " not reproducible";
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  for (int64_t D : {64, 128})
+    for (bool causal : {false, true})
+      for (int64_t T : {1, 17, 127, 128, 129, 1000}) {
+        // Small T: several batches and heads (indexing); large T: one batch, two heads (CPU time).
+        if (T <= 129)
+          out.push_back({2, T, 3, D, causal, 0.0});
+        else
+          out.push_back({1, T, 2, D, causal, 0.0});
+      }
+  out.push_back({1, 4096, 1, 64, false, 0.0});  // many key tiles: the online rescale over a long row
+  out.push_back({1, 300, 2, 64, true, 1.0});    // scale 1: peaked rows, large running-max jumps
+  out.push_back({1, 300, 2, 128, false, 1.0});
+  return out;
+}
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  const Case& c = info.param;
+  std::string s = "B" + std::to_string(c.B) + "_T" + std::to_string(c.T) + "_H" + std::to_string(c.H) + "_D" +
+                  std::to_string(c.D) + (c.causal ? "_causal" : "_full");
+  if (c.scale != 0) s += "_scale1";
+  return s;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, FlashAttentionTest, ::testing::ValuesIn(cases()), case_name);
+
+TEST(FlashAttention, UnsupportedHeadDimIsRejected) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
+  EXPECT_TRUE(tg::cuda::flash_attention_supported(64));
+  EXPECT_TRUE(tg::cuda::flash_attention_supported(128));
+  EXPECT_FALSE(tg::cuda::flash_attention_supported(96));
+  tg::cuda::FlashAttentionParams p{};
+  p.B = 1, p.T = 8, p.H = 1, p.D = 96, p.scale = 1.0f;
+  EXPECT_THROW(tg::cuda::flash_attention_forward(p, nullptr), std::invalid_argument);
+  EXPECT_THROW(tg::cuda::flash_attention_backward(p, nullptr), std::invalid_argument);
+}
+
+}  // namespace
+
+#else
+
+TEST(FlashAttention, SkippedWithoutCuda) { GTEST_SKIP() << "built without CUDA"; }
+
+#endif
