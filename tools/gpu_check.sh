@@ -16,6 +16,17 @@ if [ "$WHAT" = tests ] || [ "$WHAT" = all ]; then
   grep -E "tests passed|tests failed" "$OUT/ctest.log"
   grep -E "\(Failed\)|\(Timeout\)|\(SEGFAULT\)|Exception" "$OUT/ctest.log" | head -40
 fi
+if [ "$WHAT" = attn ] || [ "$WHAT" = all ]; then
+  # Registers, shared memory and spills of the attention kernels.
+  for f in kernels/cuda/flash_attention/*.cu; do
+    nvcc -std=c++17 -O3 -gencode=arch=compute_90,code=sm_90 -Xptxas -v -I. -c "$f" -o /dev/null 2>&1 \
+      | grep -E "Compiling entry|registers|spill" ; done > "$OUT/ptxas.txt"
+  build-gpu/tilegrad bench attention --steps 20 2>&1 | tee "$OUT/bench_attention.log" | grep -v "^{"
+  if [ -f .bench/torch_attention.py ]; then
+    PYTHONUNBUFFERED=1 timeout 300 python3 .bench/torch_attention.py > "$OUT/torch_attention.log" 2>&1
+    tail -30 "$OUT/torch_attention.log"
+  fi
+fi
 if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
   for B in 16; do
     build-gpu/tilegrad bench train configs/gpt2-124m.yaml --set train.batch_size=$B run.device=cuda 2>&1 | tee -a "$OUT/bench_train.log"

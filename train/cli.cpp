@@ -47,7 +47,7 @@ double Args::get_double(const std::string& name, double fallback) const {
 std::string help_text(const std::string& program, const Command& c) {
   std::ostringstream os;
   os << "usage: " << program << " " << c.name;
-  for (const Positional& p : c.positional) os << " " << p.name;
+  for (const Positional& p : c.positional) os << (p.optional ? " [" + p.name + "]" : " " + p.name);
   for (const Option& o : c.options) {
     os << " [" << o.name;
     if (!o.metavar.empty()) os << " " << o.metavar << (o.repeated ? "…" : "");
@@ -112,7 +112,11 @@ Args parse(const std::string& program, const Command& c, const std::vector<std::
     // A repeated option keeps taking values until the next option.
     while (opt->repeated && i + 1 < argv.size() && argv[i + 1].rfind("--", 0) != 0) vals.push_back(argv[++i]);
   }
-  TG_CHECK(a.positional.size() == c.positional.size(), program, " ", c.name, ": expected ", c.positional.size(),
+  size_t required = 0;
+  for (const Positional& p : c.positional) required += p.optional ? 0 : 1;
+  TG_CHECK(a.positional.size() >= required && a.positional.size() <= c.positional.size(), program, " ", c.name,
+           ": expected ", required == c.positional.size() ? std::to_string(required)
+                                                           : std::to_string(required) + " to " + std::to_string(c.positional.size()),
            " argument(s)", [&] {
              std::string s;
              for (const Positional& p : c.positional) s += " " + p.name;

@@ -19,6 +19,7 @@ struct Option {
 struct Positional {
   std::string name;  // "CONFIG"
   std::string help;
+  bool optional = false;  // optional arguments come last
 };
 
 struct Args {

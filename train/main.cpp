@@ -11,6 +11,7 @@
 #include "src/data/tokenizer.h"
 #include "src/trainer/generate.h"
 #include "src/trainer/trainer.h"
+#include "train/bench.h"
 #include "train/cli.h"
 
 namespace fs = std::filesystem;
@@ -75,62 +76,6 @@ int cmd_eval(const cli::Args& a) {
   double loss = evaluate(*model, val, steps);
   std::printf("val loss %.4f (%lld batches of %d × %d tokens from %s)\n", loss, (long long)used, cfg.train.batch_size,
               cfg.train.seq_len, glob.c_str());
-  return 0;
-}
-
-// Training-step throughput of a config's model on random tokens (data loading excluded), the
-// figure compared with ../shared/bench/torch_gpt.py throughput.
-int cmd_bench(const cli::Args& a) {
-  TG_CHECK(a.positional[0] == "train", "tilegrad bench: unknown benchmark '", a.positional[0], "'; available: train");
-  Config cfg = load_config(a.positional[1], a.all("set"), false);
-  validate_config(cfg);
-  const Device device = resolve_device(cfg.run.device);
-  TG_CHECK(cfg.train.precision == "fp32" || device.is_cuda(), "train.precision bf16 needs a GPU");
-  const DType compute = cfg.train.precision == "bf16" ? DType::bf16 : DType::f32;
-  nn::GPT model(gpt_config_from(cfg.model), uint64_t(cfg.train.seed), DType::f32, device, compute);
-  optim::AdamW opt(model.params(), {cfg.train.beta1, cfg.train.beta2, cfg.train.eps, cfg.train.weight_decay});
-  const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len, V = cfg.model.vocab_size;
-  std::vector<int32_t> x(static_cast<size_t>(B * T)), y(static_cast<size_t>(B * T));
-  for (size_t i = 0; i < x.size(); ++i) {
-    x[i] = int32_t(nn::normal_from(1, 1, i) * 1e6 + 1e9) % int32_t(V);
-    y[i] = int32_t(nn::normal_from(1, 2, i) * 1e6 + 1e9) % int32_t(V);
-  }
-  const Tensor ids = Tensor::from_ints(x, {B, T}).to(device), tgt = Tensor::from_ints(y, {B, T}).to(device);
-  double loss = 0;
-  auto step = [&] {
-    model.params().zero_grad();
-    Tensor l = model.loss(ids, tgt);
-    l.backward();
-    optim::clip_grad_norm(model.params(), cfg.train.grad_clip);
-    opt.step(cfg.train.lr);
-    loss = l.item();
-  };
-  const int64_t warmup = a.get_int("warmup", 5), steps = a.get_int("steps", 20);
-  TG_CHECK(steps > 0 && warmup >= 0, "tilegrad bench: --steps must be > 0 and --warmup ≥ 0");
-  for (int64_t i = 0; i < warmup; ++i) step();
-  device_synchronize(device);
-  reset_peak_memory(device);
-  auto t0 = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < steps; ++i) step();
-  device_synchronize(device);
-  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / double(steps);
-  // nanoGPT / llm.c convention: 6·N (N without the position table) + 12·L·d·T FLOPs per token.
-  int64_t n = model.params().numel();
-  if (model.params().has("transformer.wpe.weight")) n -= model.params().get("transformer.wpe.weight").numel();
-  const double flops_per_token = 6.0 * double(n) + 12.0 * cfg.model.n_layer * cfg.model.d_model * double(T);
-  const double tps = double(B * T) / dt;
-  const MemoryStats m = memory_stats(device);
-  std::printf(
-      "{\"bench\":\"train\",\"config\":\"%s\",\"device\":\"%s\",\"precision\":\"%s\",\"attention\":\"%s\","
-      "\"B\":%lld,\"T\":%lld,\"params\":%lld,\"ms_per_step\":%.2f,\"tokens_per_s\":%.0f,\"tflops\":%.1f,"
-      "\"mfu_vs_989\":%.4f,\"peak_gib\":%.3f,\"loss\":%.4f}\n",
-      a.positional[1].c_str(), device.str().c_str(), cfg.train.precision.c_str(), cfg.model.attention.c_str(),
-      (long long)B, (long long)T, (long long)model.params().numel(), dt * 1e3, tps, flops_per_token * tps / 1e12,
-      flops_per_token * tps / 989e12, double(m.peak_total) / double(1ll << 30), loss);
-  std::printf("peak memory by category:");
-  for (int c = 0; c < kNumMemCategories; ++c)
-    std::printf(" %s %s", mem_category_name(MemCategory(c)), format_bytes(m.peak[size_t(c)]).c_str());
-  std::printf("\n");
   return 0;
 }
 
@@ -213,13 +158,24 @@ std::vector<cli::Command> commands() {
         {"--steps", "N", "number of batches; 0 = the whole data", "0"}},
        cmd_eval},
       {"bench",
-       "Benchmark training steps of a config's model on random tokens: prints ms/step, tokens/s, TFLOP/s, MFU "
-       "(6·N + 12·L·d·T FLOPs per token against the H200's 989 TFLOP/s bf16 peak) and peak memory, as JSON.",
-       {{"WHAT", "the benchmark: train"}, {"CONFIG", "a YAML config, e.g. configs/gpt2-124m.yaml"}},
-       {{"--set", "KEY=VALUE", "override config keys, e.g. --set train.batch_size=32", "", true},
-        {"--steps", "N", "timed steps", "20"},
-        {"--warmup", "N", "untimed steps first", "5"}},
-       cmd_bench},
+       "Benchmarks. `bench train CONFIG`: training steps of the config's model on random tokens: ms/step, "
+       "tokens/s, TFLOP/s, MFU (6·N + 12·L·d·T FLOPs per token against the H200's 989 TFLOP/s bf16 peak) and peak "
+       "memory. `bench attention`: FlashAttention forward and backward TFLOP/s on the FlashAttention shapes "
+       "(B·T = 16384, hidden 2048; d 64 and 128; T 1k to 32k; causal and not). Results print as JSON lines.",
+       {{"WHAT", "train or attention"}, {"CONFIG", "for train: a YAML config, e.g. configs/gpt2-124m.yaml", true}},
+       {{"--set", "KEY=VALUE", "train: override config keys, e.g. --set train.batch_size=32", "", true},
+        {"--steps", "N", "timed steps (train) or timed runs, median reported (attention)", "20"},
+        {"--warmup", "N", "untimed steps first", "5"},
+        {"--max-t", "T", "attention: the longest sequence", "32768"}},
+       [](const cli::Args& a) {
+         if (a.positional[0] == "train") {
+           TG_CHECK(a.positional.size() == 2, "tilegrad bench train: needs a CONFIG");
+           return bench_train(a);
+         }
+         TG_CHECK(a.positional[0] == "attention", "tilegrad bench: unknown benchmark '", a.positional[0],
+                  "'; available: train, attention");
+         return bench_attention(a);
+       }},
       {"plot",
        "Plot train and validation loss against step from RUN_DIR/metrics.jsonl into a PNG (needs gnuplot).",
        {{"RUN_DIR", "a run directory"}},

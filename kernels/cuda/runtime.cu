@@ -39,7 +39,14 @@ void cuda_free(void* p, int device) {
   if (cudaFreeAsync(p, cudaStreamPerThread) != cudaSuccess) std::abort();
 }
 
+// Copies into device memory are queued on the stream (an H2D copy from pageable memory returns
+// once the source has been staged, so the caller may free it); a copy to the host waits for the
+// queued work first, since the caller reads the values next.
 void cuda_copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t nbytes) {
+  if (dst_dev.is_cuda()) {
+    TG_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, cudaStreamPerThread));
+    return;
+  }
   TG_CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread));
   TG_CUDA_CHECK(cudaMemcpy(dst, src, nbytes, cudaMemcpyDefault));
 }

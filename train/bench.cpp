@@ -1,0 +1,151 @@
+// `tilegrad bench train` and `tilegrad bench attention`: timed on the device with the same
+// shapes and FLOP conventions as ../shared/bench/torch_gpt.py and torch_attention.py.
+#include "train/bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "kernels/cuda/flash_attention/flash.h"
+#include "src/nn/gpt.h"
+#include "src/optim/adamw.h"
+#include "src/tensor/dispatch.h"
+#include "src/trainer/state.h"
+#include "src/trainer/trainer.h"
+
+namespace tg {
+
+// Training-step throughput of a config's model on random tokens (data loading excluded), the
+// figure compared with ../shared/bench/torch_gpt.py throughput.
+int bench_train(const cli::Args& a) {
+  Config cfg = load_config(a.positional[1], a.all("set"), false);
+  validate_config(cfg);
+  const Device device = resolve_device(cfg.run.device);
+  TG_CHECK(cfg.train.precision == "fp32" || device.is_cuda(), "train.precision bf16 needs a GPU");
+  const DType compute = cfg.train.precision == "bf16" ? DType::bf16 : DType::f32;
+  nn::GPT model(gpt_config_from(cfg.model), uint64_t(cfg.train.seed), DType::f32, device, compute);
+  optim::AdamW opt(model.params(), {cfg.train.beta1, cfg.train.beta2, cfg.train.eps, cfg.train.weight_decay});
+  const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len, V = cfg.model.vocab_size;
+  std::vector<int32_t> x(static_cast<size_t>(B * T)), y(static_cast<size_t>(B * T));
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = int32_t(nn::normal_from(1, 1, i) * 1e6 + 1e9) % int32_t(V);
+    y[i] = int32_t(nn::normal_from(1, 2, i) * 1e6 + 1e9) % int32_t(V);
+  }
+  const Tensor ids = Tensor::from_ints(x, {B, T}).to(device), tgt = Tensor::from_ints(y, {B, T}).to(device);
+  double loss = 0;
+  auto step = [&] {
+    model.params().zero_grad();
+    Tensor l = model.loss(ids, tgt);
+    l.backward();
+    optim::clip_grad_norm(model.params(), cfg.train.grad_clip);
+    opt.step(cfg.train.lr);
+    loss = l.item();
+  };
+  const int64_t warmup = a.get_int("warmup", 5), steps = a.get_int("steps", 20);
+  TG_CHECK(steps > 0 && warmup >= 0, "tilegrad bench: --steps must be > 0 and --warmup ≥ 0");
+  for (int64_t i = 0; i < warmup; ++i) step();
+  device_synchronize(device);
+  reset_peak_memory(device);
+  auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < steps; ++i) step();
+  device_synchronize(device);
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / double(steps);
+  // nanoGPT / llm.c convention: 6·N (N without the position table) + 12·L·d·T FLOPs per token.
+  int64_t n = model.params().numel();
+  if (model.params().has("transformer.wpe.weight")) n -= model.params().get("transformer.wpe.weight").numel();
+  const double flops_per_token = 6.0 * double(n) + 12.0 * cfg.model.n_layer * cfg.model.d_model * double(T);
+  const double tps = double(B * T) / dt;
+  const MemoryStats m = memory_stats(device);
+  std::printf(
+      "{\"bench\":\"train\",\"config\":\"%s\",\"device\":\"%s\",\"precision\":\"%s\",\"attention\":\"%s\","
+      "\"B\":%lld,\"T\":%lld,\"params\":%lld,\"ms_per_step\":%.2f,\"tokens_per_s\":%.0f,\"tflops\":%.1f,"
+      "\"mfu_vs_989\":%.4f,\"peak_gib\":%.3f,\"loss\":%.4f}\n",
+      a.positional[1].c_str(), device.str().c_str(), cfg.train.precision.c_str(), cfg.model.attention.c_str(),
+      (long long)B, (long long)T, (long long)model.params().numel(), dt * 1e3, tps, flops_per_token * tps / 1e12,
+      flops_per_token * tps / 989e12, double(m.peak_total) / double(1ll << 30), loss);
+  std::printf("peak memory by category:");
+  for (int c = 0; c < kNumMemCategories; ++c)
+    std::printf(" %s %s", mem_category_name(MemCategory(c)), format_bytes(m.peak[size_t(c)]).c_str());
+  std::printf("\n");
+  return 0;
+}
+
+
+namespace {
+// A bf16 tensor of uniform values in [−1, 1) from a xorshift stream (fast enough for 100 M elements).
+Tensor random_bf16(const Shape& shape, uint64_t seed, Device device) {
+  Tensor host = Tensor::empty(shape, DType::bf16);
+  bf16* p = host.data<bf16>();
+  uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (int64_t i = 0; i < host.numel(); ++i) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    p[i] = float_to_bf16(float(x >> 40) * (2.0f / 16777216.0f) - 1.0f);
+  }
+  return host.to(device);
+}
+
+template <typename F>
+double median_seconds(int64_t runs, Device device, F&& f) {
+  std::vector<double> t;
+  for (int64_t i = 0; i < runs; ++i) {
+    device_synchronize(device);
+    auto t0 = std::chrono::steady_clock::now();
+    f();
+    device_synchronize(device);
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+}  // namespace
+
+int bench_attention(const cli::Args& a) {
+#ifdef TILEGRAD_HAVE_CUDA
+  TG_CHECK(cuda_device_count() > 0, "tilegrad bench attention: needs a CUDA GPU");
+  const Device dev = Device::cuda(0);
+  const int64_t runs = a.get_int("steps", 20), warmup = a.get_int("warmup", 3), max_t = a.get_int("max-t", 32768);
+  std::printf("%-4s %-6s %-7s %-10s %-10s %-9s %-9s\n", "d", "T", "causal", "fwd ms", "bwd ms", "fwd TF/s", "bwd TF/s");
+  for (int64_t D : {64, 128}) {
+    const int64_t H = 2048 / D;
+    for (int64_t T = 1024; T <= max_t; T *= 2) {
+      const int64_t B = std::max<int64_t>(1, 16384 / T);
+      Tensor q = random_bf16({B, T, H, D}, 1, dev), k = random_bf16({B, T, H, D}, 2, dev),
+             v = random_bf16({B, T, H, D}, 3, dev), dout = random_bf16({B, T, H, D}, 4, dev);
+      Tensor o = Tensor::empty(q.shape(), DType::bf16, dev), lse = Tensor::empty({B, H, T}, DType::f32, dev);
+      Tensor dq = Tensor::empty(q.shape(), DType::bf16, dev), dk = Tensor::empty(q.shape(), DType::bf16, dev),
+             dv = Tensor::empty(q.shape(), DType::bf16, dev);
+      Tensor ws = Tensor::empty({int64_t(cuda::flash_attention_backward_workspace_bytes(B, T, H, D) / 4 + 4)},
+                                DType::f32, dev);
+      for (bool causal : {true, false}) {
+        cuda::FlashAttentionParams p{};
+        p.q = q.data<bf16>(), p.k = k.data<bf16>(), p.v = v.data<bf16>(), p.o = o.data<bf16>();
+        p.lse = lse.data<float>(), p.dout = dout.data<bf16>(), p.dq = dq.data<bf16>(), p.dk = dk.data<bf16>();
+        p.dv = dv.data<bf16>(), p.workspace = ws.raw();
+        p.B = B, p.T = T, p.H = H, p.D = D, p.scale = float(1.0 / std::sqrt(double(D))), p.causal = causal;
+        auto fwd = [&] { cuda::flash_attention_forward(p, detail::cuda_stream()); };
+        auto bwd = [&] { cuda::flash_attention_backward(p, detail::cuda_stream()); };
+        for (int64_t i = 0; i < warmup; ++i) fwd(), bwd();
+        const double tf = median_seconds(runs, dev, fwd), tb = median_seconds(runs, dev, bwd);
+        // FlashAttention papers' convention: 4·B·H·T²·d forward, halved when causal; backward 2.5×.
+        const double flops = 4.0 * double(B * H) * double(T) * double(T) * double(D) / (causal ? 2.0 : 1.0);
+        std::printf("%-4lld %-6lld %-7s %-10.3f %-10.3f %-9.1f %-9.1f\n", (long long)D, (long long)T,
+                    causal ? "yes" : "no", tf * 1e3, tb * 1e3, flops / tf / 1e12, 2.5 * flops / tb / 1e12);
+        std::printf("{\"bench\":\"attention\",\"impl\":\"tilegrad\",\"d\":%lld,\"T\":%lld,\"B\":%lld,\"H\":%lld,"
+                    "\"causal\":%s,\"fwd_ms\":%.4f,\"bwd_ms\":%.4f,\"fwd_tflops\":%.1f,\"bwd_tflops\":%.1f}\n",
+                    (long long)D, (long long)T, (long long)B, (long long)H, causal ? "true" : "false", tf * 1e3,
+                    tb * 1e3, flops / tf / 1e12, 2.5 * flops / tb / 1e12);
+        std::fflush(stdout);
+      }
+    }
+  }
+  return 0;
+#else
+  (void)a;
+  TG_CHECK(false, "tilegrad bench attention: this tilegrad was built without CUDA");
+  return 1;
+#endif
+}
+
+}  // namespace tg

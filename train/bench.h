@@ -1,0 +1,8 @@
+// `tilegrad bench`: performance figures compared, in the same run, with the PyTorch references.
+#pragma once
+#include "train/cli.h"
+
+namespace tg {
+int bench_train(const cli::Args& a);      // tilegrad bench train CONFIG
+int bench_attention(const cli::Args& a);  // tilegrad bench attention
+}  // namespace tg
