@@ -17,6 +17,10 @@
 
 namespace tg {
 
+#ifdef TILEGRAD_HAVE_CUDA
+void cuda_mem_get_info(size_t* free_bytes, size_t* total_bytes);  // kernels/cuda/runtime.cu
+#endif
+
 // Training-step throughput of a config's model on random tokens (data loading excluded), the
 // figure compared with ../shared/bench/torch_gpt.py throughput.
 int bench_train(const cli::Args& a) {
@@ -69,6 +73,14 @@ int bench_train(const cli::Args& a) {
   for (int c = 0; c < kNumMemCategories; ++c)
     std::printf(" %s %s", mem_category_name(MemCategory(c)), format_bytes(m.peak[size_t(c)]).c_str());
   std::printf("\n");
+#ifdef TILEGRAD_HAVE_CUDA
+  if (device.is_cuda()) {  // cross-check: the driver's view must cover what tilegrad counts
+    size_t free_bytes = 0, total_bytes = 0;
+    cuda_mem_get_info(&free_bytes, &total_bytes);
+    std::printf("device memory in use (cudaMemGetInfo, pool and context included): %s; tilegrad counts %s now\n",
+                format_bytes(int64_t(total_bytes - free_bytes)).c_str(), format_bytes(m.current_total).c_str());
+  }
+#endif
   return 0;
 }
 

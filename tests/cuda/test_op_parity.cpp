@@ -223,5 +223,27 @@ TEST(GpuTraining, Bf16TrainingTracksTheCpu) {
   EXPECT_NEAR(gpu.back(), cpu.back(), 0.1);
 }
 
+TEST(GpuMemory, CountersTrackTheAllocatorAndCudaAgrees) {
+  REQUIRE_GPU();
+#ifdef TILEGRAD_HAVE_CUDA
+  const Device dev = Device::cuda(0);
+  const int64_t before = memory_stats(dev).current_total;
+  const int64_t bytes = int64_t(1) << 30;
+  size_t free0 = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free0, &total), cudaSuccess);
+  {
+    MemoryCategoryScope scope(MemCategory::workspace);
+    Tensor t = Tensor::zeros({bytes / 4}, DType::f32, dev);
+    EXPECT_EQ(memory_stats(dev).current_total - before, bytes);
+    EXPECT_GE(memory_stats(dev).current[size_t(MemCategory::workspace)], bytes);
+    size_t free1 = 0;
+    ASSERT_EQ(cudaMemGetInfo(&free1, &total), cudaSuccess);
+    // The pool may have had the block cached already; it can never hold less than we count.
+    EXPECT_GE(int64_t(total - free1), memory_stats(dev).current_total);
+  }
+  EXPECT_EQ(memory_stats(dev).current_total, before);
+#endif
+}
+
 }  // namespace
 }  // namespace tg
