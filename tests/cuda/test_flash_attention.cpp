@@ -258,6 +258,7 @@ std::vector<Case> cases() {
           out.push_back({1, T, 2, D, causal, 0.0});
       }
   out.push_back({1, 4096, 1, 64, false, 0.0});  // many key tiles: the online rescale over a long row
+  out.push_back({1, 2048, 1, 128, true, 0.0});
   out.push_back({1, 300, 2, 64, true, 1.0});    // scale 1: peaked rows, large running-max jumps
   out.push_back({1, 300, 2, 128, false, 1.0});
   return out;

@@ -18,10 +18,11 @@ namespace tg::cuda {
 namespace flash {
 
 // One block per (query block, head, batch). Warp w owns query rows q0 + 16w .. q0 + 16w + 15:
-// its Q fragments stay in registers, its S (16 × Bc) and O (16 × D) accumulators too, so the
+// its Q fragments stay in registers (or are re-read from smem, see kQInRegs), its S (16 × Bc)
+// and O (16 × D) accumulators in registers, so the
 // softmax statistics of a row never leave the 4 lanes that hold it.
 template <class Tr>
-__global__ void __launch_bounds__(Tr::kThreads) flash_fwd_kernel(const FlashAttentionParams p) {
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel(const FlashAttentionParams p) {
   constexpr int D = Tr::kD, Br = Tr::kBr, Bc = Tr::kBc, LDS = Tr::kLds, NT = Tr::kThreads;
   extern __shared__ __align__(16) unsigned char smem[];
   tg::bf16* sQ = reinterpret_cast<tg::bf16*>(smem);  // (Br, LDS)
@@ -57,7 +58,8 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_fwd_kernel(const FlashAtte
   zero(o);
   float m[2] = {-INFINITY, -INFINITY};  // running max of rows g, g+8 (log2 units)
   float l[2] = {0.0f, 0.0f};            // this lane's part of the running sums
-  uint32_t qf[D / 16][4];               // Q rows of this warp as A fragments
+  const tg::bf16* sQw = sQ + warp * kRowsPerWarp * LDS;  // this warp's Q rows in smem
+  uint32_t qf[Tr::kQInRegs ? D / 16 : 1][4];             // ... or as A fragments in registers
 
   for (int j = 0; j < n_kb; ++j) {
     const int st = j & 1;
@@ -68,13 +70,17 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_fwd_kernel(const FlashAtte
     cp_async_commit();  // possibly empty: keeps "all but the newest group" meaning "tile j"
     cp_async_wait<1>();
     __syncthreads();
-    if (j == 0) load_a_frags<D>(qf, sQ + warp * kRowsPerWarp * LDS, LDS, lane);
+    if constexpr (Tr::kQInRegs)
+      if (j == 0) load_a_frags<D>(qf, sQw, LDS, lane);
     const tg::bf16* Kj = sK + st * Tr::kTileKV;
     const tg::bf16* Vj = sV + st * Tr::kTileKV;
 
     float s[Bc / 8][4];  // S = Q Kᵀ, (16, Bc)
     zero(s);
-    mma_abt<Bc, D>(s, qf, Kj, LDS, lane);
+    if constexpr (Tr::kQInRegs)
+      mma_abt<Bc, D>(s, qf, Kj, LDS, lane);
+    else
+      mma_abt_smem_a<Bc, D>(s, sQw, LDS, Kj, LDS, lane);
     scale_tile<Bc>(s, scale_log2);
 
     // Only tiles that reach past T or straddle the diagonal pay for the mask.
@@ -128,16 +134,19 @@ void launch_fwd(const FlashAttentionParams& p, cudaStream_t stream) {
   TG_CUDA_CHECK(cudaGetLastError());
 }
 
-// D = 64: 8 warps (Br = 128 query rows), Bc = 64 keys. Each K/V tile read from L2 feeds 128 query
-// rows (64 MACs per byte loaded, vs 32 at Br = 64), Q (16 regs) stays in registers; smem is
-// 18 KiB Q + 2 stages × 2 × 9 KiB K/V = 54 KiB, so 4 blocks fit an SM by shared memory.
-// Not yet measured on the H200.
+// D = 64: 8 warps (Br = 128 query rows), Bc = 64 keys, Q fragments in registers. Each K/V tile
+// read from L2 feeds 128 query rows (64 MACs per byte loaded, vs 32 at Br = 64). O, S (32 regs
+// each) and Q (16) fit the 128 registers that __launch_bounds__(256, 2) allows without spilling
+// (ptxas: 128 regs, 0 spills); smem 18 KiB Q + 2 stages × 2 × 9 KiB K/V = 54 KiB, so 2 blocks
+// (16 warps) co-reside per SM. Not yet measured on the H200.
 void flash_fwd_hdim64(const FlashAttentionParams& p, cudaStream_t stream) { launch_fwd<64>(p, stream); }
 
-// D = 128: 8 warps (Br = 128), Bc = 64. O (64 regs), Q (32 regs) and S (32 regs) live in
-// registers per thread; Bc = 64 keeps S at 32 registers while a tile still amortises a barrier
-// over 64 keys. smem: 34 KiB Q + 2 stages × 2 × 17 KiB K/V = 102 KiB, 2 blocks per SM.
-// Not yet measured on the H200.
+// D = 128: 8 warps (Br = 128), Bc = 32, Q re-read from smem at every k-step. O alone is 64
+// registers; with Q in registers (32 more) and Bc = 64 the kernel needs 174 registers (one
+// block, 8 warps per SM), and forcing 2 blocks spills. Bc = 32 and Q from smem fit 128 registers
+// with 0 spills, so 2 blocks (16 warps) co-reside; smem 34 KiB Q + 2 × 2 × 8.5 KiB K/V = 68 KiB
+// per block. The price is 50% more ldmatrix traffic in Q Kᵀ. Not yet measured on the H200
+// (the alternative to time: FwdTraits<128, 8, 64, true, 1>).
 void flash_fwd_hdim128(const FlashAttentionParams& p, cudaStream_t stream) { launch_fwd<128>(p, stream); }
 
 }  // namespace

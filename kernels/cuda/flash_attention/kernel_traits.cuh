@@ -14,15 +14,19 @@ constexpr int padded_stride() { return D + 8; }
 constexpr int kRowsPerWarp = 16;
 constexpr int kStages = 2;  // streamed tiles are double-buffered: load tile j+1 while computing j
 
-// Forward: a block owns Br = 16·warps query rows (Q in registers after one smem pass) and streams
-// K, V tiles of Bc keys through shared memory.
-template <int D_, int Warps, int Bc_>
+// Forward: a block owns Br = 16·warps query rows and streams K, V tiles of Bc keys through
+// shared memory. Q is either loaded into registers once (QInRegs) or re-read from smem with
+// ldmatrix at every k-step (saves D/4 registers per thread); MinBlocks is the __launch_bounds__
+// occupancy the register allocation must allow.
+template <int D_, int Warps, int Bc_, bool QInRegs, int MinBlocks>
 struct FwdTraits {
   static constexpr int kD = D_;
   static constexpr int kWarps = Warps;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kBr = kRowsPerWarp * kWarps;  // query rows per block
   static constexpr int kBc = Bc_;                    // keys per streamed K/V tile
+  static constexpr bool kQInRegs = QInRegs;
+  static constexpr int kMinBlocks = MinBlocks;        // blocks per SM the registers must allow
   static constexpr int kLds = padded_stride<kD>();   // smem row stride, elements
   static constexpr int kTileQ = kBr * kLds;          // elements
   static constexpr int kTileKV = kBc * kLds;         // elements, one of K or V, one stage
@@ -34,6 +38,8 @@ struct FwdTraits {
   static_assert((kBr * kD / 8) % kThreads == 0, "Q tile must split evenly into 16-byte chunks");
   static_assert((kBc * kD / 8) % kThreads == 0, "K/V tile must split evenly into 16-byte chunks");
   static_assert(kSmemBytes <= 227 * 1024, "exceeds Hopper's per-block shared memory");
+  static_assert(kMinBlocks * kSmemBytes <= 228 * 1024, "MinBlocks blocks must fit an SM's shared memory");
+  static_assert(kMinBlocks * kThreads * 128 <= 65536 || kMinBlocks == 1, "register budget below 128/thread");
 };
 
 // Backward kernels share one shape: a block owns Own = 16·warps rows of two tensors (dK/dV
@@ -66,8 +72,8 @@ struct BwdTraits {
 // The configurations, one per head dim; the reasons are given at the launch functions
 // (flash_fwd.cu, flash_bwd.cu).
 template <int D> struct FwdConfig;
-template <> struct FwdConfig<64> { using type = FwdTraits<64, 8, 64>; };
-template <> struct FwdConfig<128> { using type = FwdTraits<128, 8, 64>; };
+template <> struct FwdConfig<64> { using type = FwdTraits<64, 8, 64, true, 2>; };
+template <> struct FwdConfig<128> { using type = FwdTraits<128, 8, 32, false, 2>; };
 
 template <int D> struct DkdvConfig;  // own = keys, stream = queries
 template <> struct DkdvConfig<64> { using type = BwdTraits<64, 4, 64>; };
