@@ -16,6 +16,14 @@ if [ "$WHAT" = tests ] || [ "$WHAT" = all ]; then
   grep -E "tests passed|tests failed" "$OUT/ctest.log"
   grep -E "\(Failed\)|\(Timeout\)|\(SEGFAULT\)|Exception" "$OUT/ctest.log" | head -40
 fi
+if [ "$WHAT" = sanitize ] || [ "$WHAT" = all ]; then
+  # memcheck and racecheck on small attention cases (the fused kernels use shared memory heavily).
+  F='Shapes/FlashAttentionTest.MatchesDoubleReference/B2_T1*:Shapes/FlashAttentionTest.MatchesDoubleReference/B2_T129*'
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool $tool --error-exitcode 9 build-gpu/test_cuda --gtest_filter="$F" > "$OUT/sanitizer_$tool.log" 2>&1
+    echo "compute-sanitizer $tool: exit $? ($(grep -cE '^\[       OK' "$OUT/sanitizer_$tool.log") tests OK; $(grep -m1 -E 'ERROR SUMMARY' "$OUT/sanitizer_$tool.log"))"
+  done
+fi
 if [ "$WHAT" = attn ] || [ "$WHAT" = all ]; then
   # Registers, shared memory and spills of the attention kernels.
   for f in kernels/cuda/flash_attention/*.cu; do
