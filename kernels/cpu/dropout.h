@@ -3,19 +3,9 @@
 #pragma once
 #include <cstdint>
 
-namespace tg::cpu {
+#include "kernels/cpu/hash.h"
 
-// splitmix64 finaliser: a counter-based hash with good avalanche.
-inline uint64_t hash64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-// Uniform in [0, 1) from the top 24 bits.
-inline float uniform_from(uint64_t seed, uint64_t index) {
-  return float(hash64(seed ^ hash64(index)) >> 40) * (1.0f / 16777216.0f);
-}
+namespace tg::cpu {
 
 // out = x · keep / (1 − p), keep = (u ≥ p). Used for both directions (x = dout in the backward).
 template <typename T>

@@ -6,7 +6,7 @@
 
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/hash.cuh"
+#include "kernels/cpu/hash.h"
 
 namespace tg::cuda {
 
@@ -117,7 +117,7 @@ struct DropoutOp {
   uint64_t seed;
   float p, scale;
   __device__ float operator()(float x, int64_t i) const {
-    return uniform_from(seed, uint64_t(i)) >= p ? x * scale : 0.0f;
+    return cpu::uniform_from(seed, uint64_t(i)) >= p ? x * scale : 0.0f;
   }
 };
 
