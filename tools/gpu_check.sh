@@ -35,6 +35,18 @@ if [ "$WHAT" = attn ] || [ "$WHAT" = all ]; then
     tail -30 "$OUT/torch_attention.log"
   fi
 fi
+if [ "$WHAT" = profile ]; then
+  # Where a training step's GPU time goes, kernel by kernel (needs nsys on the machine).
+  if command -v nsys > /dev/null; then
+    nsys profile -o "$OUT/train" --force-overwrite true build-gpu/tilegrad bench train configs/gpt2-124m.yaml \
+      --set run.device=cuda --steps 3 --warmup 2 > "$OUT/nsys_run.log" 2>&1
+    nsys stats --report cuda_gpu_kern_sum --format csv "$OUT/train.nsys-rep" > "$OUT/kernels.csv" 2>&1
+    rm -f "$OUT/train.nsys-rep" "$OUT"/*.sqlite
+    head -40 "$OUT/kernels.csv" | cut -c1-220
+  else
+    echo "nsys is not installed on this machine"
+  fi
+fi
 if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
   for B in 16; do
     build-gpu/tilegrad bench train configs/gpt2-124m.yaml --set train.batch_size=$B run.device=cuda 2>&1 | tee -a "$OUT/bench_train.log"
