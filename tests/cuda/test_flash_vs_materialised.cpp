@@ -14,6 +14,9 @@ namespace {
 struct Case { int64_t T, D; bool causal; };
 void PrintTo(const Case& c, std::ostream* os) { *os << "T" << c.T << " D" << c.D << (c.causal ? " causal" : ""); }
 
+// ||a − b|| / max(||b||, 0.01·√n). Inputs are unit normal, so entries far below 0.01 are
+// rounding noise: at T = 1, dQ and dK are exactly zero in exact arithmetic and any bf16 method
+// leaves ~1e-7 there, which a plain relative error would blow up to ~1e9.
 double rel_norm(const std::vector<double>& a, const std::vector<double>& b) {
   double num = 0, den = 0;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -21,7 +24,7 @@ double rel_norm(const std::vector<double>& a, const std::vector<double>& b) {
     num += (a[i] - b[i]) * (a[i] - b[i]);
     den += b[i] * b[i];
   }
-  return std::sqrt(num / std::max(den, 1e-30));
+  return std::sqrt(num) / std::max(std::sqrt(den), 0.01 * std::sqrt(double(a.size())));
 }
 
 // O, dQ, dK, dV of one attention implementation, as host doubles.
@@ -55,7 +58,7 @@ TEST_P(FlashVsMaterialised, ErrorAtMostTwiceTheMaterialisedPath) {
   const char* names[] = {"O", "dQ", "dK", "dV"};
   for (int i = 0; i < 4; ++i) {
     const double e_mat = rel_norm(mat[size_t(i)], ref[size_t(i)]), e_fused = rel_norm(fused[size_t(i)], ref[size_t(i)]);
-    EXPECT_LE(e_fused, 2.0 * e_mat + 1e-6) << names[i] << ": fused " << e_fused << " vs materialised " << e_mat;
+    EXPECT_LE(e_fused, 2.0 * e_mat + 1e-4) << names[i] << ": fused " << e_fused << " vs materialised " << e_mat;
     std::cout << "  " << names[i] << " error: fused " << e_fused << ", materialised " << e_mat << "\n";
   }
 }
