@@ -95,6 +95,27 @@ INSTANTIATE_TEST_SUITE_P(Devices, ExactResume,
                                            std::make_pair(std::string("cuda"), std::string("bf16"))),
                          [](const auto& info) { return info.param.first + "_" + info.param.second; });
 
+// Checkpoints are the same files on both devices: a run cut on one device resumes on the other
+// and tracks the straight run within fp32 rounding.
+TEST(Trainer, CheckpointsMoveBetweenCpuAndGpu) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine (or built without CUDA)";
+  Config straight = tiny_config("xdev_straight", "cpu");
+  Trainer a(straight);
+  a.run();
+  for (auto [first, second] : {std::pair<std::string, std::string>{"cpu", "cuda"}, {"cuda", "cpu"}}) {
+    Config c1 = tiny_config("xdev_" + first + "_" + second, first);
+    Trainer b(c1);
+    b.set_step_hook([](int64_t step) { if (step == 6) std::raise(SIGTERM); });
+    ASSERT_TRUE(b.run().interrupted);
+    Config c2 = c1;
+    c2.run.device = second;
+    Trainer c(c2);
+    EXPECT_EQ(c.run("latest").final_step, 12);
+    for (size_t i = 0; i < c.losses().size(); ++i)
+      EXPECT_NEAR(c.losses()[i], a.losses()[6 + i], 1e-3) << first << " → " << second << ", step " << 7 + i;
+  }
+}
+
 TEST(Trainer, SigtermFinishesTheStepAndCheckpoints) {
   Config cfg = tiny_config("sigterm");
   Trainer t(cfg);
