@@ -6,6 +6,7 @@
 
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cuda/elementwise.h"
+#include "src/ops/ops.h"
 #include "src/tensor/dispatch.h"
 
 namespace tg {
@@ -108,10 +109,8 @@ void backward(const Tensor& root) {
         if (p == pending.end()) {
           pending.emplace(in.grad_fn().get(), g);
         } else {
-          // Out of place: a closure may hand the same tensor to several inputs.
-          Tensor sum = p->second.clone();
-          accumulate_into(sum, g);
-          p->second = sum;
+          // Out of place (a closure may hand the same tensor to several inputs), in one pass.
+          p->second = ops::add(p->second, g);
         }
       } else if (in.grad().defined()) {
         Tensor dst = in.grad();

@@ -17,13 +17,14 @@ namespace tg::cuda {
 
 namespace flash {
 
-// One block per (query block, head, batch). Warp w owns query rows q0 + 16w .. q0 + 16w + 15:
-// its Q fragments stay in registers (or are re-read from smem, see kQInRegs), its S (16 × Bc)
-// and O (16 × D) accumulators in registers, so the
-// softmax statistics of a row never leave the 4 lanes that hold it.
+// One block per (query block, head, batch). Warp w owns the R = kRowBlocks 16-row blocks of
+// query rows q0 + 16R·w .. q0 + 16R·(w+1) − 1: their Q fragments stay in registers (or are re-read
+// from smem, see kQInRegs), their S (16 × Bc) and O (16 × D) accumulators in registers, so the
+// softmax statistics of a row never leave the 4 lanes that hold it. Each K/V fragment loaded from
+// smem feeds the mmas of all R row blocks.
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel(const FlashAttentionParams p) {
-  constexpr int D = Tr::kD, Br = Tr::kBr, Bc = Tr::kBc, LDS = Tr::kLds, NT = Tr::kThreads;
+  constexpr int D = Tr::kD, Br = Tr::kBr, Bc = Tr::kBc, LDS = Tr::kLds, NT = Tr::kThreads, R = Tr::kRowBlocks;
   extern __shared__ __align__(16) unsigned char smem[];
   tg::bf16* sQ = reinterpret_cast<tg::bf16*>(smem);  // (Br, LDS)
   tg::bf16* sK = sQ + Tr::kTileQ;                      // (stage, Bc, LDS)
@@ -53,13 +54,17 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
 
   // Scores are kept in log2 units: x = S · scale · log2(e), so every exponential is one exp2.
   const float scale_log2 = p.scale * kLog2e;
-  const int row0 = q0 + warp * kRowsPerWarp;  // this warp's first query row
-  float o[D / 8][4];                          // (16, D) accumulator, unnormalised
-  zero(o);
-  float m[2] = {-INFINITY, -INFINITY};  // running max of rows g, g+8 (log2 units)
-  float l[2] = {0.0f, 0.0f};            // this lane's part of the running sums
-  const tg::bf16* sQw = sQ + warp * kRowsPerWarp * LDS;  // this warp's Q rows in smem
-  uint32_t qf[Tr::kQInRegs ? D / 16 : 1][4];             // ... or as A fragments in registers
+  const int row0 = q0 + warp * Tr::kWarpRows;  // this warp's first query row
+  float o[R][D / 8][4];                        // (16, D) accumulator per row block, unnormalised
+  float m[R][2], l[R][2];  // running max of rows g, g+8 (log2 units); this lane's part of the sums
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    zero(o[r]);
+    m[r][0] = m[r][1] = -INFINITY;
+    l[r][0] = l[r][1] = 0.0f;
+  }
+  const tg::bf16* sQw = sQ + warp * Tr::kWarpRows * LDS;  // this warp's Q rows in smem
+  uint32_t qf[R][Tr::kQInRegs ? D / 16 : 1][4];           // ... or as A fragments in registers
 
   for (int j = 0; j < n_kb; ++j) {
     const int st = j & 1;
@@ -71,49 +76,59 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
     cp_async_wait<1>();
     __syncthreads();
     if constexpr (Tr::kQInRegs)
-      if (j == 0) load_a_frags<D>(qf, sQw, LDS, lane);
+      if (j == 0)
+#pragma unroll
+        for (int r = 0; r < R; ++r) load_a_frags<D>(qf[r], sQw + r * kRowsPerWarp * LDS, LDS, lane);
     const tg::bf16* Kj = sK + st * Tr::kTileKV;
     const tg::bf16* Vj = sV + st * Tr::kTileKV;
 
-    float s[Bc / 8][4];  // S = Q Kᵀ, (16, Bc)
-    zero(s);
+    float s[R][Bc / 8][4];  // S = Q Kᵀ, (16, Bc) per row block
+#pragma unroll
+    for (int r = 0; r < R; ++r) zero(s[r]);
     if constexpr (Tr::kQInRegs)
-      mma_abt<Bc, D>(s, qf, Kj, LDS, lane);
+      mma_abt_rows<R, Bc, D>(s, qf, Kj, LDS, lane);
     else
-      mma_abt_smem_a<Bc, D>(s, sQw, LDS, Kj, LDS, lane);
-    scale_tile<Bc>(s, scale_log2);
+      mma_abt_smem_a_rows<R, Bc, D>(s, sQw, LDS, Kj, LDS, lane);
 
     // Only tiles that reach past T or straddle the diagonal pay for the mask.
     const int k0 = j * Bc;
-    if (k0 + Bc > T || (causal && k0 + Bc - 1 > q0))
-      mask_tile<Bc>(s, row0, k0, lane, [=](int q, int k) { return k >= T || (causal && k > q); });
-
-    float m_new[2] = {m[0], m[1]};
-    row_max<Bc>(m_new, s);
-    rescale<D>(o, l, m, m_new);
-    m[0] = m_new[0], m[1] = m_new[1];
-    exp2_row_sum<Bc>(s, m, l);  // s is now P (relative to the running max)
-
-    uint32_t pf[Bc / 16][4];  // P as bf16 A fragments
-    acc_to_a<Bc>(pf, s);
-    mma_ab<D, Bc>(o, pf, Vj, LDS, lane);  // O += P V
-    __syncthreads();                      // stage st is overwritten by the next prefetch
+    const bool need_mask = k0 + Bc > T || (causal && k0 + Bc - 1 > q0);
+    uint32_t pf[R][Bc / 16][4];  // P as bf16 A fragments
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      scale_tile<Bc>(s[r], scale_log2);
+      if (need_mask)
+        mask_tile<Bc>(s[r], row0 + r * kRowsPerWarp, k0, lane,
+                      [=](int q, int k) { return k >= T || (causal && k > q); });
+      float m_new[2] = {m[r][0], m[r][1]};
+      row_max<Bc>(m_new, s[r]);
+      rescale<D>(o[r], l[r], m[r], m_new);
+      m[r][0] = m_new[0], m[r][1] = m_new[1];
+      exp2_row_sum<Bc>(s[r], m[r], l[r]);  // s is now P (relative to the running max)
+      acc_to_a<Bc>(pf[r], s[r]);
+    }
+    mma_ab_rows<R, D, Bc>(o, pf, Vj, LDS, lane);  // O += P V
+    __syncthreads();                               // stage st is overwritten by the next prefetch
   }
 
   // O = acc / l; lse = (m + log2 l)·ln 2 = max + log(sum) of the scaled scores in natural log.
-  float inv_l[2];
+  float* L = p.lse + (int64_t(b) * H + h) * T;  // (T,) of this head
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    l[i] = quad_sum(l[i]);
-    inv_l[i] = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;  // l ≥ 1 for every real row; padding rows are not stored
-  }
-  store_rows<D>(p.o + head, ld, o, inv_l, row0, T, lane);
-  if ((lane & 3) == 0) {
-    float* L = p.lse + (int64_t(b) * H + h) * T;  // (T,) of this head
+  for (int r = 0; r < R; ++r) {
+    float inv_l[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const int row = row0 + (lane >> 2) + 8 * i;
-      if (row < T) L[row] = m[i] * kLn2 + logf(l[i]);
+      l[r][i] = quad_sum(l[r][i]);
+      inv_l[i] = l[r][i] > 0.0f ? 1.0f / l[r][i] : 0.0f;  // l ≥ 1 for every real row; padding rows are not stored
+    }
+    const int rb0 = row0 + r * kRowsPerWarp;
+    store_rows<D>(p.o + head, ld, o[r], inv_l, rb0, T, lane);
+    if ((lane & 3) == 0) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int row = rb0 + (lane >> 2) + 8 * i;
+        if (row < T) L[row] = m[r][i] * kLn2 + logf(l[r][i]);
+      }
     }
   }
 }

@@ -14,16 +14,21 @@ constexpr int padded_stride() { return D + 8; }
 constexpr int kRowsPerWarp = 16;
 constexpr int kStages = 2;  // streamed tiles are double-buffered: load tile j+1 while computing j
 
-// Forward: a block owns Br = 16·warps query rows and streams K, V tiles of Bc keys through
-// shared memory. Q is either loaded into registers once (QInRegs) or re-read from smem with
-// ldmatrix at every k-step (saves D/4 registers per thread); MinBlocks is the __launch_bounds__
+// Forward: warp w owns RowBlocks consecutive 16-row blocks of queries (Br = 16·RowBlocks·warps
+// query rows per block) and streams K, V tiles of Bc keys through shared memory. With
+// RowBlocks = 2 every K or V fragment a warp loads with ldmatrix feeds two mmas (one per row
+// block) instead of one: half the shared-memory bytes per mma, and two independent mma chains.
+// Q is either loaded into registers once (QInRegs) or re-read from smem with ldmatrix at every
+// k-step (saves RowBlocks·D/4 registers per thread); MinBlocks is the __launch_bounds__
 // occupancy the register allocation must allow.
-template <int D_, int Warps, int Bc_, bool QInRegs, int MinBlocks>
+template <int D_, int Warps, int Bc_, bool QInRegs, int MinBlocks, int RowBlocks = 1>
 struct FwdTraits {
   static constexpr int kD = D_;
   static constexpr int kWarps = Warps;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kBr = kRowsPerWarp * kWarps;  // query rows per block
+  static constexpr int kRowBlocks = RowBlocks;                  // 16-row blocks per warp
+  static constexpr int kWarpRows = kRowsPerWarp * kRowBlocks;   // query rows per warp
+  static constexpr int kBr = kWarpRows * kWarps;                // query rows per block
   static constexpr int kBc = Bc_;                    // keys per streamed K/V tile
   static constexpr bool kQInRegs = QInRegs;
   static constexpr int kMinBlocks = MinBlocks;        // blocks per SM the registers must allow
@@ -31,7 +36,11 @@ struct FwdTraits {
   static constexpr int kTileQ = kBr * kLds;          // elements
   static constexpr int kTileKV = kBc * kLds;         // elements, one of K or V, one stage
   static constexpr size_t kSmemBytes = size_t(kTileQ + 2 * kStages * kTileKV) * 2;
+  // 32-bit registers per thread of the long-lived fp32 accumulators and the Q fragments: O
+  // (rows × D), S (rows × Bc), Q (rows × D bf16) over a warp's 32 lanes.
+  static constexpr int kAccRegs = kWarpRows * (kD + kBc) / 32 + (kQInRegs ? kWarpRows * kD / 64 : 0);
 
+  static_assert(kRowBlocks == 1 || kRowBlocks == 2, "a warp owns one or two 16-row blocks");
   static_assert(kD % 16 == 0, "D must be a multiple of the mma k-step (16)");
   static_assert(kBc % 16 == 0, "Bc must be a multiple of 16 (P's k-steps in P·V)");
   static_assert((kLds * 2) % 16 == 0, "smem rows must stay 16-byte aligned for cp.async/ldmatrix");
@@ -39,18 +48,23 @@ struct FwdTraits {
   static_assert((kBc * kD / 8) % kThreads == 0, "K/V tile must split evenly into 16-byte chunks");
   static_assert(kSmemBytes <= 227 * 1024, "exceeds Hopper's per-block shared memory");
   static_assert(kMinBlocks * kSmemBytes <= 228 * 1024, "MinBlocks blocks must fit an SM's shared memory");
-  static_assert(kMinBlocks * kThreads * 128 <= 65536 || kMinBlocks == 1, "register budget below 128/thread");
+  static_assert(kAccRegs + 40 <= 65536 / (kMinBlocks * kThreads) && kAccRegs + 40 <= 255,
+                "accumulators plus ~40 working registers must fit the per-thread budget");
 };
 
-// Backward kernels share one shape: a block owns Own = 16·warps rows of two tensors (dK/dV
-// kernel: K_j, V_j; dQ kernel: Q_i, dO_i) and streams tiles of Stream rows of two other tensors
-// (dK/dV: Q_i, dO_i plus their lse and delta; dQ: K_j, V_j) double-buffered through smem.
-template <int D_, int Warps, int Stream_>
+// Backward kernels share one shape: a block owns Own = 16·RowBlocks·warps rows of two tensors
+// (dK/dV kernel: K_j, V_j; dQ kernel: Q_i, dO_i), warp w the RowBlocks 16-row blocks starting
+// at 16·RowBlocks·w, and streams tiles of Stream rows of two other tensors (dK/dV: Q_i, dO_i
+// plus their lse and delta; dQ: K_j, V_j) double-buffered through smem. As in the forward, each
+// streamed fragment loaded with ldmatrix feeds one mma per row block.
+template <int D_, int Warps, int Stream_, int RowBlocks = 1>
 struct BwdTraits {
   static constexpr int kD = D_;
   static constexpr int kWarps = Warps;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kOwn = kRowsPerWarp * kWarps;  // rows kept on chip per block
+  static constexpr int kRowBlocks = RowBlocks;                 // 16-row blocks per warp
+  static constexpr int kWarpRows = kRowsPerWarp * kRowBlocks;  // owned rows per warp
+  static constexpr int kOwn = kWarpRows * kWarps;              // rows kept on chip per block
   static constexpr int kStream = Stream_;             // rows per streamed tile
   static constexpr int kLds = padded_stride<kD>();
   static constexpr int kTileOwn = kOwn * kLds;        // elements, one tensor
@@ -59,7 +73,12 @@ struct BwdTraits {
   // streamed row per stage in fp32.
   static constexpr size_t kSmemBf16Bytes = size_t(2 * kTileOwn + 2 * kStages * kTileStream) * 2;
   static constexpr size_t kSmemBytes = kSmemBf16Bytes + size_t(2 * kStages * kStream) * 4;
+  // 32-bit registers per thread of the long-lived fp32 tiles over a warp's 32 lanes: the
+  // accumulators (dK and dV: 2 × rows × D; dQ: rows × D) plus S and dP (2 × rows × Stream).
+  static constexpr int kDkdvAccRegs = kWarpRows * (2 * kD + 2 * kStream) / 32;
+  static constexpr int kDqAccRegs = kWarpRows * (kD + 2 * kStream) / 32;
 
+  static_assert(kRowBlocks == 1 || kRowBlocks == 2, "a warp owns one or two 16-row blocks");
   static_assert(kD % 16 == 0, "D must be a multiple of the mma k-step (16)");
   static_assert(kStream % 16 == 0, "streamed rows are a k-dimension of dV/dK/dQ mmas: multiple of 16");
   static_assert((kLds * 2) % 16 == 0, "smem rows must stay 16-byte aligned for cp.async/ldmatrix");
@@ -72,8 +91,8 @@ struct BwdTraits {
 // The configurations, one per head dim; the reasons are given at the launch functions
 // (flash_fwd.cu, flash_bwd.cu).
 template <int D> struct FwdConfig;
-template <> struct FwdConfig<64> { using type = FwdTraits<64, 8, 64, true, 2>; };
-template <> struct FwdConfig<128> { using type = FwdTraits<128, 8, 32, false, 2>; };
+template <> struct FwdConfig<64> { using type = FwdTraits<64, 4, 64, true, 2, 2>; };
+template <> struct FwdConfig<128> { using type = FwdTraits<128, 4, 32, false, 2, 2>; };
 
 template <int D> struct DkdvConfig;  // own = keys, stream = queries
 template <> struct DkdvConfig<64> { using type = BwdTraits<64, 4, 64>; };

@@ -198,6 +198,77 @@ __device__ __forceinline__ void mma_ab(float (&acc)[N / 8][4], const uint32_t (&
   }
 }
 
+// ── Warp GEMMs over R row blocks: acc[r] (16×N) += A[r] (16×K) · B for r < R ──
+// Same B layouts as above; every B fragment is loaded once and feeds R mmas (one per row block),
+// so the ldmatrix bytes per mma drop by R and the R accumulators are independent mma chains.
+
+// acc[r] += A[r] · Bᵀ, A in registers.
+template <int R, int N, int K>
+__device__ __forceinline__ void mma_abt_rows(float (&acc)[R][N / 8][4], const uint32_t (&a)[R][K / 16][4],
+                                             const tg::bf16* b, int ldb, int lane) {
+  static_assert(N % 16 == 0 && K % 16 == 0, "whole x4 loads only");
+  const tg::bf16* p = b + ((lane & 7) + (lane >> 4) * 8) * ldb + ((lane >> 3) & 1) * 8;
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+#pragma unroll
+    for (int nn = 0; nn < N / 16; ++nn) {
+      uint32_t f[4];
+      ldmatrix_x4(f, p + nn * 16 * ldb + kk * 16);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        mma_16x8x16(acc[r][2 * nn], a[r][kk], f[0], f[1]);
+        mma_16x8x16(acc[r][2 * nn + 1], a[r][kk], f[2], f[3]);
+      }
+    }
+  }
+}
+
+// acc[r] += A[r] · Bᵀ with A[r] the 16 rows at a + 16·r·lda of smem, read one k-step at a time.
+template <int R, int N, int K>
+__device__ __forceinline__ void mma_abt_smem_a_rows(float (&acc)[R][N / 8][4], const tg::bf16* a, int lda,
+                                                    const tg::bf16* b, int ldb, int lane) {
+  static_assert(N % 16 == 0 && K % 16 == 0, "whole x4 loads only");
+  const tg::bf16* pa = a + (lane & 15) * lda + (lane >> 4) * 8;
+  const tg::bf16* pb = b + ((lane & 7) + (lane >> 4) * 8) * ldb + ((lane >> 3) & 1) * 8;
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    uint32_t af[R][4];
+#pragma unroll
+    for (int r = 0; r < R; ++r) ldmatrix_x4(af[r], pa + r * 16 * lda + kk * 16);
+#pragma unroll
+    for (int nn = 0; nn < N / 16; ++nn) {
+      uint32_t f[4];
+      ldmatrix_x4(f, pb + nn * 16 * ldb + kk * 16);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        mma_16x8x16(acc[r][2 * nn], af[r], f[0], f[1]);
+        mma_16x8x16(acc[r][2 * nn + 1], af[r], f[2], f[3]);
+      }
+    }
+  }
+}
+
+// acc[r] += A[r] · B, A in registers, B a (K, N) smem tile.
+template <int R, int N, int K>
+__device__ __forceinline__ void mma_ab_rows(float (&acc)[R][N / 8][4], const uint32_t (&a)[R][K / 16][4],
+                                            const tg::bf16* b, int ldb, int lane) {
+  static_assert(N % 16 == 0 && K % 16 == 0, "whole x4 loads only");
+  const tg::bf16* p = b + (lane & 15) * ldb + (lane >> 4) * 8;
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+#pragma unroll
+    for (int nn = 0; nn < N / 16; ++nn) {
+      uint32_t f[4];
+      ldmatrix_x4_trans(f, p + kk * 16 * ldb + nn * 16);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        mma_16x8x16(acc[r][2 * nn], a[r][kk], f[0], f[1]);
+        mma_16x8x16(acc[r][2 * nn + 1], a[r][kk], f[2], f[3]);
+      }
+    }
+  }
+}
+
 // a (16×N as A fragments, bf16) ← c (16×N accumulator, fp32). The C layout of n-tiles 2k and
 // 2k+1 is exactly the A layout of k-step k (a0 = c[2k] rows g, a1 = c[2k] rows g+8, a2 = c[2k+1]
 // rows g, a3 = c[2k+1] rows g+8), so P and dS go from one mma to the next without leaving registers.
@@ -232,13 +303,15 @@ __device__ __forceinline__ void scale_tile(float (&s)[N / 8][4], float f) {
 
 // s = −inf where excluded(row0 + row, col0 + col): the causal rule and the tail past T. Only
 // tiles that straddle the diagonal or the end of the sequence call this.
+// (The backward masks P after the exponential instead, with value = 0.)
 template <int N, typename Excluded>
-__device__ __forceinline__ void mask_tile(float (&s)[N / 8][4], int row0, int col0, int lane, Excluded excluded) {
+__device__ __forceinline__ void mask_tile(float (&s)[N / 8][4], int row0, int col0, int lane, Excluded excluded,
+                                          float value = -INFINITY) {
 #pragma unroll
   for (int nt = 0; nt < N / 8; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
-      if (excluded(row0 + frag_row(lane, e), col0 + frag_col(lane, nt, e))) s[nt][e] = -INFINITY;
+      if (excluded(row0 + frag_row(lane, e), col0 + frag_col(lane, nt, e))) s[nt][e] = value;
 }
 
 // The 4 lanes 4g..4g+3 hold one row between them: butterfly over lane bits 0 and 1.
@@ -319,6 +392,29 @@ __device__ __forceinline__ void exp2_minus_col(float (&s)[N / 8][4], const float
     const float2 L = *reinterpret_cast<const float2*>(lse + frag_col(lane, nt, 0));  // cols 2t, 2t+1
 #pragma unroll
     for (int e = 0; e < 4; ++e) s[nt][e] = fast_exp2(s[nt][e] - ((e & 1) ? L.y : L.x) * kLog2e);
+  }
+}
+
+// P = exp2(s·scale₂ − lse₂) with lse₂ per row (log2 units; rows g and g+8 of this thread): the
+// scale folded into one FFMA per score. Masked entries are zeroed afterwards (mask_tile, value 0).
+template <int N>
+__device__ __forceinline__ void exp2_scaled_minus_row(float (&s)[N / 8][4], float scale_log2, const float (&lse2)[2]) {
+#pragma unroll
+  for (int nt = 0; nt < N / 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] = fast_exp2(fmaf(s[nt][e], scale_log2, -lse2[e >> 1]));
+}
+
+// P = exp2(s·scale₂ − lse·log2e) with lse per column, read from smem (natural log units, as stored).
+template <int N>
+__device__ __forceinline__ void exp2_scaled_minus_col(float (&s)[N / 8][4], float scale_log2, const float* lse,
+                                                      int lane) {
+#pragma unroll
+  for (int nt = 0; nt < N / 8; ++nt) {
+    const float2 L = *reinterpret_cast<const float2*>(lse + frag_col(lane, nt, 0));  // cols 2t, 2t+1
+    const float l0 = -L.x * kLog2e, l1 = -L.y * kLog2e;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] = fast_exp2(fmaf(s[nt][e], scale_log2, (e & 1) ? l1 : l0));
   }
 }
 
