@@ -48,9 +48,15 @@ if [ "$WHAT" = profile ]; then
   fi
 fi
 if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
-  for B in 16; do
+  for B in 16 32; do
     build-gpu/tilegrad bench train configs/gpt2-124m.yaml --set train.batch_size=$B run.device=cuda 2>&1 | tee -a "$OUT/bench_train.log"
   done
+  # The MLP fusion's worth: the same run with the composite MLP.
+  TILEGRAD_UNFUSED_MLP=1 build-gpu/tilegrad bench train configs/gpt2-124m.yaml --set train.batch_size=16 run.device=cuda 2>&1 \
+    | grep '^{' | sed 's/"bench":"train"/"bench":"train","mlp":"composite"/' | tee -a "$OUT/bench_train.log"
+  # The materialised attention as the baseline of the fused kernel.
+  build-gpu/tilegrad bench train configs/gpt2-124m.yaml --set train.batch_size=16 run.device=cuda model.attention=naive 2>&1 \
+    | grep '^{' | tee -a "$OUT/bench_train.log"
   if [ -f .bench/torch_gpt.py ]; then
     PYTHONUNBUFFERED=1 timeout 400 python3 .bench/torch_gpt.py throughput 2>&1 | grep "{" | tee "$OUT/torch_gpt.log"
   fi

@@ -1,5 +1,6 @@
 // Neural-network ops: embedding, linear, matmul, GELU, LayerNorm, softmax, cross-entropy,
 // dropout, RoPE and the causal mask of the materialised attention.
+#include <cstdlib>
 #include <limits>
 
 #include "kernels/cpu/dropout.h"
@@ -417,7 +418,9 @@ Tensor attention_softmax(const Tensor& s, double scale, bool causal) {
 }
 
 Tensor mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj, const Tensor& b_proj) {
-  const bool fused = x.device().is_cuda() && b_fc.defined() && b_proj.defined();
+  // TILEGRAD_UNFUSED_MLP=1 takes the composite on the GPU too: a switch for benchmarking the fusion.
+  static const bool fusion_off = std::getenv("TILEGRAD_UNFUSED_MLP") != nullptr;
+  const bool fused = x.device().is_cuda() && b_fc.defined() && b_proj.defined() && !fusion_off;
   if (!fused) return linear(gelu(linear(x, w_fc, b_fc)), w_proj, b_proj);
   check_same("mlp", x, w_fc);
   check_same("mlp", x, w_proj);
