@@ -44,15 +44,17 @@ __global__ void flash_bwd_delta_kernel(const tg::bf16* __restrict__ o, const tg:
   }
 }
 
-// dK, dV for one key block: one block per (key block, head, batch). Warp w owns keys
-// k0 + 16w .. k0 + 16w + 15 and computes everything transposed (rows = keys, columns = queries):
-// Sᵀ = K Qᵀ lands in registers as a C fragment whose layout is the A fragment of Pᵀ, so
-// dV += Pᵀ dO and dK += dSᵀ Q need no shared-memory transpose. The query tiles (Q, dO and their
-// lse, delta) stream through smem double-buffered; dK, dV accumulate in fp32 registers.
+// dK, dV for one key block: one block per (key block, head, batch). Warp w owns the R =
+// kRowBlocks 16-key blocks starting at k0 + 16R·w and computes everything transposed (rows =
+// keys, columns = queries): Sᵀ = K Qᵀ lands in registers as a C fragment whose layout is the A
+// fragment of Pᵀ, so dV += Pᵀ dO and dK += dSᵀ Q need no shared-memory transpose. The query
+// tiles (Q, dO and their lse, delta) stream through smem double-buffered, each fragment read
+// from them feeding R mmas; dK, dV accumulate in fp32 registers.
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dkdv_kernel(const FlashAttentionParams p,
                                                                        const float* __restrict__ delta) {
-  constexpr int D = Tr::kD, Bc = Tr::kOwn, Br = Tr::kStream, LDS = Tr::kLds, NT = Tr::kThreads;
+  constexpr int D = Tr::kD, Bc = Tr::kOwn, Br = Tr::kStream, LDS = Tr::kLds, NT = Tr::kThreads, R = Tr::kRowBlocks;
+  static_assert(Tr::kDkdvAccRegs + 32 <= 255, "dK, dV, Sᵀ, dPᵀ plus ~32 working registers must fit 255");
   extern __shared__ __align__(16) unsigned char smem[];
   tg::bf16* sK = reinterpret_cast<tg::bf16*>(smem);  // (Bc, LDS)
   tg::bf16* sV = sK + Tr::kTileOwn;                    // (Bc, LDS)
@@ -88,12 +90,15 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dkdv_kernel(const Flas
   cp_async_commit();
 
   const float scale_log2 = p.scale * kLog2e;
-  const int key0 = k0 + warp * kRowsPerWarp;  // this warp's first key
-  const tg::bf16* Kw = sK + warp * kRowsPerWarp * LDS;
-  const tg::bf16* Vw = sV + warp * kRowsPerWarp * LDS;
-  float dk[D / 8][4], dv[D / 8][4];  // (16, D) each
-  zero(dk);
-  zero(dv);
+  const int key0 = k0 + warp * Tr::kWarpRows;  // this warp's first key
+  const tg::bf16* Kw = sK + warp * Tr::kWarpRows * LDS;
+  const tg::bf16* Vw = sV + warp * Tr::kWarpRows * LDS;
+  float dk[R][D / 8][4], dv[R][D / 8][4];  // (16, D) each, per row block
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    zero(dk[r]);
+    zero(dv[r]);
+  }
 
   for (int i = i_begin; i < n_qb; ++i) {
     const int st = (i - i_begin) & 1;
@@ -113,43 +118,54 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dkdv_kernel(const Flas
     const float* Di = sDelta + st * Br;
     const int q0 = i * Br;
 
-    float s[Br / 8][4];  // Sᵀ = K Qᵀ, (16 keys, Br queries)
-    zero(s);
-    mma_abt_smem_a<Br, D>(s, Kw, LDS, Qi, LDS, lane);
-    scale_tile<Br>(s, scale_log2);
-    if (q0 + Br > T || (causal && k0 + Bc - 1 > q0))
-      mask_tile<Br>(s, key0, q0, lane, [=](int k, int q) { return q >= T || (causal && k > q); });
-    exp2_minus_col<Br>(s, Li, lane);  // Pᵀ = exp(S·scale − lse), masked entries exactly 0
+    float s[R][Br / 8][4];  // Sᵀ = K Qᵀ, (16 keys, Br queries) per row block
+#pragma unroll
+    for (int r = 0; r < R; ++r) zero(s[r]);
+    mma_abt_smem_a_rows<R, Br, D>(s, Kw, LDS, Qi, LDS, lane);
+    const bool need_mask = q0 + Br > T || (causal && k0 + Bc - 1 > q0);
+    uint32_t pf[R][Br / 16][4];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      exp2_scaled_minus_col<Br>(s[r], scale_log2, Li, lane);  // Pᵀ = exp(S·scale − lse)
+      if (need_mask)  // masked entries exactly 0
+        mask_tile<Br>(s[r], key0 + r * kRowsPerWarp, q0, lane,
+                      [=](int k, int q) { return q >= T || (causal && k > q); }, 0.0f);
+      acc_to_a<Br>(pf[r], s[r]);
+    }
+    mma_ab_rows<R, D, Br>(dv, pf, dOi, LDS, lane);  // dV += Pᵀ dO
 
-    uint32_t pf[Br / 16][4];
-    acc_to_a<Br>(pf, s);
-    mma_ab<D, Br>(dv, pf, dOi, LDS, lane);  // dV += Pᵀ dO
-
-    float dp[Br / 8][4];  // dPᵀ = V dOᵀ, (16 keys, Br queries)
-    zero(dp);
-    mma_abt_smem_a<Br, D>(dp, Vw, LDS, dOi, LDS, lane);
-    softmax_grad_col<Br>(dp, s, Di, lane);  // dSᵀ = Pᵀ ∘ (dPᵀ − delta), without the scale
-
-    uint32_t dsf[Br / 16][4];
-    acc_to_a<Br>(dsf, dp);
-    mma_ab<D, Br>(dk, dsf, Qi, LDS, lane);  // dK += dSᵀ Q
-    __syncthreads();                         // stage st is overwritten by the next prefetch
+    float dp[R][Br / 8][4];  // dPᵀ = V dOᵀ, (16 keys, Br queries) per row block
+#pragma unroll
+    for (int r = 0; r < R; ++r) zero(dp[r]);
+    mma_abt_smem_a_rows<R, Br, D>(dp, Vw, LDS, dOi, LDS, lane);
+    uint32_t dsf[R][Br / 16][4];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      softmax_grad_col_bf16p<Br>(dp[r], pf[r], Di, lane);  // dSᵀ = Pᵀ ∘ (dPᵀ − delta), without the scale
+      acc_to_a<Br>(dsf[r], dp[r]);
+    }
+    mma_ab_rows<R, D, Br>(dk, dsf, Qi, LDS, lane);  // dK += dSᵀ Q
+    __syncthreads();                                 // stage st is overwritten by the next prefetch
   }
 
   // dK = scale · Σ dSᵀ Q: the softmax scale applied once, in fp32.
   const float fk[2] = {p.scale, p.scale}, fv[2] = {1.0f, 1.0f};
-  store_rows<D>(p.dk + head, ld, dk, fk, key0, T, lane);
-  store_rows<D>(p.dv + head, ld, dv, fv, key0, T, lane);
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    store_rows<D>(p.dk + head, ld, dk[r], fk, key0 + r * kRowsPerWarp, T, lane);
+    store_rows<D>(p.dv + head, ld, dv[r], fv, key0 + r * kRowsPerWarp, T, lane);
+  }
 }
 
-// dQ for one query block: one block per (query block, head, batch). Warp w owns query rows
-// q0 + 16w ..; Q_i and dO_i stay in smem, K and V tiles stream double-buffered, and dQ accumulates
-// in fp32 registers in key-block order: deterministic without atomics, at the price of
-// recomputing S and dP a second time.
+// dQ for one query block: one block per (query block, head, batch). Warp w owns the R 16-row
+// blocks of query rows starting at q0 + 16R·w; Q_i and dO_i stay in smem, K and V tiles stream
+// double-buffered, and dQ accumulates in fp32 registers in key-block order: deterministic
+// without atomics, at the price of recomputing S and dP a second time.
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dq_kernel(const FlashAttentionParams p,
                                                                      const float* __restrict__ delta) {
-  constexpr int D = Tr::kD, Br = Tr::kOwn, Bc = Tr::kStream, LDS = Tr::kLds, NT = Tr::kThreads;
+  constexpr int D = Tr::kD, Br = Tr::kOwn, Bc = Tr::kStream, LDS = Tr::kLds, NT = Tr::kThreads, R = Tr::kRowBlocks;
+  static_assert(Tr::kDqAccRegs + 32 <= 255, "dQ, S, dP plus ~32 working registers must fit 255");
   extern __shared__ __align__(16) unsigned char smem[];
   tg::bf16* sQ = reinterpret_cast<tg::bf16*>(smem);  // (Br, LDS)
   tg::bf16* sdO = sQ + Tr::kTileOwn;                   // (Br, LDS)
@@ -179,20 +195,24 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dq_kernel(const FlashA
   cp_async_commit();
 
   const float scale_log2 = p.scale * kLog2e;
-  const int row0 = q0 + warp * kRowsPerWarp;
-  // Per-row statistics of this lane's rows g and g+8 (0 past T: those rows are never stored).
-  float lse2[2], dlt[2];
+  const int row0 = q0 + warp * Tr::kWarpRows;
+  // Per-row statistics of this lane's rows g and g+8 of each row block (0 past T: those rows are
+  // never stored).
+  float lse2[R][2], dlt[R][2];
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int row = row0 + (lane >> 2) + 8 * i;
-    const int64_t at = (int64_t(b) * H + h) * T + row;
-    lse2[i] = row < T ? p.lse[at] * kLog2e : 0.0f;
-    dlt[i] = row < T ? delta[at] : 0.0f;
-  }
-  const tg::bf16* Qw = sQ + warp * kRowsPerWarp * LDS;
-  const tg::bf16* dOw = sdO + warp * kRowsPerWarp * LDS;
-  float dq[D / 8][4];  // (16, D)
-  zero(dq);
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = row0 + r * kRowsPerWarp + (lane >> 2) + 8 * i;
+      const int64_t at = (int64_t(b) * H + h) * T + row;
+      lse2[r][i] = row < T ? p.lse[at] * kLog2e : 0.0f;
+      dlt[r][i] = row < T ? delta[at] : 0.0f;
+    }
+  const tg::bf16* Qw = sQ + warp * Tr::kWarpRows * LDS;
+  const tg::bf16* dOw = sdO + warp * Tr::kWarpRows * LDS;
+  float dq[R][D / 8][4];  // (16, D) per row block
+#pragma unroll
+  for (int r = 0; r < R; ++r) zero(dq[r]);
 
   for (int j = 0; j < n_kb; ++j) {
     const int st = j & 1;
@@ -207,27 +227,36 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dq_kernel(const FlashA
     const tg::bf16* Vj = sV + st * Tr::kTileStream;
     const int k0 = j * Bc;
 
-    float s[Bc / 8][4];  // S = Q Kᵀ, (16, Bc)
-    zero(s);
-    mma_abt_smem_a<Bc, D>(s, Qw, LDS, Kj, LDS, lane);
-    scale_tile<Bc>(s, scale_log2);
-    if (k0 + Bc > T || (causal && k0 + Bc - 1 > q0))
-      mask_tile<Bc>(s, row0, k0, lane, [=](int q, int k) { return k >= T || (causal && k > q); });
-    exp2_minus_row<Bc>(s, lse2);  // P
+    float s[R][Bc / 8][4];  // S = Q Kᵀ, (16, Bc) per row block
+#pragma unroll
+    for (int r = 0; r < R; ++r) zero(s[r]);
+    mma_abt_smem_a_rows<R, Bc, D>(s, Qw, LDS, Kj, LDS, lane);
+    const bool need_mask = k0 + Bc > T || (causal && k0 + Bc - 1 > q0);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      exp2_scaled_minus_row<Bc>(s[r], scale_log2, lse2[r]);  // P
+      if (need_mask)
+        mask_tile<Bc>(s[r], row0 + r * kRowsPerWarp, k0, lane,
+                      [=](int q, int k) { return k >= T || (causal && k > q); }, 0.0f);
+    }
 
-    float dp[Bc / 8][4];  // dP = dO Vᵀ, (16, Bc)
-    zero(dp);
-    mma_abt_smem_a<Bc, D>(dp, dOw, LDS, Vj, LDS, lane);
-    softmax_grad_row<Bc>(dp, s, dlt);  // dS = P ∘ (dP − delta), without the scale
-
-    uint32_t dsf[Bc / 16][4];
-    acc_to_a<Bc>(dsf, dp);
-    mma_ab<D, Bc>(dq, dsf, Kj, LDS, lane);  // dQ += dS K
+    float dp[R][Bc / 8][4];  // dP = dO Vᵀ, (16, Bc) per row block
+#pragma unroll
+    for (int r = 0; r < R; ++r) zero(dp[r]);
+    mma_abt_smem_a_rows<R, Bc, D>(dp, dOw, LDS, Vj, LDS, lane);
+    uint32_t dsf[R][Bc / 16][4];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      softmax_grad_row<Bc>(dp[r], s[r], dlt[r]);  // dS = P ∘ (dP − delta), without the scale
+      acc_to_a<Bc>(dsf[r], dp[r]);
+    }
+    mma_ab_rows<R, D, Bc>(dq, dsf, Kj, LDS, lane);  // dQ += dS K
     __syncthreads();
   }
 
   const float fq[2] = {p.scale, p.scale};
-  store_rows<D>(p.dq + head, ld, dq, fq, row0, T, lane);
+#pragma unroll
+  for (int r = 0; r < R; ++r) store_rows<D>(p.dq + head, ld, dq[r], fq, row0 + r * kRowsPerWarp, T, lane);
 }
 
 }  // namespace flash
@@ -260,19 +289,27 @@ void launch_bwd(const FlashAttentionParams& p, cudaStream_t stream) {
   launch_bwd_kernel<Dq>(flash::flash_bwd_dq_kernel<Dq>, p, delta, stream);
 }
 
-// D = 64. dK/dV: 4 warps own 64 keys, query tiles of 64 stream through smem; per thread dK, dV
-// (2 × 32 regs) plus Sᵀ and dPᵀ (2 × 32 regs) stay in registers (ptxas: 168 regs, 0 spills, so
-// 3 blocks per SM); smem 2 × 9 KiB owned + 2 stages × 2 × 9 KiB streamed + 1 KiB lse/delta =
-// 55 KiB. dQ: 4 warps own 64 queries, key tiles of 64; dQ, S, dP 32 regs each (168 regs, 0
-// spills); 54 KiB smem. Small blocks so several co-reside per SM and hide each other's barriers.
-// Not yet measured on the H200.
+// Why these block sizes (reasoned, not measured; the previous configurations are named at the end
+// of each comment, measured on the H200 at 200-219 TF/s, d64, and 190-208, d128). As in the forward, a
+// warp owning 2 row blocks (R = 2) reads each streamed fragment once for 2 mmas; the owned rows'
+// A fragments (K, V in dK/dV; Q, dO in dQ) are re-read from smem per k-step, R x4 per k-step.
+// ldmatrix.x4 per mma, per streamed tile: dK/dV (S, dV, dP, dK) and dQ (S, dP, dQ).
+//
+// D = 64. dK/dV: 4 warps × 2 row blocks own 128 keys, query tiles of 32 stream through smem:
+// 48 x4 per 128 mmas (0.375; was 72 per 128 with 64 keys × 64 queries). dK, dV 2 × 64 regs, Sᵀ
+// and dPᵀ 2 × 32; Pᵀ is kept only as bf16 fragments across the dPᵀ mma (dS reads it back) to
+// fit: ptxas 234 regs, 0 spills, 2 blocks (8 warps) per SM; smem 2 × 18 KiB owned + 2 stages ×
+// 2 × 4.5 KiB streamed + 0.5 KiB lse/delta = 55 KiB. dQ: 4 warps × 2 row blocks own 128
+// queries, key tiles of 32: 40 x4 per 96 mmas (0.42; was 0.58); 208 regs, 0 spills, 2 blocks
+// per SM; 54 KiB smem. Was: both 4 warps × 16 rows, 64-row tiles, 168 regs, 3 blocks/SM.
 void flash_bwd_hdim64(const FlashAttentionParams& p, cudaStream_t stream) { launch_bwd<64>(p, stream); }
 
-// D = 128. dK/dV: 4 warps own 64 keys; dK and dV take 2 × 64 registers per thread, so query
-// tiles are only 32 wide (Sᵀ, dPᵀ 16 regs each) to stay under 255 registers (ptxas: 228 regs,
-// 0 spills, 2 blocks per SM); smem 2 × 17 KiB + 2 × 2 × 8.5 KiB + 0.5 KiB = 69 KiB. dQ: 4 warps
-// own 64 queries, key tiles of 64 (dQ 64 regs, S and dP 32 each; ptxas: 254 regs, 0 spills,
-// 2 blocks per SM); smem 2 × 17 + 2 × 2 × 17 = 102 KiB. Not yet measured on the H200.
+// D = 128. dK/dV: 4 warps own 64 keys (one row block each: dK and dV alone are 2 × 64 registers
+// per row block, so R = 2 cannot fit 255), query tiles of 32 (Sᵀ, dPᵀ 16 regs each); ptxas 238
+// regs, 0 spills, 2 blocks per SM; smem 2 × 17 KiB + 2 × 2 × 8.5 KiB + 0.5 KiB = 69 KiB.
+// dQ: 4 warps × 2 row blocks own 128 queries (dQ 2 × 64 regs), key tiles of 32 (S, dP 2 × 16
+// each): 80 x4 per 192 mmas (0.42; was 0.58 at 16 rows × 64 keys); ptxas 255 regs, 0 spills,
+// 2 blocks per SM; smem 2 × 34 + 2 × 2 × 8.5 = 102 KiB.
 void flash_bwd_hdim128(const FlashAttentionParams& p, cudaStream_t stream) { launch_bwd<128>(p, stream); }
 
 }  // namespace

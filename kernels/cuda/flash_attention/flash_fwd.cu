@@ -149,19 +149,29 @@ void launch_fwd(const FlashAttentionParams& p, cudaStream_t stream) {
   TG_CUDA_CHECK(cudaGetLastError());
 }
 
-// D = 64: 8 warps (Br = 128 query rows), Bc = 64 keys, Q fragments in registers. Each K/V tile
-// read from L2 feeds 128 query rows (64 MACs per byte loaded, vs 32 at Br = 64). O, S (32 regs
-// each) and Q (16) fit the 128 registers that __launch_bounds__(256, 2) allows without spilling
-// (ptxas: 128 regs, 0 spills); smem 18 KiB Q + 2 stages × 2 × 9 KiB K/V = 54 KiB, so 2 blocks
-// (16 warps) co-reside per SM. Not yet measured on the H200.
+// Why these block sizes (reasoned, not measured; the previous 16-rows-per-warp configurations
+// measured on the H200 are in the last line of each comment):
+// A warp owns 2 row blocks (32 query rows), so every K or V fragment it loads with ldmatrix
+// feeds 2 mmas. Shared memory delivers 128 B/clk per SM and an m16n8k16 B fragment is 256 B,
+// so with one row block per warp the ldmatrix traffic alone capped the mmas at 0.5 per clock
+// per SM, below the tensor cores' mma.sync rate; 2 row blocks halve the bytes per mma and give
+// each warp two independent mma chains, which is what lets 8 warps per SM keep the tensor cores
+// busy (FlashAttention-2's forward: 4 warps × 32 rows).
+//
+// D = 64: 4 warps (Br = 128), Bc = 64 keys, Q fragments in registers. Per tile and warp: 32
+// ldmatrix.x4 for 128 mmas (0.25 x4/mma, was 0.5). O and S are 64 registers each, Q 32: ptxas
+// 240 regs, 0 spills under __launch_bounds__(128, 2); smem 18 KiB Q + 2 stages × 2 × 9 KiB K/V
+// = 54 KiB, 2 blocks (8 warps) per SM. Was: 8 warps × 16 rows, Bc 64, 128 regs, 2 blocks/SM
+// (measured 265.7 TF/s at T = 8192 full, 254.7 causal).
 void flash_fwd_hdim64(const FlashAttentionParams& p, cudaStream_t stream) { launch_fwd<64>(p, stream); }
 
-// D = 128: 8 warps (Br = 128), Bc = 32, Q re-read from smem at every k-step. O alone is 64
-// registers; with Q in registers (32 more) and Bc = 64 the kernel needs 174 registers (one
-// block, 8 warps per SM), and forcing 2 blocks spills. Bc = 32 and Q from smem fit 128 registers
-// with 0 spills, so 2 blocks (16 warps) co-reside; smem 34 KiB Q + 2 × 2 × 8.5 KiB K/V = 68 KiB
-// per block. The price is 50% more ldmatrix traffic in Q Kᵀ. Not yet measured on the H200
-// (the alternative to time: FwdTraits<128, 8, 64, true, 1>).
+// D = 128: 4 warps (Br = 128), Bc = 32 keys, Q re-read from smem at every k-step. O alone is
+// 2 × 64 registers; Q in registers would add 64 and Bc = 64 another 64, past 255. Per tile and
+// warp: Q Kᵀ 8 k-steps × (2 Q + 2 K) x4, P V 2 × 8 x4 = 48 x4 for 128 mmas (0.375 x4/mma; was
+// 0.625 with 16 rows per warp). ptxas: 254 regs, 0 spills under __launch_bounds__(128, 2);
+// smem 34 KiB Q + 2 × 2 × 8.5 KiB K/V = 68 KiB, 2 blocks (8 warps) per SM. Was: 8 warps × 16
+// rows, Bc 32, Q from smem, 128 regs, 2 blocks/SM (measured 275.0 TF/s at T = 8192 full, 247.1
+// causal).
 void flash_fwd_hdim128(const FlashAttentionParams& p, cudaStream_t stream) { launch_fwd<128>(p, stream); }
 
 }  // namespace

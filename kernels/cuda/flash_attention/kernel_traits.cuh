@@ -95,11 +95,11 @@ template <> struct FwdConfig<64> { using type = FwdTraits<64, 4, 64, true, 2, 2>
 template <> struct FwdConfig<128> { using type = FwdTraits<128, 4, 32, false, 2, 2>; };
 
 template <int D> struct DkdvConfig;  // own = keys, stream = queries
-template <> struct DkdvConfig<64> { using type = BwdTraits<64, 4, 64>; };
-template <> struct DkdvConfig<128> { using type = BwdTraits<128, 4, 32>; };
+template <> struct DkdvConfig<64> { using type = BwdTraits<64, 4, 32, 2>; };
+template <> struct DkdvConfig<128> { using type = BwdTraits<128, 4, 32, 1>; };
 
 template <int D> struct DqConfig;  // own = queries, stream = keys
-template <> struct DqConfig<64> { using type = BwdTraits<64, 4, 64>; };
-template <> struct DqConfig<128> { using type = BwdTraits<128, 4, 64>; };
+template <> struct DqConfig<64> { using type = BwdTraits<64, 4, 32, 2>; };
+template <> struct DqConfig<128> { using type = BwdTraits<128, 4, 32, 2>; };
 
 }  // namespace tg::cuda::flash

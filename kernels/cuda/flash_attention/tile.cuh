@@ -440,6 +440,23 @@ __device__ __forceinline__ void softmax_grad_col(float (&dp)[N / 8][4], const fl
   }
 }
 
+// dSᵀ = Pᵀ ∘ (dPᵀ − delta) in place over dPᵀ, with Pᵀ read back from its bf16 A fragments (the
+// acc_to_a image of the accumulator, the same rounded values dV was built from), so the fp32 Pᵀ
+// need not stay live across the dPᵀ mma: 16·N/64 fewer registers in the dK/dV kernel.
+template <int N>
+__device__ __forceinline__ void softmax_grad_col_bf16p(float (&dp)[N / 8][4], const uint32_t (&pf)[N / 16][4],
+                                                       const float* delta, int lane) {
+#pragma unroll
+  for (int nt = 0; nt < N / 8; ++nt) {
+    const float2 Dl = *reinterpret_cast<const float2*>(delta + frag_col(lane, nt, 0));
+    const uint32_t lo_rows = pf[nt / 2][(nt & 1) * 2], hi_rows = pf[nt / 2][(nt & 1) * 2 + 1];  // rows g, g+8
+    dp[nt][0] = __uint_as_float(lo_rows << 16) * (dp[nt][0] - Dl.x);
+    dp[nt][1] = __uint_as_float(lo_rows & 0xffff0000u) * (dp[nt][1] - Dl.y);
+    dp[nt][2] = __uint_as_float(hi_rows << 16) * (dp[nt][2] - Dl.x);
+    dp[nt][3] = __uint_as_float(hi_rows & 0xffff0000u) * (dp[nt][3] - Dl.y);
+  }
+}
+
 // Rows [row0, row0 + 16) of one head (row t at dst + t·ld) ← acc · f[row], bf16; rows ≥ T are
 // never written. Each lane stores its column pairs as 4-byte bf16x2.
 template <int D>
