@@ -1,4 +1,4 @@
-// GEMM on the GPU through cuBLASLt: row-major, batched, fp32 or bf16 with fp32 accumulation, optional bias/GELU/GELU-backward epilogues.
+// GEMM on the GPU through cuBLASLt: row-major, batched, fp32 or bf16 with fp32 accumulation, optional bias/GELU epilogue.
 #pragma once
 #include "kernels/cuda/stream.h"
 
@@ -10,18 +10,13 @@
 namespace tg::cuda {
 
 // What happens to alpha·op(A)·op(B) + beta·C before it is stored in C:
-//   none           C = alpha·op(A)op(B) + beta·C
-//   bias           C = alpha·op(A)op(B) + beta·C + bias            (bias (N,) broadcast over the M rows)
-//   gelu_bias      C = gelu_tanh(alpha·op(A)op(B) + beta·C + bias)
-// and, through gemm_ex only (single matrix; they need the aux matrix):
-//   gelu_aux_bias  aux = alpha·op(A)op(B) + beta·C + bias (the pre-activation), C = gelu_tanh(aux)
-//   dgelu          C = alpha·op(A)op(B) ∘ gelu_tanh'(aux)           (aux from the forward; beta must be 0)
-//   dgelu_bgrad    as dgelu, and bias_grad (N,) = Σ over the M rows of C (the forward's bias gradient)
+//   none       C = alpha·op(A)op(B) + beta·C
+//   bias       C = alpha·op(A)op(B) + beta·C + bias            (bias (N,) broadcast over the M rows)
+//   gelu_bias  C = gelu_tanh(alpha·op(A)op(B) + beta·C + bias)
 // The same bias vector is used for every matrix of a batch. cuBLASLt fuses the epilogue when it
-// has a kernel for the case (bias / bias_grad 16-byte aligned; aux 16-byte aligned with aux_ld a
-// multiple of 8; see gemm.cu); otherwise small kernels apply it after a plain GEMM, with the same
-// result up to rounding of the intermediate in T.
-enum class Epilogue { none, bias, gelu_bias, gelu_aux_bias, dgelu, dgelu_bgrad };
+// has a kernel for the case (bias 16-byte aligned, see gemm.cu); otherwise a small kernel applies
+// it after a plain GEMM, with the same result up to rounding of the intermediate in T.
+enum class Epilogue { none, bias, gelu_bias };
 
 // Row-major: C (M, N) = epilogue(alpha · op(A) · op(B) + beta · C).
 //   op(A) is (M, K): A is stored (M, K), or (K, M) when trans_a.
@@ -33,7 +28,7 @@ enum class Epilogue { none, bias, gelu_bias, gelu_aux_bias, dgelu, dgelu_bgrad }
 // T = float: fp32 inputs, fp32 compute (CUBLAS_COMPUTE_32F: no TF32, so it matches the CPU closely).
 // T = tg::bf16: bf16 inputs and output, fp32 accumulation and fp32 alpha/beta.
 // beta == 0 never reads C (C may hold NaN). bias (N,) has type T and may be null only for
-// Epilogue::none. The aux epilogues (gelu_aux_bias, dgelu, dgelu_bgrad) are rejected here: use gemm_ex. Runs on `stream` on the current device; bitwise deterministic for a given
+// Epilogue::none. Runs on `stream` on the current device; bitwise deterministic for a given
 // shape, alignment and device.
 // Threading: host state (handle, plan cache) is guarded by a mutex, but the per-device workspace is
 // shared, so GEMMs on one device must not run concurrently on different streams.
@@ -41,26 +36,6 @@ template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda,
           const T* B, int64_t ldb, float beta, T* C, int64_t ldc, int64_t batch, int64_t stride_a, int64_t stride_b,
           int64_t stride_c, Epilogue epilogue, const T* bias, cudaStream_t stream);
-
-// One row-major GEMM (batch 1) with any epilogue, including the two halves of a fused MLP GELU:
-//   forward   gemm_ex(..., Epilogue::gelu_aux_bias, bias, aux, aux_ld, nullptr, s)   h = gelu(x·Wᵀ + b), aux = pre-act
-//   backward  gemm_ex(..., Epilogue::dgelu_bgrad, nullptr, aux, aux_ld, db, s)        dpre = (dh·W) ∘ gelu'(aux), db = Σ rows
-// Arguments as for gemm, plus:
-//   aux (M, N) row-major, leading dimension aux_ld ≥ N: written by gelu_aux_bias, read by dgelu and
-//     dgelu_bgrad; ignored (may be null) for the other epilogues. Must not overlap C.
-//   bias_grad (N,): written by dgelu_bgrad (all N entries, zeros when M or K is 0); ignored otherwise.
-//     Must not overlap C or aux.
-// Bitwise deterministic for a given shape, alignment and device (the unfused bias_grad is a fixed-order
-// column sum, no atomics). Same threading rule as gemm.
-template <typename T>
-void gemm_ex(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda,
-             const T* B, int64_t ldb, float beta, T* C, int64_t ldc, Epilogue epilogue, const T* bias, T* aux,
-             int64_t aux_ld, T* bias_grad, cudaStream_t stream);
-
-// Whether the calling thread's most recent gemm / gemm_ex ran its epilogue inside cuBLASLt (false for
-// Epilogue::none, an empty product, or the unfused kernels). For tests and benchmarks: which path a
-// shape takes depends on the cuBLASLt version and the device.
-bool gemm_last_call_fused();
 
 // Bytes of cuBLASLt workspace each device holds once it has run a GEMM (allocated on first use and
 // kept for the life of the process), for the caller's memory accounting.

@@ -1,6 +1,5 @@
 // Neural-network ops: embedding, linear, matmul, GELU, LayerNorm, softmax, cross-entropy,
 // dropout, RoPE and the causal mask of the materialised attention.
-#include <cstdlib>
 #include <limits>
 
 #include "kernels/cpu/dropout.h"
@@ -415,50 +414,6 @@ Tensor attention_softmax(const Tensor& s, double scale, bool causal) {
     return std::vector<Tensor>{gs};
   });
   return p;
-}
-
-Tensor mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj, const Tensor& b_proj) {
-  // TILEGRAD_UNFUSED_MLP=1 takes the composite on the GPU too: a switch for benchmarking the fusion.
-  static const bool fusion_off = std::getenv("TILEGRAD_UNFUSED_MLP") != nullptr;
-  const bool fused = x.device().is_cuda() && b_fc.defined() && b_proj.defined() && !fusion_off;
-  if (!fused) return linear(gelu(linear(x, w_fc, b_fc)), w_proj, b_proj);
-  check_same("mlp", x, w_fc);
-  check_same("mlp", x, w_proj);
-  TG_CHECK(w_fc.dim() == 2 && w_proj.dim() == 2 && x.size(-1) == w_fc.size(1) && w_proj.size(1) == w_fc.size(0) &&
-               w_proj.size(0) == x.size(-1) && b_fc.shape() == Shape{w_fc.size(0)} &&
-               b_proj.shape() == Shape{w_proj.size(0)},
-           "mlp: shapes do not chain: x ", x.desc(), ", w_fc ", w_fc.desc(), ", b_fc ", b_fc.desc(), ", w_proj ",
-           w_proj.desc(), ", b_proj ", b_proj.desc());
-  const int64_t C = x.size(-1), F = w_fc.size(0), rows = x.numel() / C;
-  Tensor pre = Tensor::empty({rows, F}, x.dtype(), x.device());  // c_fc output before GELU, kept for the backward
-  Tensor act = Tensor::empty({rows, F}, x.dtype(), x.device());  // GELU output, the c_proj input
-  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
-  dispatch("mlp", x, [&]<typename T>() {}, [&]<typename T>() {
-    cuda::gemm_ex<T>(false, true, rows, F, C, 1.0f, x.data<T>(), C, w_fc.data<T>(), C, 0.0f, act.data<T>(), F,
-                     cuda::Epilogue::gelu_aux_bias, b_fc.data<T>(), pre.data<T>(), F, nullptr, cuda_stream());
-    cuda_gemm<T>(false, true, rows, C, F, act.data<T>(), F, w_proj.data<T>(), F, y.data<T>(), C, 1, 0, 0, 0,
-                 b_proj.data<T>());
-  });
-  record(y, "mlp", {x, w_fc, b_fc, w_proj, b_proj},
-         [x = x.detach(), w_fc = w_fc.detach(), w_proj = w_proj.detach(), pre, act, rows, C, F](const Tensor& g) {
-           Tensor dx = empty_like(x), dw_fc = empty_like(w_fc), db_fc = Tensor::empty({F}, g.dtype(), g.device());
-           Tensor dw_proj = empty_like(w_proj), db_proj = Tensor::empty({C}, g.dtype(), g.device());
-           Tensor dpre = Tensor::empty({rows, F}, g.dtype(), g.device());
-           dispatch("mlp backward", g, [&]<typename T>() {}, [&]<typename T>() {
-             // c_proj: dW = gᵀ · act, db = Σ g
-             cuda_gemm<T>(true, false, C, F, rows, g.data<T>(), C, act.data<T>(), F, dw_proj.data<T>(), F, 1, 0, 0, 0);
-             cuda::sum_rows(g.data<T>(), db_proj.data<T>(), rows, C, cuda_stream());
-             // d(pre) = (g · W_proj) ∘ gelu'(pre), and the c_fc bias gradient Σ d(pre), in one GEMM
-             cuda::gemm_ex<T>(false, false, rows, F, C, 1.0f, g.data<T>(), C, w_proj.data<T>(), F, 0.0f,
-                              dpre.data<T>(), F, cuda::Epilogue::dgelu_bgrad, nullptr, pre.data<T>(), F,
-                              db_fc.data<T>(), cuda_stream());
-             // c_fc: dW = d(pre)ᵀ · x, dx = d(pre) · W_fc
-             cuda_gemm<T>(true, false, F, C, rows, dpre.data<T>(), F, x.data<T>(), C, dw_fc.data<T>(), C, 1, 0, 0, 0);
-             cuda_gemm<T>(false, false, rows, C, F, dpre.data<T>(), F, w_fc.data<T>(), C, dx.data<T>(), C, 1, 0, 0, 0);
-           });
-           return std::vector<Tensor>{dx, dw_fc, db_fc, dw_proj, db_proj};
-         });
-  return y;
 }
 
 }  // namespace tg::ops

@@ -27,10 +27,6 @@ Tensor concat_last(const std::vector<Tensor>& xs);               // along the la
 Tensor embedding(const Tensor& weight /*(V, C)*/, const Tensor& ids /*(...) i32*/);  // (..., C)
 // x (..., K) · weightᵀ + bias, weight (N, K) as in torch.nn.Linear, bias (N) or undefined.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
-// The GPT MLP: linear(gelu(linear(x, w_fc, b_fc)), w_proj, b_proj). On the GPU (with biases) one
-// node whose GEMMs carry GELU, its derivative and the c_fc bias gradient in cuBLASLt epilogues;
-// otherwise the composite of linear, gelu, linear (the reference).
-Tensor mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj, const Tensor& b_proj);
 // Batched a (..., M, K) · b (..., K, N), with optional transposes of the last two dims.
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 Tensor gelu(const Tensor& x);  // tanh form

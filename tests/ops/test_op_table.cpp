@@ -143,18 +143,6 @@ std::vector<OpCase> op_table() {
                  for (size_t i = 0; i < y.size(); ++i) y[i] += x[2][i % 5];
                  return y;
                }});
-  t.push_back({"mlp", {{2, 3, 4}, {6, 4}, {6}, {4, 6}, {4}},
-               [](auto& x) { return ops::mlp(x[0], x[1], x[2], x[3], x[4]); },
-               [](auto& x) {
-                 Vec h = ref_matmul(x[0], x[1], 1, 6, 6, 4, false, true);
-                 for (size_t i = 0; i < h.size(); ++i) {
-                   double v = h[i] + x[2][i % 6];
-                   h[i] = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
-                 }
-                 Vec y = ref_matmul(h, x[3], 1, 6, 4, 6, false, true);
-                 for (size_t i = 0; i < y.size(); ++i) y[i] += x[4][i % 4];
-                 return y;
-               }});
   t.push_back({"linear_nobias", {{6, 4}, {5, 4}}, [](auto& x) { return ops::linear(x[0], x[1], Tensor()); },
                [](auto& x) { return ref_matmul(x[0], x[1], 1, 6, 5, 4, false, true); }});
   for (int ta = 0; ta < 2; ++ta)
