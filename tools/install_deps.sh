@@ -13,9 +13,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   # A machine without a reachable package registry (an air-gapped GPU box) keeps going with what
   # it has: the build or the next step then names exactly what is missing.
-  if ! $SUDO apt-get update -qq; then
-    echo "tilegrad: warning: cannot reach a package registry; continuing without: ${missing[*]}" >&2
-    exit 0
+  if ! { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
+           --no-install-recommends "${missing[@]}"; }; then
+    echo "tilegrad: warning: could not install ${missing[*]} (no package registry?); continuing with what is installed" >&2
   fi
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
