@@ -66,7 +66,12 @@ TEST(BadInput, DeviceMismatchIsNamed) {
 #ifndef TILEGRAD_HAVE_CUDA
   expect_error([&] { Tensor::empty({2}, DType::f32, Device::cuda(0)); }, {"cuda:0", "without CUDA"});
 #else
-  GTEST_SKIP() << "built with CUDA: device mismatches are covered by the GPU parity tests";
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU on this machine: a GPU tensor cannot be made";
+  Tensor a = random_tensor({2, 3}, 1, DType::f32), b = random_tensor({2, 3}, 2, DType::f32).to(Device::cuda(0));
+  expect_error([&] { ops::add(a, b); }, {"add", "device mismatch", "on cpu", "on cuda:0"});
+  expect_error([&] { ops::linear(b, a, Tensor()); }, {"linear", "device mismatch"});
+  expect_error([&] { ops::attention_flash(b.view({1, 2, 1, 3}), a.view({1, 2, 1, 3}), b.view({1, 2, 1, 3}), true); },
+               {"attention_flash", "device mismatch"});
 #endif
 }
 
