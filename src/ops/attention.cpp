@@ -10,6 +10,7 @@
 
 #include "kernels/cpu/flash_attention.h"
 #include "kernels/cuda/flash_attention/flash.h"
+#include "kernels/cuda/layout.h"
 #include "src/ops/ops.h"
 #include "src/tensor/dispatch.h"
 
@@ -154,6 +155,82 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
   return kind == AttentionKind::flash ? attention_flash(q, k, v, causal) : attention_naive(q, k, v, causal);
 }
 
+namespace {
+// The GPU's fused self-attention reads q, k, v straight out of qkv (token stride 3C) and writes
+// d(qkv) in place: no slice copies either way. With RoPE, q and k are rotated into their own
+// buffers first (and their gradients rotated back and placed into d(qkv) afterwards).
+Tensor self_attention_gpu(const Tensor& qkv, int64_t n_head, double rope_base) {
+#ifdef TILEGRAD_HAVE_CUDA
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, H = n_head, D = C / H;
+  const Shape heads = {B, T, H, D};
+  const bool rotate = rope_base > 0;
+  Tensor packed = qkv.detach(), q_rot, k_rot;  // q_rot, k_rot: (B, T, H, D) when rotating
+  if (rotate) {
+    NoGradGuard no_grad;
+    q_rot = rope(reshape(slice_last(packed, 0, C), heads), rope_base);
+    k_rot = rope(reshape(slice_last(packed, C, C), heads), rope_base);
+  }
+  auto params = [=](const Tensor& packed, const Tensor& q_rot, const Tensor& k_rot) {
+    cuda::FlashAttentionParams p{};
+    const bf16* base = packed.data<bf16>();
+    p.q = rotate ? q_rot.data<bf16>() : base;
+    p.k = rotate ? k_rot.data<bf16>() : base + C;
+    p.v = base + 2 * C;
+    p.q_row_stride = rotate ? 0 : 3 * C;
+    p.k_row_stride = rotate ? 0 : 3 * C;
+    p.v_row_stride = 3 * C;
+    p.B = B, p.T = T, p.H = H, p.D = D;
+    p.scale = float(1.0 / std::sqrt(double(D)));
+    p.causal = true;
+    return p;
+  };
+  Tensor o = Tensor::empty(heads, DType::bf16, qkv.device());
+  Tensor lse = Tensor::empty({B, H, T}, DType::f32, qkv.device());
+  cuda::FlashAttentionParams p = params(packed, q_rot, k_rot);
+  p.o = o.data<bf16>();
+  p.lse = lse.data<float>();
+  cuda::flash_attention_forward(p, cuda_stream());
+  Tensor out = o.view({B, T, C});
+  record(out, "self_attention", {qkv}, [=](const Tensor& g) {
+    Tensor dqkv = Tensor::empty({B, T, 3 * C}, DType::bf16, g.device()), dq, dk, workspace;
+    {
+      MemoryCategoryScope ws(MemCategory::workspace);
+      workspace = Tensor::empty({int64_t(cuda::flash_attention_backward_workspace_bytes(B, T, H, D) / 4 + 4)},
+                                DType::f32, g.device());
+    }
+    cuda::FlashAttentionParams b = params(packed, q_rot, k_rot);
+    b.o = const_cast<bf16*>(o.data<bf16>());
+    b.lse = const_cast<float*>(lse.data<float>());
+    b.dout = g.data<bf16>();
+    b.workspace = workspace.raw();
+    bf16* d = dqkv.data<bf16>();
+    if (rotate) {  // dq, dk in their own buffers first: they still have to be rotated back
+      dq = Tensor::empty(heads, DType::bf16, g.device());
+      dk = Tensor::empty(heads, DType::bf16, g.device());
+    }
+    b.dq = rotate ? dq.data<bf16>() : d;
+    b.dk = rotate ? dk.data<bf16>() : d + C;
+    b.dv = d + 2 * C;
+    b.dq_row_stride = rotate ? 0 : 3 * C;
+    b.dk_row_stride = rotate ? 0 : 3 * C;
+    b.dv_row_stride = 3 * C;
+    cuda::flash_attention_backward(b, cuda_stream());
+    if (rotate) {
+      Tensor dq_back = rope(dq, rope_base, 0, /*inverse=*/true), dk_back = rope(dk, rope_base, 0, /*inverse=*/true);
+      cuda::unslice_last(dq_back.data<bf16>(), d, B * T, 3 * C, 0, C, cuda_stream());
+      cuda::unslice_last(dk_back.data<bf16>(), d, B * T, 3 * C, C, C, cuda_stream());
+    }
+    return std::vector<Tensor>{dqkv};
+  });
+  return out;
+#else
+  (void)qkv, (void)n_head, (void)rope_base;
+  TG_ASSERT(false);
+  return Tensor();
+#endif
+}
+}  // namespace
+
 Tensor self_attention(const Tensor& qkv, int64_t n_head, AttentionKind kind, double rope_base) {
   check_defined("self_attention", qkv, "qkv");
   TG_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0 && n_head > 0 && (qkv.size(2) / 3) % n_head == 0,
@@ -174,6 +251,7 @@ Tensor self_attention(const Tensor& qkv, int64_t n_head, AttentionKind kind, dou
     auto [q, k, v] = split(qkv);
     return reshape(attention_naive(q, k, v, /*causal=*/true), {B, T, C});
   }
+  if (qkv.device().is_cuda()) return self_attention_gpu(qkv, n_head, rope_base);
   Tensor q, k, v;
   {
     NoGradGuard no_grad;  // one node for the whole op: the pieces below record nothing

@@ -1,6 +1,8 @@
 // cuda::flash_attention_{forward,backward} vs a double-precision naive attention: O, lse, dQ, dK,
 // dV over head dims, sequence lengths (tails included) and the causal rule; every output proven
-// written (poisoned first); the backward bitwise reproducible.
+// written (poisoned first); the backward bitwise reproducible. Row strides: q, k, v read straight
+// out of one packed (B, T, 3·H·D) qkv buffer and dq, dk, dv written into one (B, T, 3·H·D)
+// d(qkv) buffer give the same bits as the contiguous layout; invalid strides are rejected.
 #include <gtest/gtest.h>
 
 #ifdef TILEGRAD_HAVE_CUDA
@@ -246,6 +248,118 @@ TEST_P(FlashAttentionTest, MatchesDoubleReference) {
     EXPECT_EQ(std::memcmp(g1[t].data(), g2[t].data(), n * sizeof(tg::bf16)), 0) << names[t] << " not reproducible";
 }
 
+// ─── Row strides: packed qkv ───
+
+// Rows of `width` elements from several (rows, hd) contiguous sources laid side by side: source i
+// at column offset i·hd of each row (columns past the sources keep `fill`).
+std::vector<tg::bf16> pack_rows(const std::vector<const std::vector<tg::bf16>*>& srcs, size_t rows, size_t hd,
+                                size_t width, tg::bf16 fill) {
+  std::vector<tg::bf16> out(rows * width, fill);
+  for (size_t i = 0; i < srcs.size(); ++i)
+    for (size_t r = 0; r < rows; ++r) std::memcpy(&out[r * width + i * hd], &(*srcs[i])[r * hd], hd * sizeof(tg::bf16));
+  return out;
+}
+// The (rows, hd) contiguous block at column offset `col` of each `width`-element row.
+std::vector<tg::bf16> unpack_rows(const std::vector<tg::bf16>& packed, size_t rows, size_t hd, size_t width, size_t col) {
+  std::vector<tg::bf16> out(rows * hd);
+  for (size_t r = 0; r < rows; ++r) std::memcpy(&out[r * hd], &packed[r * width + col], hd * sizeof(tg::bf16));
+  return out;
+}
+
+class FlashAttentionPackedTest : public ::testing::TestWithParam<Case> {};
+
+// The model's fused projection: q, k, v are column blocks 0, H·D, 2·H·D of one (B, T, 3·H·D)
+// buffer (row stride 3·H·D), and d(qkv) comes back in one such buffer. O and dO get a padded row
+// stride (H·D + 8) so the o/dO strides, and the delta kernel's use of them, are covered too.
+// Checked against the double reference (same tolerances as above) and bitwise against the
+// contiguous layout: the strides only move addresses, never the arithmetic.
+TEST_P(FlashAttentionPackedTest, MatchesContiguousBitwise) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
+  const Case c = GetParam();
+  const size_t hd = size_t(c.H * c.D), rows = size_t(c.B * c.T), n = rows * hd, n_lse = size_t(c.B * c.H * c.T);
+  const size_t w = 3 * hd, wo = hd + 8;  // packed qkv / d(qkv) row; padded o, dout row
+  const double scale = c.scale != 0 ? c.scale : 1.0 / std::sqrt(double(c.D));
+  const uint64_t seed = uint64_t(c.T * 1000 + c.D * 10 + (c.causal ? 1 : 0));
+  const Input q = random_input(n, 2.0, seed + 1), k = random_input(n, 2.0, seed + 2);
+  const Input v = random_input(n, 1.0, seed + 3), dout = random_input(n, 1.0, seed + 4);
+  const Reference ref = reference(c, scale, q.val, k.val, v.val, dout.val);
+  const size_t ws_bytes = tg::cuda::flash_attention_backward_workspace_bytes(c.B, c.T, c.H, c.D);
+  const tg::bf16 nan_bf16{0xFFFF};
+
+  // Contiguous run: the bits the packed run must reproduce.
+  DeviceBuffer<tg::bf16> cq(n), ck(n), cv(n), cdout(n), co(n), cdq(n), cdk(n), cdv(n);
+  DeviceBuffer<float> clse(n_lse);
+  DeviceBuffer<unsigned char> cws(ws_bytes);
+  cq.upload(q.bits);
+  ck.upload(k.bits);
+  cv.upload(v.bits);
+  cdout.upload(dout.bits);
+  tg::cuda::FlashAttentionParams p{};
+  p.q = cq.ptr, p.k = ck.ptr, p.v = cv.ptr, p.o = co.ptr, p.lse = clse.ptr;
+  p.dout = cdout.ptr, p.dq = cdq.ptr, p.dk = cdk.ptr, p.dv = cdv.ptr, p.workspace = cws.ptr;
+  p.B = c.B, p.T = c.T, p.H = c.H, p.D = c.D;
+  p.scale = float(scale);
+  p.causal = c.causal;
+  tg::cuda::flash_attention_forward(p, nullptr);
+  tg::cuda::flash_attention_backward(p, nullptr);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  const std::vector<tg::bf16> o_c = co.download(), dq_c = cdq.download(), dk_c = cdk.download(), dv_c = cdv.download();
+  const std::vector<float> lse_c = clse.download();
+
+  // Packed run. dout's padding is NaN: a read past a row's H·D elements would poison delta.
+  DeviceBuffer<tg::bf16> qkv(rows * w), dqkv(rows * w), po(rows * wo), pdout(rows * wo);
+  DeviceBuffer<float> plse(n_lse);
+  DeviceBuffer<unsigned char> pws(ws_bytes);
+  qkv.upload(pack_rows({&q.bits, &k.bits, &v.bits}, rows, hd, w, nan_bf16));
+  pdout.upload(pack_rows({&dout.bits}, rows, hd, wo, nan_bf16));
+  po.poison();
+  plse.poison();
+  dqkv.poison();
+  pws.poison();
+  tg::cuda::FlashAttentionParams pp = p;
+  pp.q = qkv.ptr, pp.k = qkv.ptr + hd, pp.v = qkv.ptr + 2 * hd, pp.o = po.ptr, pp.lse = plse.ptr;
+  pp.dout = pdout.ptr, pp.dq = dqkv.ptr, pp.dk = dqkv.ptr + hd, pp.dv = dqkv.ptr + 2 * hd, pp.workspace = pws.ptr;
+  pp.q_row_stride = pp.k_row_stride = pp.v_row_stride = int64_t(w);
+  pp.dq_row_stride = pp.dk_row_stride = pp.dv_row_stride = int64_t(w);
+  pp.o_row_stride = pp.do_row_stride = int64_t(wo);
+  tg::cuda::flash_attention_forward(pp, nullptr);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  const std::vector<tg::bf16> o_packed = po.download();
+  const std::vector<float> lse_p = plse.download();
+  tg::cuda::flash_attention_backward(pp, nullptr);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  const std::vector<tg::bf16> g_packed = dqkv.download();
+
+  // d(qkv) is exactly covered by dq | dk | dv: nothing of it may stay NaN.
+  ASSERT_EQ(count_nonfinite(to_double(g_packed)), 0u) << "d(qkv) has NaN/inf (unwritten elements?)";
+  const std::vector<tg::bf16> o_p = unpack_rows(o_packed, rows, hd, wo, 0);
+  const std::vector<tg::bf16> g_p[3] = {unpack_rows(g_packed, rows, hd, w, 0), unpack_rows(g_packed, rows, hd, w, hd),
+                                        unpack_rows(g_packed, rows, hd, w, 2 * hd)};
+  const std::vector<double> o = to_double(o_p), lse = to_double(lse_p);
+  ASSERT_EQ(count_nonfinite(o), 0u) << "O has NaN/inf (unwritten or overflowed elements)";
+  ASSERT_EQ(count_nonfinite(lse), 0u) << "lse has NaN/inf";
+  EXPECT_LE(rel_error(o, ref.o), 2e-2) << "O";
+  EXPECT_LE(max_abs_diff(lse, ref.lse), 1e-3) << "lse";
+  const char* names[3] = {"dQ", "dK", "dV"};
+  const std::vector<double>* refs[3] = {&ref.dq, &ref.dk, &ref.dv};
+  for (int t = 0; t < 3; ++t) EXPECT_LE(rel_error(to_double(g_p[t]), *refs[t]), 5e-2) << names[t];
+
+  // Same arithmetic in the same order as the contiguous layout: identical bits.
+  EXPECT_EQ(std::memcmp(o_p.data(), o_c.data(), n * sizeof(tg::bf16)), 0) << "O differs from contiguous";
+  EXPECT_EQ(std::memcmp(lse_p.data(), lse_c.data(), n_lse * sizeof(float)), 0) << "lse differs from contiguous";
+  const std::vector<tg::bf16>* g_c[3] = {&dq_c, &dk_c, &dv_c};
+  for (int t = 0; t < 3; ++t)
+    EXPECT_EQ(std::memcmp(g_p[t].data(), g_c[t]->data(), n * sizeof(tg::bf16)), 0) << names[t] << " differs from contiguous";
+}
+
+std::vector<Case> packed_cases() {
+  std::vector<Case> out;
+  for (int64_t D : {64, 128})
+    for (bool causal : {false, true})
+      for (int64_t T : {17, 129}) out.push_back({2, T, 3, D, causal, 0.0});
+  return out;
+}
+
 std::vector<Case> cases() {
   std::vector<Case> out;
   for (int64_t D : {64, 128})
@@ -273,6 +387,37 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, FlashAttentionTest, ::testing::ValuesIn(cases()), case_name);
+
+INSTANTIATE_TEST_SUITE_P(Packed, FlashAttentionPackedTest, ::testing::ValuesIn(packed_cases()), case_name);
+
+// A row stride must be 0 (contiguous) or ≥ H·D and a multiple of 8 elements (16-byte rows).
+TEST(FlashAttention, InvalidRowStrideIsRejected) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
+  const int64_t B = 1, T = 8, H = 2, D = 64, hd = H * D;
+  DeviceBuffer<tg::bf16> x(size_t(B * T * 3 * hd));
+  DeviceBuffer<float> lse(size_t(B * H * T));
+  DeviceBuffer<unsigned char> ws(tg::cuda::flash_attention_backward_workspace_bytes(B, T, H, D));
+  tg::cuda::FlashAttentionParams p{};
+  p.q = p.k = p.v = p.dout = x.ptr;
+  p.o = p.dq = p.dk = p.dv = x.ptr;
+  p.lse = lse.ptr, p.workspace = ws.ptr;
+  p.B = B, p.T = T, p.H = H, p.D = D, p.scale = 0.125f;
+  for (int64_t bad : {hd - 8, hd + 4, int64_t(-8)}) {
+    for (int which = 0; which < 8; ++which) {
+      tg::cuda::FlashAttentionParams pb = p;
+      int64_t* strides[8] = {&pb.q_row_stride,  &pb.k_row_stride,  &pb.v_row_stride,  &pb.o_row_stride,
+                             &pb.do_row_stride, &pb.dq_row_stride, &pb.dk_row_stride, &pb.dv_row_stride};
+      *strides[which] = bad;
+      if (which < 4) EXPECT_THROW(tg::cuda::flash_attention_forward(pb, nullptr), std::invalid_argument) << which;
+      EXPECT_THROW(tg::cuda::flash_attention_backward(pb, nullptr), std::invalid_argument) << which << " " << bad;
+    }
+  }
+  // Misaligned pointer into a packed buffer (offset 4 elements = 8 bytes).
+  tg::cuda::FlashAttentionParams pm = p;
+  pm.k = x.ptr + 4;
+  pm.k_row_stride = 3 * hd;
+  EXPECT_THROW(tg::cuda::flash_attention_forward(pm, nullptr), std::invalid_argument);
+}
 
 TEST(FlashAttention, UnsupportedHeadDimIsRejected) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";

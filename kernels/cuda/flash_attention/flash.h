@@ -10,8 +10,11 @@
 
 namespace tg::cuda {
 
-// Layout of q, k, v, o, dout, dq, dk, dv: (B, T, H, D) contiguous (a (B, T, C) tensor viewed as
-// (B, T, H, C/H)); lse: (B, H, T) float, lse = max + log(sum) of each row of scale · q kᵀ [masked],
+// Layout of q, k, v, o, dout, dq, dk, dv: (B, T, H, D) with a per-tensor token (row) stride:
+// element (b, t, h, d) of X is at X + (b·T + t)·X_row_stride + h·D + d. A stride of 0 means H·D,
+// i.e. (B, T, H, D) contiguous (a (B, T, C) tensor viewed as (B, T, H, C/H)); a stride of 3·H·D
+// with q, k, v at column offsets 0, H·D, 2·H·D reads straight out of a fused (B, T, 3C) qkv
+// projection (and dq, dk, dv likewise write one (B, T, 3C) d(qkv) buffer). lse: (B, H, T) float, lse = max + log(sum) of each row of scale · q kᵀ [masked],
 // in natural-log units exactly as cpu::flash_attention_forward defines it.
 struct FlashAttentionParams {
   const bf16* q;
@@ -28,18 +31,28 @@ struct FlashAttentionParams {
   int64_t B, T, H, D;
   float scale;  // applied to q kᵀ; usually 1/sqrt(D)
   bool causal;  // key index > query index is excluded
+  // Token (row) strides in elements: X_row_stride elements between tokens t and t+1 of X (also
+  // between the last token of batch b and the first of b+1). 0 → H·D (contiguous). A nonzero
+  // stride must be ≥ H·D and a multiple of 8 (16-byte rows for cp.async / vector access).
+  int64_t q_row_stride = 0, k_row_stride = 0, v_row_stride = 0;    // elements between tokens t and t+1; 0 → H·D
+  int64_t o_row_stride = 0, do_row_stride = 0;                      // 0 → H·D
+  int64_t dq_row_stride = 0, dk_row_stride = 0, dv_row_stride = 0;  // 0 → H·D
 };
 
 // Head dims with a compiled kernel. Other D must take the composite fallback (with a warning).
 bool flash_attention_supported(int64_t D);  // D ∈ {64, 128}
 
-// Writes o and lse. Requires a supported D, 16-byte aligned q, k, v, o, and T < 2^31.
+// Writes o and lse. Requires a supported D, 16-byte aligned q, k, v, o, T < 2^30, and the q, k,
+// v, o row strides valid (0, or ≥ H·D and a multiple of 8); std::invalid_argument otherwise.
 void flash_attention_forward(const FlashAttentionParams& p, cudaStream_t stream);
 
 // Scratch the backward needs: delta = rowsum(dO ∘ O), (B, H, T) floats.
 size_t flash_attention_backward_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t D);
 
-// dq, dk, dv are overwritten (bf16), given the forward's o and lse. Deterministic: no atomics,
+// dq, dk, dv are overwritten (bf16), given the forward's o and lse. Requires every pointer 16-byte
+// aligned and all eight row strides valid (as for the forward); std::invalid_argument otherwise.
+// Only the H·D elements of each token row are written: with strided dq, dk, dv the rest of the
+// row (e.g. the other two thirds of a d(qkv) buffer) is left untouched. Deterministic: no atomics,
 // every reduction in a fixed order, so two calls give bitwise equal gradients.
 void flash_attention_backward(const FlashAttentionParams& p, cudaStream_t stream);
 

@@ -18,28 +18,31 @@ namespace tg::cuda {
 
 namespace flash {
 
-// delta (B, H, T) = Σ_d dO ∘ O over each row of (B, T, H, D). G = D/8 consecutive lanes share one
-// row, each with one 16-byte load of each tensor, and fold by butterfly (fixed order).
+// delta (B, H, T) = Σ_d dO ∘ O over each (token, head) row of (B, T, H, D), O and dO with token
+// strides ldo, lddo (elements). G = D/8 consecutive lanes share one row, each with one 16-byte
+// load of each tensor, and fold by butterfly (fixed order).
 template <int D>
-__global__ void flash_bwd_delta_kernel(const tg::bf16* __restrict__ o, const tg::bf16* __restrict__ dout,
-                                       float* __restrict__ delta, int64_t rows, int T, int H) {
+__global__ void flash_bwd_delta_kernel(const tg::bf16* __restrict__ o, int64_t ldo, const tg::bf16* __restrict__ dout,
+                                       int64_t lddo, float* __restrict__ delta, int64_t rows, int T, int H) {
   constexpr int G = D / 8;
   static_assert(32 % G == 0, "a row's lanes must sit in one warp");
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t row = idx / G;  // (b·T + t)·H + h
   const int part = int(idx % G);
+  const int64_t bt = row / H;   // token b·T + t
+  const int h = int(row - bt * H);
   float acc = 0.0f;
   if (row < rows) {
     float a[8], c[8];
-    load_vec<8>(o + row * D + part * 8, a);
-    load_vec<8>(dout + row * D + part * 8, c);
+    load_vec<8>(o + bt * ldo + h * D + part * 8, a);
+    load_vec<8>(dout + bt * lddo + h * D + part * 8, c);
 #pragma unroll
     for (int k = 0; k < 8; ++k) acc += a[k] * c[k];
   }
 #pragma unroll
   for (int m = G / 2; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
   if (row < rows && part == 0) {
-    const int64_t h = row % H, bt = row / H, t = bt % T, b = bt / T;
+    const int64_t t = bt % T, b = bt / T;
     delta[(b * H + h) * T + t] = acc;
   }
 }
@@ -68,12 +71,17 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dkdv_kernel(const Flas
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int h = blockIdx.y, b = blockIdx.z;
   const int k0 = int(blockIdx.x) * Bc;  // causal: low key blocks see the most queries and go first
-  const int64_t ld = int64_t(H) * D;
-  const int64_t head = (int64_t(b) * T * H + h) * D;
-  const tg::bf16* Q = p.q + head;
-  const tg::bf16* K = p.k + head;
-  const tg::bf16* V = p.v + head;
-  const tg::bf16* dO = p.dout + head;
+  // Row strides (resolved from 0 to H·D by the launcher) and this block's (b, 0, h, 0) pointers.
+  const int ldq = int(p.q_row_stride), ldk = int(p.k_row_stride), ldv = int(p.v_row_stride);
+  const int lddo = int(p.do_row_stride);
+  const int64_t bt = int64_t(b) * T;
+  const int hd = h * D;
+  const tg::bf16* Q = p.q + bt * ldq + hd;
+  const tg::bf16* K = p.k + bt * ldk + hd;
+  const tg::bf16* V = p.v + bt * ldv + hd;
+  const tg::bf16* dO = p.dout + bt * lddo + hd;
+  tg::bf16* dK = p.dk + bt * p.dk_row_stride + hd;
+  tg::bf16* dV = p.dv + bt * p.dv_row_stride + hd;
   const float* lse = p.lse + (int64_t(b) * H + h) * T;  // (T,)
   const float* dlt = delta + (int64_t(b) * H + h) * T;   // (T,)
 
@@ -81,10 +89,10 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dkdv_kernel(const Flas
   const int i_begin = causal ? k0 / Br : 0;
   const int n_qb = (T + Br - 1) / Br;
 
-  load_tile<Bc, D, LDS, NT>(sK, K, ld, k0, T, tid);
-  load_tile<Bc, D, LDS, NT>(sV, V, ld, k0, T, tid);
-  load_tile<Br, D, LDS, NT>(sQ, Q, ld, i_begin * Br, T, tid);
-  load_tile<Br, D, LDS, NT>(sdO, dO, ld, i_begin * Br, T, tid);
+  load_tile<Bc, D, LDS, NT>(sK, K, ldk, k0, T, tid);
+  load_tile<Bc, D, LDS, NT>(sV, V, ldv, k0, T, tid);
+  load_tile<Br, D, LDS, NT>(sQ, Q, ldq, i_begin * Br, T, tid);
+  load_tile<Br, D, LDS, NT>(sdO, dO, lddo, i_begin * Br, T, tid);
   load_row_stats<Br, NT>(sL, lse, i_begin * Br, T, tid);
   load_row_stats<Br, NT>(sDelta, dlt, i_begin * Br, T, tid);
   cp_async_commit();
@@ -104,8 +112,8 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dkdv_kernel(const Flas
     const int st = (i - i_begin) & 1;
     if (i + 1 < n_qb) {  // prefetch query tile i+1 into the other stage
       const int q1 = (i + 1) * Br;
-      load_tile<Br, D, LDS, NT>(sQ + (st ^ 1) * Tr::kTileStream, Q, ld, q1, T, tid);
-      load_tile<Br, D, LDS, NT>(sdO + (st ^ 1) * Tr::kTileStream, dO, ld, q1, T, tid);
+      load_tile<Br, D, LDS, NT>(sQ + (st ^ 1) * Tr::kTileStream, Q, ldq, q1, T, tid);
+      load_tile<Br, D, LDS, NT>(sdO + (st ^ 1) * Tr::kTileStream, dO, lddo, q1, T, tid);
       load_row_stats<Br, NT>(sL + (st ^ 1) * Br, lse, q1, T, tid);
       load_row_stats<Br, NT>(sDelta + (st ^ 1) * Br, dlt, q1, T, tid);
     }
@@ -152,8 +160,8 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dkdv_kernel(const Flas
   const float fk[2] = {p.scale, p.scale}, fv[2] = {1.0f, 1.0f};
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    store_rows<D>(p.dk + head, ld, dk[r], fk, key0 + r * kRowsPerWarp, T, lane);
-    store_rows<D>(p.dv + head, ld, dv[r], fv, key0 + r * kRowsPerWarp, T, lane);
+    store_rows<D>(dK, int(p.dk_row_stride), dk[r], fk, key0 + r * kRowsPerWarp, T, lane);
+    store_rows<D>(dV, int(p.dv_row_stride), dv[r], fv, key0 + r * kRowsPerWarp, T, lane);
   }
 }
 
@@ -178,20 +186,24 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dq_kernel(const FlashA
   const int qb = causal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);  // heaviest first
   const int h = blockIdx.y, b = blockIdx.z;
   const int q0 = qb * Br;
-  const int64_t ld = int64_t(H) * D;
-  const int64_t head = (int64_t(b) * T * H + h) * D;
-  const tg::bf16* Q = p.q + head;
-  const tg::bf16* K = p.k + head;
-  const tg::bf16* V = p.v + head;
-  const tg::bf16* dO = p.dout + head;
+  // Row strides (resolved from 0 to H·D by the launcher) and this block's (b, 0, h, 0) pointers.
+  const int ldq = int(p.q_row_stride), ldk = int(p.k_row_stride), ldv = int(p.v_row_stride);
+  const int lddo = int(p.do_row_stride);
+  const int64_t bt = int64_t(b) * T;
+  const int hd = h * D;
+  const tg::bf16* Q = p.q + bt * ldq + hd;
+  const tg::bf16* K = p.k + bt * ldk + hd;
+  const tg::bf16* V = p.v + bt * ldv + hd;
+  const tg::bf16* dO = p.dout + bt * lddo + hd;
+  tg::bf16* dQ = p.dq + bt * p.dq_row_stride + hd;
 
   const int q_last = min(q0 + Br, T) - 1;
   const int n_kb = causal ? q_last / Bc + 1 : (T + Bc - 1) / Bc;
 
-  load_tile<Br, D, LDS, NT>(sQ, Q, ld, q0, T, tid);
-  load_tile<Br, D, LDS, NT>(sdO, dO, ld, q0, T, tid);
-  load_tile<Bc, D, LDS, NT>(sK, K, ld, 0, T, tid);
-  load_tile<Bc, D, LDS, NT>(sV, V, ld, 0, T, tid);
+  load_tile<Br, D, LDS, NT>(sQ, Q, ldq, q0, T, tid);
+  load_tile<Br, D, LDS, NT>(sdO, dO, lddo, q0, T, tid);
+  load_tile<Bc, D, LDS, NT>(sK, K, ldk, 0, T, tid);
+  load_tile<Bc, D, LDS, NT>(sV, V, ldv, 0, T, tid);
   cp_async_commit();
 
   const float scale_log2 = p.scale * kLog2e;
@@ -217,8 +229,8 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dq_kernel(const FlashA
   for (int j = 0; j < n_kb; ++j) {
     const int st = j & 1;
     if (j + 1 < n_kb) {
-      load_tile<Bc, D, LDS, NT>(sK + (st ^ 1) * Tr::kTileStream, K, ld, (j + 1) * Bc, T, tid);
-      load_tile<Bc, D, LDS, NT>(sV + (st ^ 1) * Tr::kTileStream, V, ld, (j + 1) * Bc, T, tid);
+      load_tile<Bc, D, LDS, NT>(sK + (st ^ 1) * Tr::kTileStream, K, ldk, (j + 1) * Bc, T, tid);
+      load_tile<Bc, D, LDS, NT>(sV + (st ^ 1) * Tr::kTileStream, V, ldv, (j + 1) * Bc, T, tid);
     }
     cp_async_commit();
     cp_async_wait<1>();
@@ -256,7 +268,8 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dq_kernel(const FlashA
 
   const float fq[2] = {p.scale, p.scale};
 #pragma unroll
-  for (int r = 0; r < R; ++r) store_rows<D>(p.dq + head, ld, dq[r], fq, row0 + r * kRowsPerWarp, T, lane);
+  for (int r = 0; r < R; ++r)
+    store_rows<D>(dQ, int(p.dq_row_stride), dq[r], fq, row0 + r * kRowsPerWarp, T, lane);
 }
 
 }  // namespace flash
@@ -274,13 +287,14 @@ void launch_bwd_kernel(Kernel kernel, const FlashAttentionParams& p, const float
 }
 
 template <int D>
-void launch_bwd(const FlashAttentionParams& p, cudaStream_t stream) {
+void launch_bwd(const FlashAttentionParams& p_in, cudaStream_t stream) {
+  const FlashAttentionParams p = flash::with_resolved_row_strides(p_in);  // 0 strides → H·D
   float* delta = static_cast<float*>(p.workspace);  // (B, H, T)
   const int64_t rows = p.B * p.T * p.H;
   constexpr int kThreads = 256;
   const int64_t blocks = (rows * (D / 8) + kThreads - 1) / kThreads;
-  flash::flash_bwd_delta_kernel<D><<<unsigned(blocks), kThreads, 0, stream>>>(p.o, p.dout, delta, rows, int(p.T),
-                                                                              int(p.H));
+  flash::flash_bwd_delta_kernel<D><<<unsigned(blocks), kThreads, 0, stream>>>(
+      p.o, p.o_row_stride, p.dout, p.do_row_stride, delta, rows, int(p.T), int(p.H));
   TG_CUDA_CHECK(cudaGetLastError());
 
   using Dkdv = typename flash::DkdvConfig<D>::type;
@@ -298,14 +312,14 @@ void launch_bwd(const FlashAttentionParams& p, cudaStream_t stream) {
 // D = 64. dK/dV: 4 warps × 2 row blocks own 128 keys, query tiles of 32 stream through smem:
 // 48 x4 per 128 mmas (0.375; was 72 per 128 with 64 keys × 64 queries). dK, dV 2 × 64 regs, Sᵀ
 // and dPᵀ 2 × 32; Pᵀ is kept only as bf16 fragments across the dPᵀ mma (dS reads it back) to
-// fit: ptxas 234 regs, 0 spills, 2 blocks (8 warps) per SM; smem 2 × 18 KiB owned + 2 stages ×
-// 2 × 4.5 KiB streamed + 0.5 KiB lse/delta = 55 KiB. dQ: 4 warps × 2 row blocks own 128
-// queries, key tiles of 32: 40 x4 per 96 mmas (0.42; was 0.58); 208 regs, 0 spills, 2 blocks
+// fit: ptxas 255 regs (234 before row strides), 0 spills, 2 blocks (8 warps) per SM; smem
+// 2 × 18 KiB owned + 2 stages × 2 × 4.5 KiB streamed + 0.5 KiB lse/delta = 55 KiB. dQ: 4 warps × 2 row blocks own 128
+// queries, key tiles of 32: 40 x4 per 96 mmas (0.42; was 0.58); 198 regs, 0 spills, 2 blocks
 // per SM; 54 KiB smem. Was: both 4 warps × 16 rows, 64-row tiles, 168 regs, 3 blocks/SM.
 void flash_bwd_hdim64(const FlashAttentionParams& p, cudaStream_t stream) { launch_bwd<64>(p, stream); }
 
 // D = 128. dK/dV: 4 warps own 64 keys (one row block each: dK and dV alone are 2 × 64 registers
-// per row block, so R = 2 cannot fit 255), query tiles of 32 (Sᵀ, dPᵀ 16 regs each); ptxas 238
+// per row block, so R = 2 cannot fit 255), query tiles of 32 (Sᵀ, dPᵀ 16 regs each); ptxas 251
 // regs, 0 spills, 2 blocks per SM; smem 2 × 17 KiB + 2 × 2 × 8.5 KiB + 0.5 KiB = 69 KiB.
 // dQ: 4 warps × 2 row blocks own 128 queries (dQ 2 × 64 regs), key tiles of 32 (S, dP 2 × 16
 // each): 80 x4 per 192 mmas (0.42; was 0.58 at 16 rows × 64 keys); ptxas 255 regs, 0 spills,
@@ -330,6 +344,7 @@ void flash_attention_backward(const FlashAttentionParams& p, cudaStream_t stream
   require(aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned16(p.o) && aligned16(p.dout) &&
               aligned16(p.dq) && aligned16(p.dk) && aligned16(p.dv) && aligned16(p.workspace),
           fn, "q, k, v, o, dout, dq, dk, dv, workspace must be 16-byte aligned");
+  flash::require_row_strides(p, fn, /*backward=*/true);
   if (p.D == 64)
     flash_bwd_hdim64(p, stream);
   else

@@ -37,19 +37,24 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
   const int qb = causal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
   const int h = blockIdx.y, b = blockIdx.z;
   const int q0 = qb * Br;
-  const int64_t ld = int64_t(H) * D;                   // consecutive tokens of one head
-  const int64_t head = (int64_t(b) * T * H + h) * D;   // (b, 0, h, 0)
-  const tg::bf16* Q = p.q + head;
-  const tg::bf16* K = p.k + head;
-  const tg::bf16* V = p.v + head;
+  // Row strides (elements between consecutive tokens; already resolved from 0 to H·D by the
+  // launcher) and this block's (b, 0, h, 0) base pointers: the only place the layout enters.
+  const int ldq = int(p.q_row_stride), ldk = int(p.k_row_stride), ldv = int(p.v_row_stride);
+  const int ldo = int(p.o_row_stride);
+  const int64_t bt = int64_t(b) * T;
+  const int hd = h * D;
+  const tg::bf16* Q = p.q + bt * ldq + hd;
+  const tg::bf16* K = p.k + bt * ldk + hd;
+  const tg::bf16* V = p.v + bt * ldv + hd;
+  tg::bf16* O = p.o + bt * ldo + hd;
 
   // Causal: key blocks starting after the last query row are wholly in the future, never loaded.
   const int q_last = min(q0 + Br, T) - 1;
   const int n_kb = causal ? q_last / Bc + 1 : (T + Bc - 1) / Bc;
 
-  load_tile<Br, D, LDS, NT>(sQ, Q, ld, q0, T, tid);
-  load_tile<Bc, D, LDS, NT>(sK, K, ld, 0, T, tid);
-  load_tile<Bc, D, LDS, NT>(sV, V, ld, 0, T, tid);
+  load_tile<Br, D, LDS, NT>(sQ, Q, ldq, q0, T, tid);
+  load_tile<Bc, D, LDS, NT>(sK, K, ldk, 0, T, tid);
+  load_tile<Bc, D, LDS, NT>(sV, V, ldv, 0, T, tid);
   cp_async_commit();
 
   // Scores are kept in log2 units: x = S · scale · log2(e), so every exponential is one exp2.
@@ -69,8 +74,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
   for (int j = 0; j < n_kb; ++j) {
     const int st = j & 1;
     if (j + 1 < n_kb) {  // prefetch tile j+1 into the other stage (freed by the last barrier)
-      load_tile<Bc, D, LDS, NT>(sK + (st ^ 1) * Tr::kTileKV, K, ld, (j + 1) * Bc, T, tid);
-      load_tile<Bc, D, LDS, NT>(sV + (st ^ 1) * Tr::kTileKV, V, ld, (j + 1) * Bc, T, tid);
+      load_tile<Bc, D, LDS, NT>(sK + (st ^ 1) * Tr::kTileKV, K, ldk, (j + 1) * Bc, T, tid);
+      load_tile<Bc, D, LDS, NT>(sV + (st ^ 1) * Tr::kTileKV, V, ldv, (j + 1) * Bc, T, tid);
     }
     cp_async_commit();  // possibly empty: keeps "all but the newest group" meaning "tile j"
     cp_async_wait<1>();
@@ -122,7 +127,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
       inv_l[i] = l[r][i] > 0.0f ? 1.0f / l[r][i] : 0.0f;  // l ≥ 1 for every real row; padding rows are not stored
     }
     const int rb0 = row0 + r * kRowsPerWarp;
-    store_rows<D>(p.o + head, ld, o[r], inv_l, rb0, T, lane);
+    store_rows<D>(O, ldo, o[r], inv_l, rb0, T, lane);
     if ((lane & 3) == 0) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -145,7 +150,7 @@ void launch_fwd(const FlashAttentionParams& p, cudaStream_t stream) {
   auto kernel = flash::flash_fwd_kernel<Tr>;
   TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tr::kSmemBytes)));
   const dim3 grid(unsigned((p.T + Tr::kBr - 1) / Tr::kBr), unsigned(p.H), unsigned(p.B));
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(flash::with_resolved_row_strides(p));
   TG_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -160,16 +165,16 @@ void launch_fwd(const FlashAttentionParams& p, cudaStream_t stream) {
 //
 // D = 64: 4 warps (Br = 128), Bc = 64 keys, Q fragments in registers. Per tile and warp: 32
 // ldmatrix.x4 for 128 mmas (0.25 x4/mma, was 0.5). O and S are 64 registers each, Q 32: ptxas
-// 240 regs, 0 spills under __launch_bounds__(128, 2); smem 18 KiB Q + 2 stages × 2 × 9 KiB K/V
-// = 54 KiB, 2 blocks (8 warps) per SM. Was: 8 warps × 16 rows, Bc 64, 128 regs, 2 blocks/SM
+// 251 regs (240 before per-tensor row strides), 0 spills under __launch_bounds__(128, 2); smem
+// 18 KiB Q + 2 stages × 2 × 9 KiB K/V = 54 KiB, 2 blocks (8 warps) per SM. Was: 8 warps × 16 rows, Bc 64, 128 regs, 2 blocks/SM
 // (measured 265.7 TF/s at T = 8192 full, 254.7 causal).
 void flash_fwd_hdim64(const FlashAttentionParams& p, cudaStream_t stream) { launch_fwd<64>(p, stream); }
 
 // D = 128: 4 warps (Br = 128), Bc = 32 keys, Q re-read from smem at every k-step. O alone is
 // 2 × 64 registers; Q in registers would add 64 and Bc = 64 another 64, past 255. Per tile and
 // warp: Q Kᵀ 8 k-steps × (2 Q + 2 K) x4, P V 2 × 8 x4 = 48 x4 for 128 mmas (0.375 x4/mma; was
-// 0.625 with 16 rows per warp). ptxas: 254 regs, 0 spills under __launch_bounds__(128, 2);
-// smem 34 KiB Q + 2 × 2 × 8.5 KiB K/V = 68 KiB, 2 blocks (8 warps) per SM. Was: 8 warps × 16
+// 0.625 with 16 rows per warp). ptxas: 255 regs (254 before row strides), 0 spills under
+// __launch_bounds__(128, 2); smem 34 KiB Q + 2 × 2 × 8.5 KiB K/V = 68 KiB, 2 blocks (8 warps) per SM. Was: 8 warps × 16
 // rows, Bc 32, Q from smem, 128 regs, 2 blocks/SM (measured 275.0 TF/s at T = 8192 full, 247.1
 // causal).
 void flash_fwd_hdim128(const FlashAttentionParams& p, cudaStream_t stream) { launch_fwd<128>(p, stream); }
@@ -188,6 +193,7 @@ void flash_attention_forward(const FlashAttentionParams& p, cudaStream_t stream)
   require(p.q && p.k && p.v && p.o && p.lse, fn, "null pointer");
   require(aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned16(p.o), fn,
           "q, k, v, o must be 16-byte aligned (cp.async)");
+  flash::require_row_strides(p, fn, /*backward=*/false);
   if (p.D == 64)
     flash_fwd_hdim64(p, stream);
   else

@@ -1,8 +1,46 @@
 // Tile sizes of the FlashAttention kernels per head dimension, every derived size static_assert'ed.
 #pragma once
 #include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/flash_attention/flash.h"
 
 namespace tg::cuda::flash {
+
+// Launcher check (std::invalid_argument, worded like require()): a row stride is 0 (→ H·D,
+// contiguous) or ≥ H·D (token rows of one tensor never overlap), ≤ 2^24 (the kernels index a
+// tile's ≤ 128 rows with 32-bit offsets) and a multiple of 8 elements, so
+// every token row starts 16-byte aligned when its pointer is (D is a multiple of 8 too): the
+// kernels move rows in 16-byte cp.async chunks and 4-byte bf16x2 stores. The forward uses q, k,
+// v, o; the backward all eight.
+inline void require_row_strides(const FlashAttentionParams& p, const char* fn, bool backward) {
+  const int64_t hd = p.H * p.D;
+  const struct { int64_t stride; const char* name; } all[] = {
+      {p.q_row_stride, "q_row_stride"},   {p.k_row_stride, "k_row_stride"},   {p.v_row_stride, "v_row_stride"},
+      {p.o_row_stride, "o_row_stride"},   {p.do_row_stride, "do_row_stride"}, {p.dq_row_stride, "dq_row_stride"},
+      {p.dk_row_stride, "dk_row_stride"}, {p.dv_row_stride, "dv_row_stride"}};
+  for (int i = 0; i < (backward ? 8 : 4); ++i) {
+    const int64_t s = all[i].stride;
+    if (s == 0 || (s >= hd && s % 8 == 0 && s <= (int64_t(1) << 24))) continue;
+    throw std::invalid_argument(std::string("tg::cuda::") + fn + ": " + all[i].name + " = " + std::to_string(s) +
+                                " must be 0 (contiguous, H·D = " + std::to_string(hd) +
+                                ") or ≥ H·D, ≤ 2^24 and a multiple of 8 elements (16-byte aligned token rows)");
+  }
+}
+
+// The row strides the kernels index with: every 0 ("contiguous") replaced by H·D. The launchers
+// pass the kernels this copy, so a kernel folds each stride into its per-block base pointers and
+// tile loads/stores once, with no "is it 0" test on the device.
+inline FlashAttentionParams with_resolved_row_strides(FlashAttentionParams p) {
+  const int64_t hd = p.H * p.D;
+  for (int64_t* s : {&p.q_row_stride, &p.k_row_stride, &p.v_row_stride, &p.o_row_stride, &p.do_row_stride,
+                     &p.dq_row_stride, &p.dk_row_stride, &p.dv_row_stride})
+    if (*s == 0) *s = hd;
+  return p;
+}
 
 // Shared-memory tiles are row-major bf16 with a row stride of D + 8 elements: the 16-byte pad
 // moves consecutive rows 4 banks apart, so the 8 row addresses of one ldmatrix 8×8 matrix land

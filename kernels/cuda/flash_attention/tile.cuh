@@ -51,21 +51,26 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 // dst (ROWS, LDS) smem ← rows [t0, t0 + ROWS) of one head, whose row t starts at src + t·ld with
-// D contiguous bf16. Rows ≥ T are zero-filled: later mmas multiply them (by P = 0 or into rows
-// never stored), and zeros, unlike stale smem, can never make a NaN.
+// D contiguous bf16 (ld: the token row stride in elements, ≤ 2^24 so that ROWS·ld fits 32 bits:
+// the tile's base t0·ld is formed once in 64 bits, each chunk's offset in 32). Rows ≥ T are
+// zero-filled: later mmas multiply them (by P = 0 or into rows never stored), and zeros, unlike
+// stale smem, can never make a NaN.
 template <int ROWS, int D, int LDS, int THREADS>
-__device__ __forceinline__ void load_tile(tg::bf16* dst, const tg::bf16* src, int64_t ld, int t0, int T,
+__device__ __forceinline__ void load_tile(tg::bf16* dst, const tg::bf16* src, int ld, int t0, int T,
                                           int tid) {
   constexpr int kChunksPerRow = D / 8;  // 16-byte chunks
   constexpr int kIters = ROWS * kChunksPerRow / THREADS;
   static_assert(ROWS * kChunksPerRow % THREADS == 0, "tile must split evenly over the threads");
+  static_assert(ROWS <= 128, "ROWS · ld must fit 32 bits for ld ≤ 2^24");
+  // Every caller has t0 < T, so row t0 exists: an invalid row (≥ T) reads it instead, which keeps
+  // the (ignored) source address well-formed.
+  const tg::bf16* tile = src + int64_t(t0) * ld;
 #pragma unroll
   for (int it = 0; it < kIters; ++it) {
     const int c = it * THREADS + tid;
     const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
     const bool valid = t0 + r < T;
-    // An invalid row still needs a well-formed address: row 0 of the head exists (T ≥ 1).
-    cp_async_16(dst + r * LDS + col, src + (valid ? int64_t(t0 + r) * ld : 0) + col, valid);
+    cp_async_16(dst + r * LDS + col, tile + ((valid ? r * ld : 0) + col), valid);
   }
 }
 
@@ -460,7 +465,7 @@ __device__ __forceinline__ void softmax_grad_col_bf16p(float (&dp)[N / 8][4], co
 // Rows [row0, row0 + 16) of one head (row t at dst + t·ld) ← acc · f[row], bf16; rows ≥ T are
 // never written. Each lane stores its column pairs as 4-byte bf16x2.
 template <int D>
-__device__ __forceinline__ void store_rows(tg::bf16* dst, int64_t ld, const float (&acc)[D / 8][4], const float (&f)[2],
+__device__ __forceinline__ void store_rows(tg::bf16* dst, int ld, const float (&acc)[D / 8][4], const float (&f)[2],
                                            int row0, int T, int lane) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
