@@ -161,28 +161,6 @@ __device__ __forceinline__ void mma_abt(float (&acc)[N / 8][4], const uint32_t (
   }
 }
 
-// acc += A · Bᵀ with A's 16×K rows read from smem one k-step at a time (keeps only 4 A registers
-// live instead of K/4).
-template <int N, int K>
-__device__ __forceinline__ void mma_abt_smem_a(float (&acc)[N / 8][4], const tg::bf16* a, int lda, const tg::bf16* b,
-                                               int ldb, int lane) {
-  static_assert(N % 16 == 0 && K % 16 == 0, "whole x4 loads only");
-  const tg::bf16* pa = a + (lane & 15) * lda + (lane >> 4) * 8;
-  const tg::bf16* pb = b + ((lane & 7) + (lane >> 4) * 8) * ldb + ((lane >> 3) & 1) * 8;
-#pragma unroll
-  for (int kk = 0; kk < K / 16; ++kk) {
-    uint32_t af[4];
-    ldmatrix_x4(af, pa + kk * 16);
-#pragma unroll
-    for (int nn = 0; nn < N / 16; ++nn) {
-      uint32_t f[4];
-      ldmatrix_x4(f, pb + nn * 16 * ldb + kk * 16);
-      mma_16x8x16(acc[2 * nn], af, f[0], f[1]);
-      mma_16x8x16(acc[2 * nn + 1], af, f[2], f[3]);
-    }
-  }
-}
-
 // acc += A · B, A in registers, B a (K, N) smem tile. Per k-step, one x4.trans covers n-tiles n0
 // and n0+8: matrices (k0+0..7, n0), (k0+8..15, n0), (k0+0..7, n0+8), (k0+8..15, n0+8), transposed,
 // are b0, b1 of n-tile n0 then of n0+8; lane l addresses row k0 + l%16, column n0 + 8·(l/16).
@@ -380,26 +358,6 @@ __device__ __forceinline__ void exp2_row_sum(float (&s)[N / 8][4], const float (
   }
 }
 
-// P = exp2(s − lse₂) with lse₂ per row (lse in log2 units; rows g and g+8 of this thread).
-template <int N>
-__device__ __forceinline__ void exp2_minus_row(float (&s)[N / 8][4], const float (&lse2)[2]) {
-#pragma unroll
-  for (int nt = 0; nt < N / 8; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) s[nt][e] = fast_exp2(s[nt][e] - lse2[e >> 1]);
-}
-
-// P = exp2(s − lse·log2e) with lse per column, read from smem (natural log units, as stored).
-template <int N>
-__device__ __forceinline__ void exp2_minus_col(float (&s)[N / 8][4], const float* lse, int lane) {
-#pragma unroll
-  for (int nt = 0; nt < N / 8; ++nt) {
-    const float2 L = *reinterpret_cast<const float2*>(lse + frag_col(lane, nt, 0));  // cols 2t, 2t+1
-#pragma unroll
-    for (int e = 0; e < 4; ++e) s[nt][e] = fast_exp2(s[nt][e] - ((e & 1) ? L.y : L.x) * kLog2e);
-  }
-}
-
 // P = exp2(s·scale₂ − lse₂) with lse₂ per row (log2 units; rows g and g+8 of this thread): the
 // scale folded into one FFMA per score. Masked entries are zeroed afterwards (mask_tile, value 0).
 template <int N>
@@ -431,18 +389,6 @@ __device__ __forceinline__ void softmax_grad_row(float (&dp)[N / 8][4], const fl
   for (int nt = 0; nt < N / 8; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dp[nt][e] = p[nt][e] * (dp[nt][e] - delta[e >> 1]);
-}
-
-// dSᵀ = Pᵀ ∘ (dPᵀ − delta) in place over dPᵀ, delta per column, read from smem.
-template <int N>
-__device__ __forceinline__ void softmax_grad_col(float (&dp)[N / 8][4], const float (&p)[N / 8][4],
-                                                 const float* delta, int lane) {
-#pragma unroll
-  for (int nt = 0; nt < N / 8; ++nt) {
-    const float2 Dl = *reinterpret_cast<const float2*>(delta + frag_col(lane, nt, 0));
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dp[nt][e] = p[nt][e] * (dp[nt][e] - ((e & 1) ? Dl.y : Dl.x));
-  }
 }
 
 // dSᵀ = Pᵀ ∘ (dPᵀ − delta) in place over dPᵀ, with Pᵀ read back from its bf16 A fragments (the
