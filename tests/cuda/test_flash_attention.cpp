@@ -5,6 +5,8 @@
 // d(qkv) buffer give the same bits as the contiguous layout; invalid strides are rejected.
 #include <gtest/gtest.h>
 
+#include "tests/cuda/cuda_test_util.h"
+
 #ifdef TILEGRAD_HAVE_CUDA
 
 #include <cuda_runtime.h>
@@ -20,20 +22,11 @@
 #include "kernels/cuda/flash_attention/flash.h"
 #include "src/tensor/dtype.h"
 
+using tg::testing::have_gpu;
+
 namespace {
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
-#define CHECK_CUDA(call)                                                                         \
-  do {                                                                                           \
-    cudaError_t e_ = (call);                                                                     \
-    if (e_ != cudaSuccess)                                                                       \
-      throw std::runtime_error(std::string(#call) + ": " + cudaGetErrorString(e_) + " at line " + \
-                               std::to_string(__LINE__));                                        \
-  } while (0)
 
 // Deterministic inputs in [-1, 1) (splitmix64), so a failure reproduces exactly.
 struct Rng {

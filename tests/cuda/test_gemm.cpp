@@ -1,6 +1,8 @@
 // Parity of cuda::gemm (cuBLASLt) with a double-precision CPU reference: transposes, batches, strides, epilogues, fp32/bf16, determinism.
 #include <gtest/gtest.h>
 
+#include "tests/cuda/cuda_test_util.h"
+
 #ifdef TILEGRAD_HAVE_CUDA
 
 #include <cuda_runtime.h>
@@ -19,23 +21,13 @@
 #include "src/tensor/dtype.h"
 #include "src/util/error.h"
 
+using tg::testing::have_gpu;
+
 namespace {
 
 using tg::cuda::Epilogue;
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
-// Throws so that gtest reports the failing call (helpers below return values, so no ASSERT_*).
-#define CHECK_CUDA(call)                                                                         \
-  do {                                                                                           \
-    cudaError_t e_ = (call);                                                                     \
-    if (e_ != cudaSuccess)                                                                       \
-      throw std::runtime_error(std::string(#call) + ": " + cudaGetErrorString(e_) + " at line " + \
-                               std::to_string(__LINE__));                                        \
-  } while (0)
 
 template <typename T> float to_float(T x);
 template <> float to_float(float x) { return x; }

@@ -2,6 +2,8 @@
 // specification), in fp32 and bf16, plus bitwise determinism of the reductions.
 #include <gtest/gtest.h>
 
+#include "tests/cuda/cuda_test_util.h"
+
 #ifdef TILEGRAD_HAVE_CUDA
 
 #include <cuda_runtime.h>
@@ -31,14 +33,12 @@
 #include "kernels/cuda/optim.h"
 #include "src/tensor/dtype.h"
 
+using tg::testing::have_gpu;
+
 namespace {
 
 using tg::bf16;
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
 // ── host-side values ──
 

@@ -9,6 +9,7 @@
 #include "src/nn/gpt.h"
 #include "src/ops/ops.h"
 #include "src/optim/adamw.h"
+#include "tests/cuda/cuda_test_util.h"
 #include "tests/test_util.h"
 
 #ifdef TILEGRAD_HAVE_CUDA
@@ -18,14 +19,7 @@
 namespace tg {
 namespace {
 
-bool have_gpu() {
-#ifdef TILEGRAD_HAVE_CUDA
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-#else
-  return false;
-#endif
-}
+using testing::have_gpu;
 
 #define REQUIRE_GPU() \
   if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine (or built without CUDA)"
