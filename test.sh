@@ -7,7 +7,7 @@ cd "$(dirname "$0")"
 tools/install_deps.sh gnuplot-nox python3-h5py
 BUILD_DIR="${BUILD_DIR:-build}"
 JOBS="${JOBS:-$(nproc)}"
-cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-}
 cmake --build "$BUILD_DIR" -j "$JOBS"
 # Two OpenMP threads per test process keeps ctest's parallel runs from oversubscribing.
 # Passive waiting: spinning OpenMP threads in one test process would starve the others.
