@@ -154,8 +154,9 @@ void launch_fwd(const FlashAttentionParams& p, cudaStream_t stream) {
   TG_CUDA_CHECK(cudaGetLastError());
 }
 
-// Why these block sizes (reasoned, not measured; the previous 16-rows-per-warp configurations
-// measured on the H200 are in the last line of each comment):
+// Why these block sizes (reasoned first, then measured on the H200 with `tilegrad bench attention`
+// at commit 21f9f53, before per-tensor row strides; docs/BENCHMARKS.md; the previous
+// 16-rows-per-warp configurations and their figures are in the last line of each comment):
 // A warp owns 2 row blocks (32 query rows), so every K or V fragment it loads with ldmatrix
 // feeds 2 mmas. Shared memory delivers 128 B/clk per SM and an m16n8k16 B fragment is 256 B,
 // so with one row block per warp the ldmatrix traffic alone capped the mmas at 0.5 per clock
@@ -163,14 +164,15 @@ void launch_fwd(const FlashAttentionParams& p, cudaStream_t stream) {
 // each warp two independent mma chains, which is what lets 8 warps per SM keep the tensor cores
 // busy (FlashAttention-2's forward: 4 warps × 32 rows).
 //
-// D = 64: 4 warps (Br = 128), Bc = 64 keys, Q fragments in registers. Per tile and warp: 32
+// D = 64 (measured 294.8 TF/s at T = 8192 full, 276.0 causal): 4 warps (Br = 128), Bc = 64 keys, Q fragments in registers. Per tile and warp: 32
 // ldmatrix.x4 for 128 mmas (0.25 x4/mma, was 0.5). O and S are 64 registers each, Q 32: ptxas
 // 251 regs (240 before per-tensor row strides), 0 spills under __launch_bounds__(128, 2); smem
 // 18 KiB Q + 2 stages × 2 × 9 KiB K/V = 54 KiB, 2 blocks (8 warps) per SM. Was: 8 warps × 16 rows, Bc 64, 128 regs, 2 blocks/SM
 // (measured 265.7 TF/s at T = 8192 full, 254.7 causal).
 void flash_fwd_hdim64(const FlashAttentionParams& p, cudaStream_t stream) { launch_fwd<64>(p, stream); }
 
-// D = 128: 4 warps (Br = 128), Bc = 32 keys, Q re-read from smem at every k-step. O alone is
+// D = 128 (measured 317.1 TF/s at T = 8192 full, 284.1 causal): 4 warps (Br = 128), Bc = 32 keys,
+// Q re-read from smem at every k-step. O alone is
 // 2 × 64 registers; Q in registers would add 64 and Bc = 64 another 64, past 255. Per tile and
 // warp: Q Kᵀ 8 k-steps × (2 Q + 2 K) x4, P V 2 × 8 x4 = 48 x4 for 128 mmas (0.375 x4/mma; was
 // 0.625 with 16 rows per warp). ptxas: 255 regs (254 before row strides), 0 spills under
