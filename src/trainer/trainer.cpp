@@ -113,7 +113,7 @@ std::string Trainer::save(const char* why) {
   return path;
 }
 
-void Trainer::maybe_sample(int64_t step) {
+void Trainer::log_sample(int64_t step) {
   SampleOptions so;
   so.tokens = config_.run.sample_tokens;
   so.temperature = 1.0;
@@ -250,7 +250,7 @@ TrainResult Trainer::run(const std::string& resume) {
       metrics("{\"type\":\"eval\",\"step\":" + std::to_string(done) + ",\"val_loss\":" +
               json_number(result.last_val_loss) + "}");
     }
-    if (rc.sample_every > 0 && done % rc.sample_every == 0) maybe_sample(done);
+    if (rc.sample_every > 0 && done % rc.sample_every == 0) log_sample(done);
     if (step_hook_) step_hook_(done);
     const bool stopping = stop_requested();
     if ((rc.ckpt_every > 0 && done % rc.ckpt_every == 0) || done == tc.max_steps || stopping)

@@ -47,7 +47,7 @@ class Trainer {
   void log_line(const std::string& s);
   void metrics(const std::string& json);
   std::string save(const char* why);
-  void maybe_sample(int64_t step);
+  void log_sample(int64_t step);
 
   Config config_;
   std::string config_yaml_;
