@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, run the whole test suite (GPU tests included), then the
 # benchmarks beside their PyTorch references. Logs go to $OUT (or ./gpu-out); a table prints last.
-# Usage: tools/gpu_check.sh [tests|bench|all]   (needs ../shared/bench copied to .bench/)
+# Usage: tools/gpu_check.sh [tests|sanitize|attn|profile|bench|all]   (needs ../shared/bench copied to .bench/)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHAT="${1:-all}"
@@ -35,22 +35,34 @@ if [ "$WHAT" = attn ] || [ "$WHAT" = all ]; then
     grep "^|" "$OUT/torch_attention.log"
   fi
 fi
-if [ "$WHAT" = profile ]; then
-  # Where a training step's GPU time goes, kernel by kernel (needs nsys on the machine).
-  if command -v nsys > /dev/null; then
-    nsys profile -o "$OUT/train" --force-overwrite true build-gpu/tilegrad bench train configs/gpt2-124m.yaml \
-      --set run.device=cuda --steps 3 --warmup 2 > "$OUT/nsys_run.log" 2>&1
-    nsys stats --report cuda_gpu_kern_sum --format csv "$OUT/train.nsys-rep" > "$OUT/kernels.csv" 2>&1
-    rm -f "$OUT/train.nsys-rep" "$OUT"/*.sqlite
-    head -40 "$OUT/kernels.csv" | cut -c1-220
-  else
-    echo "nsys is not installed on this machine"
-  fi
+if [ "$WHAT" = profile ] || [ "$WHAT" = all ]; then
+  # Where a training step's GPU time goes, kernel by kernel: ncu times every launch of one step
+  # (after 2 warm-up steps: the skip count only has to land past them) and the table sums by name.
+  ncu --metrics gpu__time_duration.sum --csv --launch-skip 1500 --launch-count 900 \
+    build-gpu/tilegrad bench train configs/gpt2-124m.yaml --set run.device=cuda --steps 2 --warmup 3 \
+    > "$OUT/ncu_train.csv" 2> "$OUT/ncu_train.err"
+  python3 - "$OUT/ncu_train.csv" <<'PY' | tee "$OUT/kernel_profile.txt"
+import csv, sys, collections
+rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
+head, body = rows[0], rows[1:]
+name, val = head.index("Kernel Name"), head.index("Metric Value")
+tot = collections.defaultdict(float); cnt = collections.Counter()
+for r in body:
+    k = r[name].split("(")[0][:90]
+    tot[k] += float(r[val].replace(",", "")); cnt[k] += 1
+all_ns = sum(tot.values())
+print(f"{len(body)} launches, {all_ns/1e6:.2f} ms of kernel time")
+for k, v in sorted(tot.items(), key=lambda x: -x[1])[:30]:
+    print(f"{100*v/all_ns:5.1f}%  {v/1e6:7.3f} ms  {cnt[k]:4d}x  {k}")
+PY
 fi
 if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
   for B in 16 32; do
     build-gpu/tilegrad bench train configs/gpt2-124m.yaml --set train.batch_size=$B run.device=cuda 2>&1 | tee -a "$OUT/bench_train.log"
   done
+  # The opt-in unordered dQ atomics of the attention backward.
+  build-gpu/tilegrad bench train configs/gpt2-124m.yaml --set train.batch_size=16 run.device=cuda train.deterministic=false \
+    2>&1 | grep '^{' | tee -a "$OUT/bench_train.log"
   # The materialised attention as the baseline of the fused kernel.
   build-gpu/tilegrad bench train configs/gpt2-124m.yaml --set train.batch_size=16 run.device=cuda model.attention=naive 2>&1 \
     | grep '^{' | tee -a "$OUT/bench_train.log"

@@ -29,6 +29,7 @@ int bench_train(const cli::Args& a) {
   const Device device = resolve_device(cfg.run.device);
   TG_CHECK(cfg.train.precision == "fp32" || device.is_cuda(), "train.precision bf16 needs a GPU");
   const DType compute = cfg.train.precision == "bf16" ? DType::bf16 : DType::f32;
+  ops::set_deterministic(cfg.train.deterministic);
   nn::GPT model(gpt_config_from(cfg.model), uint64_t(cfg.train.seed), DType::f32, device, compute);
   optim::AdamW opt(model.params(), {cfg.train.beta1, cfg.train.beta2, cfg.train.eps, cfg.train.weight_decay});
   const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len, V = cfg.model.vocab_size;
@@ -64,10 +65,11 @@ int bench_train(const cli::Args& a) {
   const MemoryStats m = memory_stats(device);
   std::printf(
       "{\"bench\":\"train\",\"config\":\"%s\",\"device\":\"%s\",\"precision\":\"%s\",\"attention\":\"%s\","
+      "\"deterministic\":%s,"
       "\"B\":%lld,\"T\":%lld,\"params\":%lld,\"ms_per_step\":%.2f,\"tokens_per_s\":%.0f,\"tflops\":%.1f,"
       "\"mfu_vs_989\":%.4f,\"peak_gib\":%.3f,\"loss\":%.4f}\n",
       a.positional[1].c_str(), device.str().c_str(), cfg.train.precision.c_str(), cfg.model.attention.c_str(),
-      (long long)B, (long long)T, (long long)model.params().numel(), dt * 1e3, tps, flops_per_token * tps / 1e12,
+      cfg.train.deterministic ? "true" : "false", (long long)B, (long long)T, (long long)model.params().numel(), dt * 1e3, tps, flops_per_token * tps / 1e12,
       flops_per_token * tps / 989e12, double(m.peak_total) / double(1ll << 30), loss);
   std::printf("peak memory by category:");
   for (int c = 0; c < kNumMemCategories; ++c)
@@ -118,8 +120,13 @@ int bench_attention(const cli::Args& a) {
   TG_CHECK(cuda_device_count() > 0, "tilegrad bench attention: needs a CUDA GPU");
   const Device dev = Device::cuda(0);
   const int64_t runs = a.get_int("steps", 20), warmup = a.get_int("warmup", 3), max_t = a.get_int("max-t", 32768);
-  std::printf("%-4s %-6s %-7s %-10s %-10s %-9s %-9s\n", "d", "T", "causal", "fwd ms", "bwd ms", "fwd TF/s", "bwd TF/s");
+  // bwd: the default, deterministic backward (dQ in a pass of its own); atomic: the opt-in
+  // backward that adds dQ with unordered atomics (FlashDq::kAtomic, train.deterministic: false).
+  std::printf("%-4s %-6s %-7s %-9s %-9s %-9s %-9s %-10s\n", "d", "T", "causal", "fwd ms", "bwd ms", "fwd TF/s",
+              "bwd TF/s", "atomic TF/s");
+  const int64_t only_d = a.get_int("head-dim", 0);  // 0: both
   for (int64_t D : {64, 128}) {
+    if (only_d != 0 && D != only_d) continue;
     const int64_t H = 2048 / D;
     for (int64_t T = 1024; T <= max_t; T *= 2) {
       const int64_t B = std::max<int64_t>(1, 16384 / T);
@@ -140,14 +147,19 @@ int bench_attention(const cli::Args& a) {
         auto bwd = [&] { cuda::flash_attention_backward(p, detail::cuda_stream()); };
         for (int64_t i = 0; i < warmup; ++i) fwd(), bwd();
         const double tf = median_seconds(runs, dev, fwd), tb = median_seconds(runs, dev, bwd);
+        p.dq_mode = cuda::FlashDq::kAtomic;
+        const double tb_atomic = median_seconds(runs, dev, bwd);
+        p.dq_mode = cuda::FlashDq::kRecompute;
         // FlashAttention papers' convention: 4·B·H·T²·d forward, halved when causal; backward 2.5×.
         const double flops = 4.0 * double(B * H) * double(T) * double(T) * double(D) / (causal ? 2.0 : 1.0);
-        std::printf("%-4lld %-6lld %-7s %-10.3f %-10.3f %-9.1f %-9.1f\n", (long long)D, (long long)T,
-                    causal ? "yes" : "no", tf * 1e3, tb * 1e3, flops / tf / 1e12, 2.5 * flops / tb / 1e12);
+        const double bf = 2.5 * flops / 1e12;
+        std::printf("%-4lld %-6lld %-7s %-9.3f %-9.3f %-9.1f %-9.1f %-10.1f\n", (long long)D, (long long)T,
+                    causal ? "yes" : "no", tf * 1e3, tb * 1e3, flops / tf / 1e12, bf / tb, bf / tb_atomic);
         std::printf("{\"bench\":\"attention\",\"impl\":\"tilegrad\",\"d\":%lld,\"T\":%lld,\"B\":%lld,\"H\":%lld,"
-                    "\"causal\":%s,\"fwd_ms\":%.4f,\"bwd_ms\":%.4f,\"fwd_tflops\":%.1f,\"bwd_tflops\":%.1f}\n",
+                    "\"causal\":%s,\"fwd_ms\":%.4f,\"bwd_ms\":%.4f,\"fwd_tflops\":%.1f,\"bwd_tflops\":%.1f,"
+                    "\"bwd_atomic_tflops\":%.1f}\n",
                     (long long)D, (long long)T, (long long)B, (long long)H, causal ? "true" : "false", tf * 1e3,
-                    tb * 1e3, flops / tf / 1e12, 2.5 * flops / tb / 1e12);
+                    tb * 1e3, flops / tf / 1e12, bf / tb, bf / tb_atomic);
         std::fflush(stdout);
       }
     }

@@ -164,6 +164,9 @@ const std::vector<Field>& fields() {
         TG_FIELD(train, max_bad_steps, "Consecutive non-finite-loss steps skipped before aborting.").min(0));
     t.push_back(TG_FIELD(train, precision, "Compute precision; bf16 keeps fp32 master weights (CUDA only).")
                     .one_of({"fp32", "bf16"}));
+    t.push_back(TG_FIELD(train, deterministic,
+                         "Bitwise reproducible GPU kernels; false lets the attention backward add dQ with "
+                         "unordered atomics (faster; the last bits vary from run to run)."));
     // run
     t.push_back(
         TG_FIELD(run, out_dir, "Run directory: log, metrics.jsonl, checkpoints, samples.").required());

@@ -47,6 +47,7 @@ struct TrainConfig {
   std::int64_t seed = 1337;        // seeds parameter init, data order and sampling
   int max_bad_steps = 5;           // consecutive non-finite-loss steps tolerated (skipped) before aborting
   std::string precision = "fp32";  // "fp32" or "bf16" (bf16 compute, fp32 master weights; CUDA only)
+  bool deterministic = true;       // false: GPU kernels may sum in a run-dependent order (faster attention backward)
   bool operator==(const TrainConfig&) const = default;
 };
 

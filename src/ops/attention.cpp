@@ -1,6 +1,7 @@
 // Attention on (B, T, H, D): the materialised reference, the fused FlashAttention op (CPU
 // kernel, or the CUDA tensor-core kernel for bf16 at head dims 64 and 128), and self-attention
 // straight from the fused qkv projection.
+#include <atomic>
 #include <cmath>
 #include <iostream>
 #include <mutex>
@@ -21,6 +22,12 @@ using detail::check_same;
 using detail::cuda_stream;
 using detail::dispatch;
 using detail::empty_like;
+
+namespace {
+std::atomic<bool> g_deterministic{true};
+}  // namespace
+void set_deterministic(bool on) { g_deterministic = on; }
+bool deterministic() { return g_deterministic; }
 
 namespace {
 void check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
@@ -114,6 +121,7 @@ std::tuple<Tensor, Tensor, Tensor> flash_backward(const Tensor& q, const Tensor&
     p.dk = dk.data<bf16>();
     p.dv = dv.data<bf16>();
     p.workspace = workspace.raw();
+    p.dq_mode = deterministic() ? cuda::FlashDq::kRecompute : cuda::FlashDq::kAtomic;
     cuda::flash_attention_backward(p, cuda_stream());
 #endif
     return {dq, dk, dv};
@@ -214,6 +222,7 @@ Tensor self_attention_gpu(const Tensor& qkv, int64_t n_head, double rope_base) {
     b.dq_row_stride = rotate ? 0 : 3 * C;
     b.dk_row_stride = rotate ? 0 : 3 * C;
     b.dv_row_stride = 3 * C;
+    b.dq_mode = deterministic() ? cuda::FlashDq::kRecompute : cuda::FlashDq::kAtomic;
     cuda::flash_attention_backward(b, cuda_stream());
     if (rotate) {
       Tensor dq_back = rope(dq, rope_base, 0, /*inverse=*/true), dk_back = rope(dk, rope_base, 0, /*inverse=*/true);

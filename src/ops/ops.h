@@ -44,6 +44,12 @@ Tensor causal_mask(const Tensor& scores /*(..., T, T)*/);  // future keys → �
 Tensor attention_softmax(const Tensor& scores, double scale, bool causal);
 
 // --- attention on (B, T, H, D) ---
+// Deterministic algorithms (on by default): where the fastest GPU kernel sums in an order that
+// varies from run to run (the fused attention backward's dQ, added with unordered atomics), the
+// ordered form runs instead, so two runs give the same bits. Process-wide, like PyTorch's
+// torch.use_deterministic_algorithms; the trainer sets it from train.deterministic.
+void set_deterministic(bool on);
+bool deterministic();
 enum class AttentionKind { flash, naive };
 // The reference: materialises S = QKᵀ·scale (B, H, T, T), masks, softmax, P·V; built from the ops above.
 Tensor attention_naive(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);

@@ -1,6 +1,7 @@
 // cuda::flash_attention_{forward,backward} vs a double-precision naive attention: O, lse, dQ, dK,
 // dV over head dims, sequence lengths (tails included) and the causal rule; every output proven
-// written (poisoned first); the backward bitwise reproducible. Row strides: q, k, v read straight
+// written (poisoned first); the default backward bitwise reproducible, the opt-in atomic dQ
+// within the same bounds. Row strides: q, k, v read straight
 // out of one packed (B, T, 3·H·D) qkv buffer and dq, dk, dv written into one (B, T, 3·H·D)
 // d(qkv) buffer give the same bits as the contiguous layout; invalid strides are rejected.
 #include <gtest/gtest.h>
@@ -239,6 +240,17 @@ TEST_P(FlashAttentionTest, MatchesDoubleReference) {
   const auto g2 = run_backward();
   for (int t = 0; t < 3; ++t)
     EXPECT_EQ(std::memcmp(g1[t].data(), g2[t].data(), n * sizeof(tg::bf16)), 0) << names[t] << " not reproducible";
+
+  // The opt-in atomic dQ meets the same bound; dK and dV do not depend on the dQ strategy (same
+  // kernel arithmetic, bit for bit).
+  p.dq_mode = tg::cuda::FlashDq::kAtomic;
+  const auto ga = run_backward();
+  const std::vector<double> gq = to_double(ga[0]);
+  ASSERT_EQ(count_nonfinite(gq), 0u) << "dQ (kAtomic) has NaN/inf";
+  EXPECT_LE(rel_error(gq, ref.dq), 5e-2) << "dQ (kAtomic)";
+  for (int t = 1; t < 3; ++t)
+    EXPECT_EQ(std::memcmp(ga[t].data(), g1[t].data(), n * sizeof(tg::bf16)), 0) << names[t] << " (kAtomic)";
+  p.dq_mode = tg::cuda::FlashDq::kRecompute;
 }
 
 // ─── Row strides: packed qkv ───
@@ -343,6 +355,20 @@ TEST_P(FlashAttentionPackedTest, MatchesContiguousBitwise) {
   const std::vector<tg::bf16>* g_c[3] = {&dq_c, &dk_c, &dv_c};
   for (int t = 0; t < 3; ++t)
     EXPECT_EQ(std::memcmp(g_p[t].data(), g_c[t]->data(), n * sizeof(tg::bf16)), 0) << names[t] << " differs from contiguous";
+
+  // The opt-in atomic dQ into the same strided d(qkv): every element written, dQ within the bound,
+  // dK and dV the same bits as before (only dQ's summation order changes).
+  dqkv.poison();
+  pws.poison();
+  pp.dq_mode = tg::cuda::FlashDq::kAtomic;
+  tg::cuda::flash_attention_backward(pp, nullptr);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  const std::vector<tg::bf16> g_atomic = dqkv.download();
+  ASSERT_EQ(count_nonfinite(to_double(g_atomic)), 0u) << "d(qkv) (kAtomic) has NaN/inf (unwritten elements?)";
+  EXPECT_LE(rel_error(to_double(unpack_rows(g_atomic, rows, hd, w, 0)), ref.dq), 5e-2) << "dQ (kAtomic)";
+  for (int t = 1; t < 3; ++t)
+    EXPECT_EQ(std::memcmp(unpack_rows(g_atomic, rows, hd, w, t * hd).data(), g_p[t].data(), n * sizeof(tg::bf16)), 0)
+        << names[t] << " (kAtomic)";
 }
 
 std::vector<Case> packed_cases() {

@@ -142,7 +142,7 @@ TEST(Config, RoundTripThroughYaml) {
 
 TEST(Config, ReferenceTableCoversEveryKey) {
   const std::vector<tg::ConfigKeyDoc> ref = tg::config_reference();
-  EXPECT_EQ(ref.size(), 10u + 2u + 16u + 9u);
+  EXPECT_EQ(ref.size(), 10u + 2u + 17u + 9u);
   bool saw_lr = false;
   for (const tg::ConfigKeyDoc& d : ref) {
     EXPECT_FALSE(d.description.empty()) << d.key;
@@ -154,6 +154,10 @@ TEST(Config, ReferenceTableCoversEveryKey) {
     }
     if (d.key == "model.attention") {
       EXPECT_EQ(d.type, "flash | naive");
+    }
+    if (d.key == "train.deterministic") {
+      EXPECT_EQ(d.type, "bool");
+      EXPECT_EQ(d.default_value, "true");
     }
   }
   EXPECT_TRUE(saw_lr);

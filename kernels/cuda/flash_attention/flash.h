@@ -16,6 +16,17 @@ namespace tg::cuda {
 // with q, k, v at column offsets 0, H·D, 2·H·D reads straight out of a fused (B, T, 3C) qkv
 // projection (and dq, dk, dv likewise write one (B, T, 3C) d(qkv) buffer). lse: (B, H, T) float, lse = max + log(sum) of each row of scale · q kᵀ [masked],
 // in natural-log units exactly as cpu::flash_attention_forward defines it.
+// How the backward forms dQ = scale · Σ_j dS_ij K_j (a sum over key blocks j):
+//   kRecompute (default) a kernel parallel over query blocks recomputes S and dP to form dQ in
+//              registers, summing over j in a fixed order: deterministic, 7 matmuls per
+//              (query tile, key tile) pair.
+//   kAtomic    the dK/dV kernel, which already holds dS, adds dS_ij K_j into an fp32 buffer
+//              with unordered atomics: 5 matmuls per pair, but the rounding, and so the last
+//              bits of dQ, depend on the order the GPU happens to run them. Opt-in.
+// (A third way, the same adds admitted in key-block order by per-tile semaphores, was built and
+// measured slower than kRecompute: docs/BENCHMARKS.md.)
+enum class FlashDq { kRecompute, kAtomic };
+
 struct FlashAttentionParams {
   const bf16* q;
   const bf16* k;
@@ -28,6 +39,7 @@ struct FlashAttentionParams {
   bf16* dk;
   bf16* dv;
   void* workspace;  // flash_attention_backward_workspace_bytes(B, T, H, D) bytes, 16-byte aligned
+  FlashDq dq_mode = FlashDq::kRecompute;
   int64_t B, T, H, D;
   float scale;  // applied to q kᵀ; usually 1/sqrt(D)
   bool causal;  // key index > query index is excluded
@@ -46,14 +58,16 @@ bool flash_attention_supported(int64_t D);  // D ∈ {64, 128}
 // v, o row strides valid (0, or ≥ H·D and a multiple of 8); std::invalid_argument otherwise.
 void flash_attention_forward(const FlashAttentionParams& p, cudaStream_t stream);
 
-// Scratch the backward needs: delta = rowsum(dO ∘ O), (B, H, T) floats.
+// Scratch the backward needs: delta = rowsum(dO ∘ O), (B, H, T) floats, and for kAtomic the fp32
+// dQ accumulator, (B, H, T rounded up to the query tile, D) floats (sized for either mode).
 size_t flash_attention_backward_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t D);
 
 // dq, dk, dv are overwritten (bf16), given the forward's o and lse. Requires every pointer 16-byte
 // aligned and all eight row strides valid (as for the forward); std::invalid_argument otherwise.
 // Only the H·D elements of each token row are written: with strided dq, dk, dv the rest of the
-// row (e.g. the other two thirds of a d(qkv) buffer) is left untouched. Deterministic: no atomics,
-// every reduction in a fixed order, so two calls give bitwise equal gradients.
+// row (e.g. the other two thirds of a d(qkv) buffer) is left untouched. With dq_mode kRecompute
+// every reduction runs in a fixed order, so two calls give bitwise equal gradients; kAtomic gives
+// that up for dQ (dK and dV stay deterministic).
 void flash_attention_backward(const FlashAttentionParams& p, cudaStream_t stream);
 
 }  // namespace tg::cuda

@@ -53,10 +53,17 @@ __global__ void flash_bwd_delta_kernel(const tg::bf16* __restrict__ o, int64_t l
 // fragment of Pᵀ, so dV += Pᵀ dO and dK += dSᵀ Q need no shared-memory transpose. The query
 // tiles (Q, dO and their lse, delta) stream through smem double-buffered, each fragment read
 // from them feeding R mmas; dK, dV accumulate in fp32 registers.
-template <class Tr>
+//
+// With Mode kAtomic the block also forms this key block's share of dQ: dSᵀ goes through smem,
+// the block computes dQ_i += dS K_j and adds it into the fp32 buffer dq_accum with unordered
+// atomics (kept unscaled; flash_bwd_dq_convert_kernel scales and rounds it). With kRecompute it
+// does not: flash_bwd_dq_kernel forms dQ in a deterministic pass of its own.
+template <class Tr, FlashDq Mode>
 __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dkdv_kernel(const FlashAttentionParams p,
-                                                                       const float* __restrict__ delta) {
+                                                                       const float* __restrict__ delta,
+                                                                       float* __restrict__ dq_accum) {
   constexpr int D = Tr::kD, Bc = Tr::kOwn, Br = Tr::kStream, LDS = Tr::kLds, NT = Tr::kThreads, R = Tr::kRowBlocks;
+  constexpr bool kFormDq = Mode == FlashDq::kAtomic;
   static_assert(Tr::kDkdvAccRegs + 32 <= 255, "dK, dV, Sᵀ, dPᵀ plus ~32 working registers must fit 255");
   extern __shared__ __align__(16) unsigned char smem[];
   tg::bf16* sK = reinterpret_cast<tg::bf16*>(smem);  // (Bc, LDS)
@@ -65,6 +72,7 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dkdv_kernel(const Flas
   tg::bf16* sdO = sQ + kStages * Tr::kTileStream;      // (stage, Br, LDS)
   float* sL = reinterpret_cast<float*>(smem + Tr::kSmemBf16Bytes);  // (stage, Br) lse
   float* sDelta = sL + kStages * Br;                                  // (stage, Br) delta
+  tg::bf16* sdSt = reinterpret_cast<tg::bf16*>(smem + Tr::kSmemBytes);  // (Bc, kLdsDs) dSᵀ, kFormDq only
 
   const int T = int(p.T), H = int(p.H);
   const bool causal = p.causal;
@@ -88,6 +96,7 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dkdv_kernel(const Flas
   // Causal: query blocks ending before k0 only see keys in their future, never visited.
   const int i_begin = causal ? k0 / Br : 0;
   const int n_qb = (T + Br - 1) / Br;
+  float* dQacc = dq_accum + (int64_t(b) * H + h) * int64_t(n_qb) * Br * D;  // this head's n_qb·Br rows
 
   load_tile<Bc, D, LDS, NT>(sK, K, ldk, k0, T, tid);
   load_tile<Bc, D, LDS, NT>(sV, V, ldv, k0, T, tid);
@@ -151,9 +160,24 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dkdv_kernel(const Flas
     for (int r = 0; r < R; ++r) {
       softmax_grad_col_bf16p<Br>(dp[r], pf[r], Di, lane);  // dSᵀ = Pᵀ ∘ (dPᵀ − delta), without the scale
       acc_to_a<Br>(dsf[r], dp[r]);
+      if constexpr (kFormDq) store_a_frags<Br>(sdSt + (warp * Tr::kWarpRows + r * kRowsPerWarp) * Tr::kLdsDs,
+                                               Tr::kLdsDs, dsf[r], lane);
     }
     mma_ab_rows<R, D, Br>(dk, dsf, Qi, LDS, lane);  // dK += dSᵀ Q
-    __syncthreads();                                 // stage st is overwritten by the next prefetch
+
+    if constexpr (kFormDq) {
+      __syncthreads();  // the whole dSᵀ tile is in smem
+      constexpr int QR = Br / kRowsPerWarp, DQC = Tr::kDqCols;
+      const int c0 = warp * DQC;
+      float dq[QR][DQC / 8][4];  // dQ_i (Br, D) columns [c0, c0 + DQC): this key block's share
+#pragma unroll
+      for (int r = 0; r < QR; ++r) zero(dq[r]);
+      mma_ab_smem_at_rows<QR, DQC, Bc>(dq, sdSt, Tr::kLdsDs, sK + c0, LDS, lane);  // dS K
+      float* dst = dQacc + int64_t(q0) * D + c0;
+#pragma unroll
+      for (int r = 0; r < QR; ++r) accumulate_rows_f32<DQC>(dst, D, dq[r], r * kRowsPerWarp, lane);
+    }
+    __syncthreads();  // stage st (and the dSᵀ tile) is overwritten next
   }
 
   // dK = scale · Σ dSᵀ Q: the softmax scale applied once, in fp32.
@@ -163,6 +187,29 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dkdv_kernel(const Flas
     store_rows<D>(dK, int(p.dk_row_stride), dk[r], fk, key0 + r * kRowsPerWarp, T, lane);
     store_rows<D>(dV, int(p.dv_row_stride), dv[r], fv, key0 + r * kRowsPerWarp, T, lane);
   }
+}
+
+// dQ (B, T, H, D) bf16 = scale · dq_accum (B, H, Tpad, D) fp32, the dK/dV kernel's sums. One
+// thread per 8 elements of a (token, head) row: two 16-byte loads, one 16-byte store.
+template <int D>
+__global__ void flash_bwd_dq_convert_kernel(const float* __restrict__ dq_accum, int64_t t_pad, tg::bf16* dq,
+                                            int64_t lddq, int64_t rows, int T, int H, float scale) {
+  constexpr int G = D / 8;
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t row = idx / G;  // (b·T + t)·H + h
+  if (row >= rows) return;
+  const int part = int(idx % G);
+  const int64_t bt = row / H;
+  const int h = int(row - bt * H);
+  const int64_t t = bt % T, b = bt / T;
+  const float4* src = reinterpret_cast<const float4*>(dq_accum + ((b * H + h) * t_pad + t) * D + part * 8);
+  const float4 x = src[0], y = src[1];
+  uint4 out;
+  out.x = pack_bf16x2(x.x * scale, x.y * scale);
+  out.y = pack_bf16x2(x.z * scale, x.w * scale);
+  out.z = pack_bf16x2(y.x * scale, y.y * scale);
+  out.w = pack_bf16x2(y.z * scale, y.w * scale);
+  *reinterpret_cast<uint4*>(dq + bt * lddq + h * D + part * 8) = out;
 }
 
 // dQ for one query block: one block per (query block, head, batch). Warp w owns the R 16-row
@@ -272,35 +319,70 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dq_kernel(const FlashA
     store_rows<D>(dQ, int(p.dq_row_stride), dq[r], fq, row0 + r * kRowsPerWarp, T, lane);
 }
 
+// The backward's scratch, carved out of p.workspace in this order (each part 256-byte aligned):
+// delta (B, H, T) fp32; the dQ accumulator (B, H, n_qb·Br, D) fp32, padded to whole query
+// tiles of the dK/dV kernel so that its adds need no bounds test (kAtomic only).
+template <int D>
+struct BwdWorkspace {
+  static constexpr int kBr = flash::DkdvConfig<D>::type::kStream;
+  static size_t round_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
+  static int64_t n_qb(int64_t T) { return (T + kBr - 1) / kBr; }
+  static size_t delta_bytes(int64_t B, int64_t T, int64_t H) { return round_up(size_t(B * H * T) * sizeof(float)); }
+  static size_t accum_bytes(int64_t B, int64_t T, int64_t H) {
+    return round_up(size_t(B * H) * size_t(n_qb(T) * kBr) * D * sizeof(float));
+  }
+  static size_t bytes(int64_t B, int64_t T, int64_t H) { return delta_bytes(B, T, H) + accum_bytes(B, T, H); }
+
+  float* delta;
+  float* dq_accum;
+  explicit BwdWorkspace(const FlashAttentionParams& p) {
+    unsigned char* base = static_cast<unsigned char*>(p.workspace);
+    delta = reinterpret_cast<float*>(base);
+    dq_accum = reinterpret_cast<float*>(base + delta_bytes(p.B, p.T, p.H));
+  }
+};
+
 }  // namespace flash
 
 // ───────────────────────────── launchers ─────────────────────────────
 
 namespace {
 
-template <class Tr, typename Kernel>
-void launch_bwd_kernel(Kernel kernel, const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
-  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tr::kSmemBytes)));
+template <class Tr, typename Kernel, typename... Args>
+void launch_bwd_kernel(Kernel kernel, size_t smem_bytes, const FlashAttentionParams& p, cudaStream_t stream,
+                       Args... args) {
+  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
   const dim3 grid(unsigned((p.T + Tr::kOwn - 1) / Tr::kOwn), unsigned(p.H), unsigned(p.B));
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, delta);
+  kernel<<<grid, Tr::kThreads, smem_bytes, stream>>>(p, args...);
   TG_CUDA_CHECK(cudaGetLastError());
 }
 
 template <int D>
 void launch_bwd(const FlashAttentionParams& p_in, cudaStream_t stream) {
   const FlashAttentionParams p = flash::with_resolved_row_strides(p_in);  // 0 strides → H·D
-  float* delta = static_cast<float*>(p.workspace);  // (B, H, T)
+  using Ws = flash::BwdWorkspace<D>;
+  const Ws ws(p);
   const int64_t rows = p.B * p.T * p.H;
   constexpr int kThreads = 256;
-  const int64_t blocks = (rows * (D / 8) + kThreads - 1) / kThreads;
-  flash::flash_bwd_delta_kernel<D><<<unsigned(blocks), kThreads, 0, stream>>>(
-      p.o, p.o_row_stride, p.dout, p.do_row_stride, delta, rows, int(p.T), int(p.H));
+  const unsigned row_blocks = unsigned((rows * (D / 8) + kThreads - 1) / kThreads);
+  flash::flash_bwd_delta_kernel<D><<<row_blocks, kThreads, 0, stream>>>(p.o, p.o_row_stride, p.dout, p.do_row_stride,
+                                                                        ws.delta, rows, int(p.T), int(p.H));
   TG_CUDA_CHECK(cudaGetLastError());
 
   using Dkdv = typename flash::DkdvConfig<D>::type;
-  launch_bwd_kernel<Dkdv>(flash::flash_bwd_dkdv_kernel<Dkdv>, p, delta, stream);
-  using Dq = typename flash::DqConfig<D>::type;
-  launch_bwd_kernel<Dq>(flash::flash_bwd_dq_kernel<Dq>, p, delta, stream);
+  if (p.dq_mode == FlashDq::kRecompute) {
+    launch_bwd_kernel<Dkdv>(flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kRecompute>, Dkdv::kSmemBytes, p, stream,
+                            static_cast<const float*>(ws.delta), ws.dq_accum);
+    using Dq = typename flash::DqConfig<D>::type;
+    launch_bwd_kernel<Dq>(flash::flash_bwd_dq_kernel<Dq>, Dq::kSmemBytes, p, stream, static_cast<const float*>(ws.delta));
+    return;
+  }
+  TG_CUDA_CHECK(cudaMemsetAsync(ws.dq_accum, 0, Ws::accum_bytes(p.B, p.T, p.H), stream));  // every key block adds
+  launch_bwd_kernel<Dkdv>(flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kAtomic>, Dkdv::kSmemDkdvBytes, p, stream,
+                          static_cast<const float*>(ws.delta), ws.dq_accum);
+  flash::flash_bwd_dq_convert_kernel<D><<<row_blocks, kThreads, 0, stream>>>(
+      ws.dq_accum, Ws::n_qb(p.T) * Ws::kBr, p.dq, p.dq_row_stride, rows, int(p.T), int(p.H), p.scale);
+  TG_CUDA_CHECK(cudaGetLastError());
 }
 
 // Why these block sizes (reasoned first, then measured on the H200 with `tilegrad bench attention`
@@ -330,9 +412,8 @@ void flash_bwd_hdim128(const FlashAttentionParams& p, cudaStream_t stream) { lau
 
 }  // namespace
 
-size_t flash_attention_backward_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t /*D*/) {
-  const size_t bytes = size_t(B) * size_t(T) * size_t(H) * sizeof(float);  // delta (B, H, T)
-  return (bytes + 255) / 256 * 256;
+size_t flash_attention_backward_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t D) {
+  return D == 64 ? flash::BwdWorkspace<64>::bytes(B, T, H) : flash::BwdWorkspace<128>::bytes(B, T, H);  // any other D: none runs
 }
 
 void flash_attention_backward(const FlashAttentionParams& p, cudaStream_t stream) {

@@ -115,6 +115,14 @@ struct BwdTraits {
   // accumulators (dK and dV: 2 × rows × D; dQ: rows × D) plus S and dP (2 × rows × Stream).
   static constexpr int kDkdvAccRegs = kWarpRows * (2 * kD + 2 * kStream) / 32;
   static constexpr int kDqAccRegs = kWarpRows * (kD + 2 * kStream) / 32;
+  // dK/dV kernel forming dQ too (FlashDq::kAtomic): dSᵀ of the current tile pair goes
+  // through smem (own rows × streamed rows, bf16, row stride Stream + 8: 16-byte aligned rows,
+  // conflict-free ldmatrix) so that the whole block can compute dQ_i = dS K_j, warp w the
+  // columns [w·kDqCols, (w + 1)·kDqCols) of all Stream query rows.
+  static constexpr int kLdsDs = kStream + 8;
+  static constexpr size_t kSmemDsBytes = size_t(kOwn) * kLdsDs * 2;
+  static constexpr size_t kSmemDkdvBytes = kSmemBytes + kSmemDsBytes;
+  static constexpr int kDqCols = kD / kWarps;
 
   static_assert(kRowBlocks == 1 || kRowBlocks == 2, "a warp owns one or two 16-row blocks");
   static_assert(kD % 16 == 0, "D must be a multiple of the mma k-step (16)");
@@ -124,6 +132,9 @@ struct BwdTraits {
   static_assert((kStream * kD / 8) % kThreads == 0, "streamed tile must split evenly into 16-byte chunks");
   static_assert(kSmemBf16Bytes % 16 == 0, "fp32 lse/delta region must start aligned");
   static_assert(kSmemBytes <= 227 * 1024, "exceeds Hopper's per-block shared memory");
+  static_assert(kSmemDkdvBytes <= 227 * 1024, "dK/dV with the dS tile exceeds Hopper's per-block shared memory");
+  static_assert(kD % kWarps == 0 && kDqCols % 16 == 0, "dQ columns must split over the warps in x4 loads");
+  static_assert((kLdsDs * 2) % 16 == 0, "dS rows must stay 16-byte aligned for ldmatrix");
 };
 
 // The configurations, one per head dim; the reasons are given at the launch functions

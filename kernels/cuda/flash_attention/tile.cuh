@@ -252,6 +252,51 @@ __device__ __forceinline__ void mma_ab_rows(float (&acc)[R][N / 8][4], const uin
   }
 }
 
+// acc[r] += A[r] · B where A is stored transposed in smem: element (m, k) of A at a[k·lda + m]
+// (K-major, e.g. dSᵀ written as keys × queries), A[r] its rows m ∈ [16r, 16r + 16), read one
+// k-step at a time with ldmatrix.trans; B a (K, N) smem tile as in mma_ab. For a k-step the x4
+// matrices are the stored 8×8 blocks (k 0-7, m 0-7), (k 0-7, m 8-15), (k 8-15, m 0-7),
+// (k 8-15, m 8-15), whose transposes are a0..a3: lane l addresses stored row k0 + 8·(l/16) +
+// l%8, column 16r + 8·((l/8)%2).
+template <int R, int N, int K>
+__device__ __forceinline__ void mma_ab_smem_at_rows(float (&acc)[R][N / 8][4], const tg::bf16* a, int lda,
+                                                   const tg::bf16* b, int ldb, int lane) {
+  static_assert(N % 16 == 0 && K % 16 == 0, "whole x4 loads only");
+  const tg::bf16* pa = a + ((lane >> 4) * 8 + (lane & 7)) * lda + ((lane >> 3) & 1) * 8;
+  const tg::bf16* pb = b + (lane & 15) * ldb + (lane >> 4) * 8;
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    uint32_t af[R][4];
+#pragma unroll
+    for (int r = 0; r < R; ++r) ldmatrix_x4_trans(af[r], pa + kk * 16 * lda + r * 16);
+#pragma unroll
+    for (int nn = 0; nn < N / 16; ++nn) {
+      uint32_t f[4];
+      ldmatrix_x4_trans(f, pb + kk * 16 * ldb + nn * 16);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        mma_16x8x16(acc[r][2 * nn], af[r], f[0], f[1]);
+        mma_16x8x16(acc[r][2 * nn + 1], af[r], f[2], f[3]);
+      }
+    }
+  }
+}
+
+// The 16×K tile held as A fragments (bf16) → row-major smem at tile (row stride ld), each lane
+// storing its four bf16x2 pairs per k-step (rows g, g+8; columns 2t, 2t+8 of the k-step).
+template <int K>
+__device__ __forceinline__ void store_a_frags(tg::bf16* tile, int ld, const uint32_t (&a)[K / 16][4], int lane) {
+  uint32_t* lo = reinterpret_cast<uint32_t*>(tile + (lane >> 2) * ld + (lane & 3) * 2);
+  uint32_t* hi = reinterpret_cast<uint32_t*>(tile + ((lane >> 2) + 8) * ld + (lane & 3) * 2);
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    lo[kk * 8] = a[kk][0];
+    hi[kk * 8] = a[kk][1];
+    lo[kk * 8 + 4] = a[kk][2];
+    hi[kk * 8 + 4] = a[kk][3];
+  }
+}
+
 // a (16×N as A fragments, bf16) ← c (16×N accumulator, fp32). The C layout of n-tiles 2k and
 // 2k+1 is exactly the A layout of k-step k (a0 = c[2k] rows g, a1 = c[2k] rows g+8, a2 = c[2k+1]
 // rows g, a3 = c[2k+1] rows g+8), so P and dS go from one mma to the next without leaving registers.
@@ -405,6 +450,26 @@ __device__ __forceinline__ void softmax_grad_col_bf16p(float (&dp)[N / 8][4], co
     dp[nt][1] = __uint_as_float(lo_rows & 0xffff0000u) * (dp[nt][1] - Dl.y);
     dp[nt][2] = __uint_as_float(hi_rows << 16) * (dp[nt][2] - Dl.x);
     dp[nt][3] = __uint_as_float(hi_rows & 0xffff0000u) * (dp[nt][3] - Dl.y);
+  }
+}
+
+// ── Global fp32 accumulation (the backward's opt-in atomic dQ) ──
+
+// p[0], p[1] += a, b: one vector reduction, performed at L2 (sm_90), no value returned.
+__device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+}
+
+// dst rows [row0, row0 + 16) (fp32, row stride ld) += acc (16 rows × N) of a warp, as vector
+// reductions. The caller guarantees the rows exist (the dQ buffer is padded to whole tiles).
+template <int N>
+__device__ __forceinline__ void accumulate_rows_f32(float* dst, int ld, const float (&acc)[N / 8][4], int row0,
+                                                    int lane) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float* out = dst + (row0 + (lane >> 2) + 8 * i) * ld;
+#pragma unroll
+    for (int nt = 0; nt < N / 8; ++nt) red_add_f32x2(out + frag_col(lane, nt, 0), acc[nt][2 * i], acc[nt][2 * i + 1]);
   }
 }
 
