@@ -22,9 +22,12 @@ template <typename T>
 void add_inplace(T* dst, const T* src, int64_t n, cudaStream_t stream);
 
 // out (cols) = sum over rows of x (rows, cols), accumulated in fp32 in a fixed order (bitwise
-// reproducible). One pass, no scratch; parallel over column tiles of 32 (see elementwise.cu).
+// reproducible): blocks over (column tile, row chunk) write fp32 partial sums to scratch, which a
+// second pass adds in chunk order (see elementwise.cu). scratch: sum_rows_scratch_floats(rows,
+// cols) floats; the chunking depends only on (rows, cols).
+size_t sum_rows_scratch_floats(int64_t rows, int64_t cols);
 template <typename T>
-void sum_rows(const T* x, T* out, int64_t rows, int64_t cols, cudaStream_t stream);
+void sum_rows(const T* x, T* out, int64_t rows, int64_t cols, float* scratch, cudaStream_t stream);
 
 // out (n) = a (n) ∘ b (n).
 template <typename T>

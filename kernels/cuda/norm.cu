@@ -202,6 +202,97 @@ __global__ void __launch_bounds__(kLnBwdWarps * 32)
   }
 }
 
+// The same backward with everything a lane touches in registers, for rows of at most 32·V·P
+// elements (P ≤ 4 vectors per lane: C ≤ 1024 in bf16, 512 in fp32; GPT-2 small's C = 768 is
+// P = 3). Each lane keeps its columns' weight, the row's x and dout between the two passes, and
+// its dweight/dbias sums, so a row is read from global memory once and the shared-memory
+// read-modify-writes of the general kernel are gone; the warps fold through shared memory once,
+// at the end, in the same order, into the same partial rows.
+constexpr int kLnBwdMaxPacksPerLane = 4;
+
+template <int V, int P, typename T>
+__global__ void __launch_bounds__(kLnBwdWarps * 32)
+    layernorm_backward_regs_kernel(const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ mean,
+                                   const float* __restrict__ rstd, const T* __restrict__ dout, T* __restrict__ dx,
+                                   int64_t N, int64_t C, int64_t rows_per_block, float* __restrict__ partial_dw,
+                                   float* __restrict__ partial_db) {
+  extern __shared__ float acc[];  // [kLnBwdWarps][C] for dweight, then [kLnBwdWarps][C] for dbias
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t packs = C / V;
+  float fw[P][V], adw[P][V], adb[P][V];
+#pragma unroll
+  for (int i = 0; i < P; ++i) {
+    const int64_t p = lane + 32 * i;
+#pragma unroll
+    for (int k = 0; k < V; ++k) fw[i][k] = adw[i][k] = adb[i][k] = 0.0f;
+    if (p < packs) load_vec<V>(w + p * V, fw[i]);
+  }
+  const int64_t r0 = int64_t(blockIdx.x) * rows_per_block;
+  const int64_t r1 = r0 + rows_per_block < N ? r0 + rows_per_block : N;
+  for (int64_t row = r0 + warp; row < r1; row += kLnBwdWarps) {
+    const T* xr = x + row * C;
+    const T* dr = dout + row * C;
+    const float m = mean[row], rs = rstd[row];
+    float fx[P][V], fd[P][V];
+    float s1 = 0.0f, s2 = 0.0f;  // Σ dnorm, Σ dnorm·norm
+#pragma unroll
+    for (int i = 0; i < P; ++i) {
+      const int64_t p = lane + 32 * i;
+      if (p < packs) {
+        load_vec<V>(xr + p * V, fx[i]);
+        load_vec<V>(dr + p * V, fd[i]);
+      } else {
+#pragma unroll
+        for (int k = 0; k < V; ++k) fx[i][k] = m, fd[i][k] = 0.0f;  // contribute nothing
+      }
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float dnorm = fd[i][k] * fw[i][k];
+        s1 += dnorm;
+        s2 += dnorm * ((fx[i][k] - m) * rs);
+      }
+    }
+    const float dnorm_mean = warp_sum(s1) / float(C);
+    const float dnorm_norm_mean = warp_sum(s2) / float(C);
+    T* dxr = dx + row * C;
+#pragma unroll
+    for (int i = 0; i < P; ++i) {
+      const int64_t p = lane + 32 * i;
+      if (p >= packs) continue;
+      float g[V];
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float norm = (fx[i][k] - m) * rs;
+        g[k] = (fd[i][k] * fw[i][k] - dnorm_mean - norm * dnorm_norm_mean) * rs;
+        adw[i][k] += fd[i][k] * (fx[i][k] - m) * rs;
+        adb[i][k] += fd[i][k];
+      }
+      store_vec<V>(dxr + p * V, g);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < P; ++i) {
+    const int64_t p = lane + 32 * i;
+    if (p >= packs) continue;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      acc[warp * C + p * V + k] = adw[i][k];
+      acc[(kLnBwdWarps + warp) * C + p * V + k] = adb[i][k];
+    }
+  }
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    float sw = 0.0f, sb = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kLnBwdWarps; ++k) {
+      sw += acc[k * C + c];
+      sb += acc[(kLnBwdWarps + k) * C + c];
+    }
+    partial_dw[int64_t(blockIdx.x) * C + c] = sw;
+    partial_db[int64_t(blockIdx.x) * C + c] = sb;
+  }
+}
+
 // ── softmax ──
 // TPR threads per row; rows per block = blockDim.x / TPR (TPR > 32 means one row per block).
 template <int V, int TPR, typename T>
@@ -438,7 +529,16 @@ void layernorm_backward(const T* x, const T* weight, const float* mean, const fl
                                                            partial_dw, partial_db);
     TG_CUDA_CHECK(cudaGetLastError());
   };
-  if (vec) {
+  const int64_t packs_per_lane = (C / V + 31) / 32;
+  if (vec && packs_per_lane == 1) {
+    launch(layernorm_backward_regs_kernel<V, 1, T>);
+  } else if (vec && packs_per_lane == 2) {
+    launch(layernorm_backward_regs_kernel<V, 2, T>);
+  } else if (vec && packs_per_lane == 3) {
+    launch(layernorm_backward_regs_kernel<V, 3, T>);
+  } else if (vec && packs_per_lane == kLnBwdMaxPacksPerLane) {
+    launch(layernorm_backward_regs_kernel<V, kLnBwdMaxPacksPerLane, T>);
+  } else if (vec) {
     launch(layernorm_backward_kernel<V, T>);
   } else {
     launch(layernorm_backward_kernel<1, T>);

@@ -24,7 +24,10 @@ bool is_suffix(const Shape& small, const Shape& big) {
 Tensor sum_rows(const char* op, const Tensor& g, const Shape& shape, int64_t rows, int64_t cols) {
   Tensor out = Tensor::empty(shape, g.dtype(), g.device());
   dispatch(op, g, [&]<typename T>() { cpu::sum_rows(g.data<T>(), out.data<T>(), rows, cols); },
-           [&]<typename T>() { cuda::sum_rows(g.data<T>(), out.data<T>(), rows, cols, cuda_stream()); });
+           [&]<typename T>() {
+             Tensor scratch = detail::workspace_floats(cuda::sum_rows_scratch_floats(rows, cols), g.device());
+             cuda::sum_rows(g.data<T>(), out.data<T>(), rows, cols, scratch.data<float>(), cuda_stream());
+           });
   return out;
 }
 }  // namespace

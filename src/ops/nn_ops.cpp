@@ -129,7 +129,10 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
            if (has_bias) {
              gb = Tensor::empty({N}, g.dtype(), g.device());
              dispatch("linear backward", g, [&]<typename T>() { cpu::sum_rows(g.data<T>(), gb.data<T>(), rows, N); },
-                      [&]<typename T>() { cuda::sum_rows(g.data<T>(), gb.data<T>(), rows, N, cuda_stream()); });
+                      [&]<typename T>() {
+                        Tensor scratch = detail::workspace_floats(cuda::sum_rows_scratch_floats(rows, N), g.device());
+                        cuda::sum_rows(g.data<T>(), gb.data<T>(), rows, N, scratch.data<float>(), cuda_stream());
+                      });
            }
            return std::vector<Tensor>{gx, gw, gb};
          });

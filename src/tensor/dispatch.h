@@ -1,6 +1,7 @@
 // Backend dispatch shared by ops, autograd and the optimizer: pick the kernel family for a
 // tensor's device and instantiate it for its dtype; plus the common input checks of ops.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -57,5 +58,11 @@ inline void check_same(const char* op, const Tensor& a, const Tensor& b) {
 }
 
 inline Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), t.dtype(), t.device()); }
+
+// n fp32 scratch floats on `device`, counted as workspace (kernels' partial sums and the like).
+inline Tensor workspace_floats(size_t n, Device device) {
+  MemoryCategoryScope ws(MemCategory::workspace);
+  return Tensor::empty({int64_t(std::max<size_t>(n, 1))}, DType::f32, device);
+}
 
 }  // namespace tg::detail

@@ -180,12 +180,15 @@ void case_sum_rows(double tol, int64_t rows, int64_t cols) {
   std::vector<float> ref(cols);
   tg::cpu::sum_rows(x.data(), ref.data(), rows, cols);
   DevBuf<T> dx(x.size()), dout(cols);
+  DevBuf<float> scratch(tg::cuda::sum_rows_scratch_floats(rows, cols) + 1);
+  scratch.poison();  // the partial sums must all be written before they are read
   dx.upload(x);
-  tg::cuda::sum_rows(dx.p, dout.p, rows, cols, kStream);
+  tg::cuda::sum_rows(dx.p, dout.p, rows, cols, scratch.p, kStream);
   EXPECT_PARITY(dout.download(), ref, tol);
   auto first = dout.download_raw();
   dout.poison();
-  tg::cuda::sum_rows(dx.p, dout.p, rows, cols, kStream);
+  scratch.poison();
+  tg::cuda::sum_rows(dx.p, dout.p, rows, cols, scratch.p, kStream);
   EXPECT_TRUE(same_bytes(first, dout.download_raw())) << "sum_rows is not bitwise reproducible";
 }
 
@@ -560,6 +563,8 @@ std::vector<Case> parity_table() {
       TG_CASE("sum_rows_37x13", kF32Reduce, kBf16, case_sum_rows<T>(tol, 37, 13)),
       TG_CASE("sum_rows_16384x768", kF32Reduce, kBf16, case_sum_rows<T>(tol, 16384, 768)),
       TG_CASE("sum_rows_1000x3072", kF32Reduce, kBf16, case_sum_rows<T>(tol, 1000, 3072)),
+      TG_CASE("sum_rows_16384x2304", kF32Reduce, kBf16, case_sum_rows<T>(tol, 16384, 2304)),
+      TG_CASE("sum_rows_5000x100", kF32Reduce, kBf16, case_sum_rows<T>(tol, 5000, 100)),  // bf16: 100 % 8 ≠ 0, one pass
       TG_CASE("mul_4099", kF32, kBf16, case_mul<T>(tol, 4099, 0)),
       TG_CASE("mul_4099_misaligned", kF32, kBf16, case_mul<T>(tol, 4099, 1)),
       TG_CASE("scale_65539", kF32, kBf16, case_scale<T>(tol, 65539, 0)),
@@ -593,6 +598,12 @@ std::vector<Case> parity_table() {
       TG_CASE("layernorm_17x13", kF32Reduce, kBf16, case_layernorm<T>(tol, 17, 13, true, 0)),
       TG_CASE("layernorm_4096x768", kF32Reduce, kBf16, case_layernorm<T>(tol, 4096, 768, true, 0)),
       TG_CASE("layernorm_3x1000_misaligned", kF32Reduce, kBf16, case_layernorm<T>(tol, 3, 1000, true, 1)),
+      // Vectors per lane 1..4 (the register kernel, partly filled last vectors included) and more
+      // (the general kernel), for both element sizes.
+      TG_CASE("layernorm_300x128", kF32Reduce, kBf16, case_layernorm<T>(tol, 300, 128, true, 0)),
+      TG_CASE("layernorm_200x520", kF32Reduce, kBf16, case_layernorm<T>(tol, 200, 520, true, 0)),
+      TG_CASE("layernorm_100x1024", kF32Reduce, kBf16, case_layernorm<T>(tol, 100, 1024, false, 0)),
+      TG_CASE("layernorm_50x2000", kF32Reduce, kBf16, case_layernorm<T>(tol, 50, 2000, true, 0)),
       TG_CASE("softmax_5x13", kF32Reduce, kBf16, case_softmax<T>(tol, 5, 13, 0)),
       TG_CASE("softmax_64x1000", kF32Reduce, kBf16, case_softmax<T>(tol, 64, 1000, 0)),
       TG_CASE("softmax_16x2048", kF32Reduce, kBf16, case_softmax<T>(tol, 16, 2048, 0)),
