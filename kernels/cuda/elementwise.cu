@@ -145,6 +145,39 @@ void launch_map2(const T* a, const T* b, T* out, int64_t n, Op op, cudaStream_t 
   TG_CUDA_CHECK(cudaGetLastError());
 }
 
+// dst (fp32) += src (bf16) converted: the gradient of a bf16 copy of an fp32 parameter added
+// straight into the parameter's fp32 gradient, without materialising the converted copy.
+template <int V>
+__global__ void add_converted_kernel(float* __restrict__ dst, const tg::bf16* __restrict__ src, int64_t n) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t nv = n / V;
+  for (int64_t j = tid; j < nv; j += stride) {
+    float d[V], g[V];
+    load_vec<V>(dst + j * V, d);
+    load_vec<V>(src + j * V, g);
+#pragma unroll
+    for (int k = 0; k < V; ++k) d[k] += g[k];
+    store_vec<V>(dst + j * V, d);
+  }
+  const int64_t i = nv * V + tid;
+  if (V > 1 && i < n) dst[i] += to_float(src[i]);
+}
+
+}  // namespace
+
+void add_converted_inplace(float* dst, const tg::bf16* src, int64_t n, cudaStream_t stream) {
+  require(n >= 0, "add_converted_inplace", "negative size");
+  if (n == 0) return;
+  if (aligned16(dst) && (reinterpret_cast<uintptr_t>(src) & 7u) == 0 && n >= 4) {
+    add_converted_kernel<4><<<grid_for(n / 4, kThreads), kThreads, 0, stream>>>(dst, src, n);
+  } else {
+    add_converted_kernel<1><<<grid_for(n, kThreads), kThreads, 0, stream>>>(dst, src, n);
+  }
+  TG_CUDA_CHECK(cudaGetLastError());
+}
+
+namespace {
 }  // namespace
 
 // ───────────────────────────── launchers ─────────────────────────────

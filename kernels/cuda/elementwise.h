@@ -29,6 +29,9 @@ size_t sum_rows_scratch_floats(int64_t rows, int64_t cols);
 template <typename T>
 void sum_rows(const T* x, T* out, int64_t rows, int64_t cols, float* scratch, cudaStream_t stream);
 
+// dst (n, fp32) += src (n, bf16) as floats (a bf16 gradient accumulated into an fp32 one).
+void add_converted_inplace(float* dst, const tg::bf16* src, int64_t n, cudaStream_t stream);
+
 // out (n) = a (n) ∘ b (n).
 template <typename T>
 void mul_forward(const T* a, const T* b, T* out, int64_t n, cudaStream_t stream);

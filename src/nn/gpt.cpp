@@ -61,7 +61,11 @@ GPT::GPT(const GPTConfig& c, uint64_t seed, DType dtype, Device device, std::opt
   params_.allocate(seed, dtype, device);
 }
 
-Tensor GPT::p(const std::string& name) const { return ops::cast(params_.get(name), compute_); }
+Tensor GPT::p(const std::string& name) const {
+  if (!compute_values_.defined()) return ops::cast(params_.get(name), compute_);
+  const Parameter& q = params_.find(name);
+  return ops::cast_precomputed(q.value, Tensor::view_of(compute_values_, q.offset, q.value.shape()));
+}
 Tensor GPT::maybe(const std::string& name) const { return params_.has(name) ? p(name) : Tensor(); }
 
 Tensor GPT::dropout(const Tensor& x, uint64_t site) {
@@ -97,6 +101,16 @@ Tensor GPT::forward(const Tensor& ids) {
            "GPT.forward: sequence length ", T, " exceeds model.max_seq_len ", config_.max_seq_len,
            " of the learned position table (raise max_seq_len or use pos_embedding: rope)");
   if (training_) ++dropout_counter_;
+  // The compute copy of every parameter in one conversion of the flat buffer, not one per
+  // parameter (p() then hands out views of it); dropped when the pass returns.
+  struct ComputeCopy {
+    Tensor& slot;
+    ~ComputeCopy() { slot = Tensor(); }
+  } compute_copy{compute_values_};
+  if (compute_ != params_.flat_values().dtype()) {
+    NoGradGuard no_grad;
+    compute_values_ = params_.flat_values().to(compute_);
+  }
   const Tensor wte = p("transformer.wte.weight");  // cast once, used by the embedding and the tied LM head
   Tensor x = ops::embedding(wte, ids);             // (B, T, C)
   if (config_.pos_embedding == PosEmbedding::learned) {

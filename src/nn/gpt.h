@@ -63,6 +63,7 @@ class GPT {
   uint64_t seed_;
   Device device_;
   DType compute_;
+  Tensor compute_values_;  // during forward(): the flat parameter buffer in the compute dtype
   uint64_t dropout_counter_ = 0;
   bool training_ = true;
 };

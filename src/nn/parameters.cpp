@@ -65,13 +65,15 @@ void ParameterStore::allocate(uint64_t seed, DType dtype, Device device) {
   }
 }
 
-const Tensor& ParameterStore::get(const std::string& name) const {
+const Parameter& ParameterStore::find(const std::string& name) const {
   for (const Parameter& p : params_)
-    if (p.name == name) return p.value;
+    if (p.name == name) return p;
   TG_CHECK(false, "no parameter named '", name, "'");
-  static Tensor none;
+  static Parameter none;
   return none;
 }
+
+const Tensor& ParameterStore::get(const std::string& name) const { return find(name).value; }
 
 bool ParameterStore::has(const std::string& name) const {
   for (const Parameter& p : params_)

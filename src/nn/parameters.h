@@ -31,6 +31,7 @@ class ParameterStore {
 
   const std::vector<Parameter>& all() const { return params_; }
   const Tensor& get(const std::string& name) const;
+  const Parameter& find(const std::string& name) const;  // value, offset in the flat buffers, …
   bool has(const std::string& name) const;
   int64_t numel() const { return total_; }
   // Decayed parameters (2-D weights) come first in the flat layout: elements [0, decay_numel())

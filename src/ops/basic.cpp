@@ -106,13 +106,45 @@ Tensor mean(const Tensor& x) {
   return scale(sum(x), 1.0 / double(x.numel()));
 }
 
+namespace {
+// The backward of a conversion x → out. When x is an fp32 parameter (a leaf whose gradient
+// buffer exists) and out is its bf16 compute copy on the GPU, the bf16 gradient is added into
+// x's fp32 gradient in one kernel and nothing is returned: no converted copy, no separate
+// accumulation (GPT casts ~150 parameters per step; that is 2 launches each saved).
+void record_cast(Tensor& out, const Tensor& x) {
+  const bool fold = x.is_leaf() && x.dtype() == DType::f32 && out.dtype() == DType::bf16 && x.device().is_cuda();
+  record(out, "cast", {x}, [from = x.dtype(), leaf = fold ? x : Tensor()](const Tensor& g) {
+#ifdef TILEGRAD_HAVE_CUDA
+    if (leaf.defined() && leaf.grad().defined()) {
+      Tensor dst = leaf.grad();
+      cuda::add_converted_inplace(dst.data<float>(), g.data<bf16>(), g.numel(), cuda_stream());
+      return std::vector<Tensor>{Tensor()};
+    }
+#endif
+    return std::vector<Tensor>{g.to(from)};
+  });
+}
+}  // namespace
+
 Tensor cast(const Tensor& x, DType dtype) {
   check_defined("cast", x, "x");
   if (x.dtype() == dtype) return x;
   TG_CHECK(is_floating(x.dtype()) && is_floating(dtype), "cast: ", x.desc(), " to ", dtype_name(dtype),
            ": only floating dtypes convert");
   Tensor out = x.to(dtype);
-  record(out, "cast", {x}, [from = x.dtype()](const Tensor& g) { return std::vector<Tensor>{g.to(from)}; });
+  record_cast(out, x);
+  return out;
+}
+
+Tensor cast_precomputed(const Tensor& x, const Tensor& converted) {
+  check_defined("cast_precomputed", x, "x");
+  check_defined("cast_precomputed", converted, "converted");
+  TG_CHECK(converted.shape() == x.shape() && converted.device() == x.device() && is_floating(x.dtype()) &&
+               is_floating(converted.dtype()),
+           "cast_precomputed: ", converted.desc(), " is not a conversion of ", x.desc());
+  if (x.dtype() == converted.dtype()) return x;
+  Tensor out = converted.view(converted.shape());  // a handle of its own to carry the node
+  record_cast(out, x);
   return out;
 }
 

@@ -15,6 +15,9 @@ Tensor mul(const Tensor& a, const Tensor& b);  // same shapes
 Tensor scale(const Tensor& x, double s);
 // Differentiable dtype conversion (f32 ↔ bf16 for mixed precision, f32 ↔ f64 on the CPU).
 Tensor cast(const Tensor& x, DType dtype);
+// The same node as cast(x, converted.dtype()), for a conversion the caller has already done,
+// e.g. a whole flat parameter buffer converted in one kernel (converted: x's values, rounded).
+Tensor cast_precomputed(const Tensor& x, const Tensor& converted);
 Tensor sum(const Tensor& x);                   // scalar
 Tensor mean(const Tensor& x);                  // scalar
 Tensor reshape(const Tensor& x, const Shape& shape);

@@ -192,6 +192,21 @@ void case_sum_rows(double tol, int64_t rows, int64_t cols) {
   EXPECT_TRUE(same_bytes(first, dout.download_raw())) << "sum_rows is not bitwise reproducible";
 }
 
+// fp32 dst += bf16 src: exact (one fp32 add per element), so compared bit for bit.
+void case_add_converted(int64_t n, size_t off) {
+  const std::vector<float> d = uniform(n, 30);
+  std::vector<bf16> g(n);
+  const std::vector<float> gf = uniform(n, 31);
+  for (int64_t i = 0; i < n; ++i) g[i] = from_f<bf16>(gf[i]);
+  std::vector<float> ref(n);
+  for (int64_t i = 0; i < n; ++i) ref[i] = d[i] + to_f(g[i]);
+  DevBuf<float> dd(n, off);
+  DevBuf<bf16> dg(n, off);
+  dd.upload(d), dg.upload_raw(g);
+  tg::cuda::add_converted_inplace(dd.p, dg.p, n, kStream);
+  EXPECT_TRUE(same_bytes(dd.download_raw(), ref)) << "add_converted_inplace n = " << n << " offset " << off;
+}
+
 template <typename T>
 void case_mul(double tol, int64_t n, size_t off) {
   auto a = quantize<T>(uniform(n, 6)), b = quantize<T>(uniform(n, 7));
@@ -560,6 +575,8 @@ std::vector<Case> parity_table() {
       TG_CASE("add_forward_64x768_misaligned", kF32, kBf16, case_add_forward<T>(tol, 64, 768, 1)),
       TG_CASE("add_inplace_1048579", kF32, kBf16, case_add_inplace<T>(tol, 1048579, 0)),
       TG_CASE("add_inplace_13_misaligned", kF32, kBf16, case_add_inplace<T>(tol, 13, 1)),
+      TG_CASE_F32("add_converted_1048579", case_add_converted(1048579, 0)),
+      TG_CASE_F32("add_converted_13_misaligned", case_add_converted(13, 1)),
       TG_CASE("sum_rows_37x13", kF32Reduce, kBf16, case_sum_rows<T>(tol, 37, 13)),
       TG_CASE("sum_rows_16384x768", kF32Reduce, kBf16, case_sum_rows<T>(tol, 16384, 768)),
       TG_CASE("sum_rows_1000x3072", kF32Reduce, kBf16, case_sum_rows<T>(tol, 1000, 3072)),
