@@ -1,6 +1,8 @@
 // FlashAttention backward on tensor cores: delta = rowsum(dO ∘ O), then dK/dV parallel over key
 // blocks and dQ parallel over query blocks, each recomputing P = exp(S·scale − lse) from the
-// forward's lse. No atomics: every gradient element is summed by one warp in a fixed order.
+// forward's lse. By default (FlashDq::kRecompute) there are no atomics: every gradient element
+// is summed by one warp in a fixed order. The opt-in FlashDq::kAtomic folds dQ into the dK/dV
+// kernel instead (fp32 atomics, then a convert kernel).
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -408,6 +410,13 @@ void flash_bwd_hdim64(const FlashAttentionParams& p, cudaStream_t stream) { laun
 // dQ: 4 warps × 2 row blocks own 128 queries (dQ 2 × 64 regs), key tiles of 32 (S, dP 2 × 16
 // each): 80 x4 per 192 mmas (0.42; was 0.58 at 16 rows × 64 keys); ptxas 255 regs, 0 spills,
 // 2 blocks per SM; smem 2 × 34 + 2 × 2 × 8.5 = 102 KiB.
+//
+// kAtomic adds the dSᵀ tile to smem (own × (32 + 8) bf16: 10 KiB at d64, 5 KiB at d128; 254 and
+// 255 regs, 0 spills) and the dQ mma, warp w the columns [w·D/4, (w+1)·D/4) of the 32 query rows.
+// Measured (2026-11-29, docs/BENCHMARKS.md), T = 8192 causal: d64 247.9 TF/s vs 223.0 for the
+// default; d128 199.0 vs 206.9 — at d128 the 64-key tiles double the atomic traffic per FLOP.
+// The FA2-like d128 alternative, 8 warps owning 128 keys (1 block/SM: 115 KiB smem), measured
+// 204.1 atomic but 191.6 for the default's dK/dV kernel, so d128 keeps 4 warps × 64 keys.
 void flash_bwd_hdim128(const FlashAttentionParams& p, cudaStream_t stream) { launch_bwd<128>(p, stream); }
 
 }  // namespace
