@@ -369,13 +369,19 @@ __device__ __forceinline__ void row_max(float (&m)[2], const float (&s)[N / 8][4
 __device__ __forceinline__ float safe_max(float m) { return m == -INFINITY ? 0.0f : m; }
 
 // Online-softmax rescale: everything accumulated against m_old is re-based on m_new by
-// exp2(m_old − m_new) (scores are in log2 units). m_old = −inf (nothing yet) gives 0.
+// exp2(m_old − m_new) (scores are in log2 units). m_old = −inf (nothing yet) gives 0. A row
+// whose max did not move needs no rescale (factor 1; or, while the row has seen only masked
+// scores, an accumulator that is still 0), and along a long row the max soon stops moving, so
+// when none of the warp's 8 rows (g = 0..7, or 8..15) moved, the D/4 multiplies per row are
+// skipped by a warp-uniform branch; rows that did not move in a warp that rescales get factor 1.
 template <int D>
 __device__ __forceinline__ void rescale(float (&o)[D / 8][4], float (&l)[2], const float (&m_old)[2],
                                         const float (&m_new)[2]) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const float alpha = fast_exp2(m_old[i] - safe_max(m_new[i]));
+    const bool moved = m_old[i] != m_new[i];
+    if (!__any_sync(0xffffffffu, moved)) continue;
+    const float alpha = moved ? fast_exp2(m_old[i] - safe_max(m_new[i])) : 1.0f;
     l[i] *= alpha;
 #pragma unroll
     for (int nt = 0; nt < D / 8; ++nt) {
