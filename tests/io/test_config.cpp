@@ -126,6 +126,16 @@ TEST(Config, SetOverridesApplyAfterTheFile) {
   EXPECT_EQ(c.source_path, path);
 }
 
+TEST(Config, DeterministicDefaultsOnAndCanBeSwitchedOff) {
+  const std::string path = write_temp("det.yaml", "train:\n  lr: 1.0e-3\n");
+  EXPECT_TRUE(tg::load_config(path, {}, false).train.deterministic);
+  EXPECT_FALSE(tg::load_config(path, {"train.deterministic=false"}, false).train.deterministic);
+  const std::string off = write_temp("det_off.yaml", "train:\n  deterministic: false\n");
+  EXPECT_FALSE(tg::load_config(off, {}, false).train.deterministic);
+  EXPECT_THAT(load_error("det_bad.yaml", "train:\n  deterministic: sometimes\n"),
+              AllOf(HasSubstr("train.deterministic"), HasSubstr("true or false")));
+}
+
 TEST(Config, RoundTripThroughYaml) {
   tg::Config c = tg::load_config(repo("configs/kjv-tiny.yaml"),
                                  {"model.pos_embedding=rope", "model.rope_base=500000.5", "train.eps=1.5e-10",
