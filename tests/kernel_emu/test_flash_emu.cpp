@@ -1,0 +1,143 @@
+// The FlashAttention CUDA kernels' own source, run on the CPU by tools/kernel_emu/emu.h, against
+// the double-precision reference of the GPU tests: forward O and lse, backward dQ, dK, dV with
+// both dQ strategies, over head dims, sequence tails and the causal rule, outputs poisoned first.
+// This checks the kernels' logic (tiles, indices, masks, fragment layouts, cp.async ordering) on
+// machines without a GPU, CI included; speed and the GPU's mma rounding are the GPU tests' job.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <ostream>
+#include <string>
+#include <vector>
+
+// The emulator first: it defines what the kernel sources expect from CUDA.
+#include "emu.h"
+// Then the kernels, as generated from kernels/cuda/flash_attention/ at build time.
+#include "kernels/cuda/flash_attention/flash.h"
+#include "kernels/cuda/flash_attention/kernel_traits.cuh"
+#include "tile_emu.cuh"
+#include "flash_fwd_emu.h"
+#include "flash_bwd_emu.h"
+#include "tests/flash_reference.h"
+
+namespace {
+
+using namespace tg::cuda;
+using namespace tg::testing::flash;
+
+// The launch sequences of flash_fwd.cu / flash_bwd.cu (launch_fwd, launch_bwd), block for block.
+template <int D>
+void forward(const FlashAttentionParams& p_in) {
+  const FlashAttentionParams p = flash::with_resolved_row_strides(p_in);
+  using Tr = typename flash::FwdConfig<D>::type;
+  emu_launch({unsigned((p.T + Tr::kBr - 1) / Tr::kBr), unsigned(p.H), unsigned(p.B)}, Tr::kThreads, Tr::kSmemBytes,
+             [&] { flash::flash_fwd_kernel<Tr>(p); });
+}
+
+template <int D>
+void backward(const FlashAttentionParams& p_in) {
+  const FlashAttentionParams p = flash::with_resolved_row_strides(p_in);
+  using Ws = flash::BwdWorkspace<D>;
+  const Ws ws(p);
+  const int64_t rows = p.B * p.T * p.H;
+  const unsigned row_blocks = unsigned((rows * (D / 8) + 255) / 256);
+  emu_launch({row_blocks, 1, 1}, 256, 0, [&] {
+    flash::flash_bwd_delta_kernel<D>(p.o, p.o_row_stride, p.dout, p.do_row_stride, ws.delta, rows, int(p.T), int(p.H));
+  });
+  using Dkdv = typename flash::DkdvConfig<D>::type;
+  const EmuDim3 key_blocks{unsigned((p.T + Dkdv::kOwn - 1) / Dkdv::kOwn), unsigned(p.H), unsigned(p.B)};
+  if (p.dq_mode == FlashDq::kRecompute) {
+    emu_launch(key_blocks, Dkdv::kThreads, Dkdv::kSmemBytes,
+               [&] { flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kRecompute>(p, ws.delta, ws.dq_accum); });
+    using Dq = typename flash::DqConfig<D>::type;
+    emu_launch({unsigned((p.T + Dq::kOwn - 1) / Dq::kOwn), unsigned(p.H), unsigned(p.B)}, Dq::kThreads,
+               Dq::kSmemBytes, [&] { flash::flash_bwd_dq_kernel<Dq>(p, ws.delta); });
+    return;
+  }
+  std::memset(ws.dq_accum, 0, Ws::accum_bytes(p.B, p.T, p.H));
+  emu_launch(key_blocks, Dkdv::kThreads, Dkdv::kSmemDkdvBytes,
+             [&] { flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kAtomic>(p, ws.delta, ws.dq_accum); });
+  emu_launch({row_blocks, 1, 1}, 256, 0, [&] {
+    flash::flash_bwd_dq_convert_kernel<D>(ws.dq_accum, Ws::n_qb(p.T) * Ws::kBr, p.dq, p.dq_row_stride, rows,
+                                          int(p.T), int(p.H), p.scale);
+  });
+}
+
+struct EmuCase {
+  Case shape;
+  FlashDq dq_mode;
+};
+
+void PrintTo(const EmuCase& e, std::ostream* os) {
+  *os << "B" << e.shape.B << " T" << e.shape.T << " H" << e.shape.H << " D" << e.shape.D
+      << (e.shape.causal ? " causal" : " full") << (e.dq_mode == FlashDq::kAtomic ? " atomic dQ" : "");
+}
+
+class FlashEmulated : public ::testing::TestWithParam<EmuCase> {};
+
+TEST_P(FlashEmulated, MatchesDoubleReference) {
+  const Case c = GetParam().shape;
+  const size_t n = size_t(c.B * c.T * c.H * c.D), n_lse = size_t(c.B * c.H * c.T);
+  const double scale = 1.0 / std::sqrt(double(c.D));
+  const uint64_t seed = uint64_t(c.T * 1000 + c.D * 10 + (c.causal ? 1 : 0));
+  const Input q = random_input(n, 2.0, seed + 1), k = random_input(n, 2.0, seed + 2);
+  const Input v = random_input(n, 1.0, seed + 3), dout = random_input(n, 1.0, seed + 4);
+  const Reference ref = reference(c, scale, q.val, k.val, v.val, dout.val);
+
+  const tg::bf16 nan_bf16{0xFFFF};  // poison: every output element must be written
+  std::vector<tg::bf16> o(n, nan_bf16), dq(n, nan_bf16), dk(n, nan_bf16), dv(n, nan_bf16);
+  std::vector<float> lse(n_lse, NAN);
+  const size_t ws_bytes =
+      c.D == 64 ? flash::BwdWorkspace<64>::bytes(c.B, c.T, c.H) : flash::BwdWorkspace<128>::bytes(c.B, c.T, c.H);
+  std::vector<float> workspace(ws_bytes / sizeof(float) + 4, NAN);
+
+  FlashAttentionParams p{};
+  p.q = q.bits.data(), p.k = k.bits.data(), p.v = v.bits.data(), p.o = o.data(), p.lse = lse.data();
+  p.dout = dout.bits.data(), p.dq = dq.data(), p.dk = dk.data(), p.dv = dv.data(), p.workspace = workspace.data();
+  p.B = c.B, p.T = c.T, p.H = c.H, p.D = c.D, p.scale = float(scale), p.causal = c.causal;
+  p.dq_mode = GetParam().dq_mode;
+  if (c.D == 64) {
+    forward<64>(p);
+    backward<64>(p);
+  } else {
+    forward<128>(p);
+    backward<128>(p);
+  }
+
+  // The GPU tests' bounds (tests/cuda/test_flash_attention.cpp).
+  const std::vector<double> O = to_double(o), L = to_double(lse);
+  ASSERT_EQ(count_nonfinite(O), 0u) << "O has NaN/inf (unwritten elements?)";
+  ASSERT_EQ(count_nonfinite(L), 0u) << "lse has NaN/inf";
+  EXPECT_LE(rel_error(O, ref.o), 2e-2) << "O";
+  EXPECT_LE(max_abs_diff(L, ref.lse), 1e-3) << "lse";
+  const char* names[3] = {"dQ", "dK", "dV"};
+  const std::vector<tg::bf16>* got[3] = {&dq, &dk, &dv};
+  const std::vector<double>* want[3] = {&ref.dq, &ref.dk, &ref.dv};
+  for (int t = 0; t < 3; ++t) {
+    const std::vector<double> g = to_double(*got[t]);
+    ASSERT_EQ(count_nonfinite(g), 0u) << names[t] << " has NaN/inf (unwritten elements?)";
+    EXPECT_LE(rel_error(g, *want[t]), 5e-2) << names[t];
+  }
+}
+
+// One batch, two heads (the emulator runs a block of 128 threads as 128 std::threads): T = 1,
+// a tail inside the first tile, and one past a tile boundary of every kernel (64/128 rows).
+std::vector<EmuCase> cases() {
+  std::vector<EmuCase> out;
+  for (int64_t D : {64, 128})
+    for (bool causal : {false, true})
+      for (int64_t T : {1, 17, 129}) out.push_back({{1, T, 2, D, causal, 0.0}, FlashDq::kRecompute});
+  for (int64_t D : {64, 128})
+    for (bool causal : {false, true}) out.push_back({{1, 129, 2, D, causal, 0.0}, FlashDq::kAtomic});
+  return out;
+}
+
+std::string case_name(const ::testing::TestParamInfo<EmuCase>& info) {
+  const Case& c = info.param.shape;
+  return "T" + std::to_string(c.T) + "_D" + std::to_string(c.D) + (c.causal ? "_causal" : "_full") +
+         (info.param.dq_mode == FlashDq::kAtomic ? "_atomic_dq" : "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, FlashEmulated, ::testing::ValuesIn(cases()), case_name);
+
+}  // namespace
