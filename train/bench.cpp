@@ -69,7 +69,8 @@ int bench_train(const cli::Args& a) {
       "\"B\":%lld,\"T\":%lld,\"params\":%lld,\"ms_per_step\":%.2f,\"tokens_per_s\":%.0f,\"tflops\":%.1f,"
       "\"mfu_vs_989\":%.4f,\"peak_gib\":%.3f,\"loss\":%.4f}\n",
       a.positional[1].c_str(), device.str().c_str(), cfg.train.precision.c_str(), cfg.model.attention.c_str(),
-      cfg.train.deterministic ? "true" : "false", (long long)B, (long long)T, (long long)model.params().numel(), dt * 1e3, tps, flops_per_token * tps / 1e12,
+      cfg.train.deterministic ? "true" : "false", (long long)B, (long long)T, (long long)model.params().numel(),
+      dt * 1e3, tps, flops_per_token * tps / 1e12,
       flops_per_token * tps / 989e12, double(m.peak_total) / double(1ll << 30), loss);
   std::printf("peak memory by category:");
   for (int c = 0; c < kNumMemCategories; ++c)
@@ -135,8 +136,9 @@ int bench_attention(const cli::Args& a) {
       Tensor o = Tensor::empty(q.shape(), DType::bf16, dev), lse = Tensor::empty({B, H, T}, DType::f32, dev);
       Tensor dq = Tensor::empty(q.shape(), DType::bf16, dev), dk = Tensor::empty(q.shape(), DType::bf16, dev),
              dv = Tensor::empty(q.shape(), DType::bf16, dev);
-      Tensor ws = Tensor::empty({int64_t(cuda::flash_attention_backward_workspace_bytes(B, T, H, D) / 4 + 4)},
-                                DType::f32, dev);
+      // Sized for the atomic mode, which also serves the default.
+      const size_t ws_bytes = cuda::flash_attention_backward_workspace_bytes(B, T, H, D, cuda::FlashDq::kAtomic);
+      Tensor ws = Tensor::empty({int64_t(ws_bytes / 4 + 4)}, DType::f32, dev);
       for (bool causal : {true, false}) {
         cuda::FlashAttentionParams p{};
         p.q = q.data<bf16>(), p.k = k.data<bf16>(), p.v = v.data<bf16>(), p.o = o.data<bf16>();

@@ -108,10 +108,11 @@ std::tuple<Tensor, Tensor, Tensor> flash_backward(const Tensor& q, const Tensor&
   if (q.device().is_cuda()) {
 #ifdef TILEGRAD_HAVE_CUDA
     cuda::FlashAttentionParams p = gpu_params(q, k, v, causal);
+    p.dq_mode = deterministic() ? cuda::FlashDq::kRecompute : cuda::FlashDq::kAtomic;
     Tensor workspace;
     {
       MemoryCategoryScope ws(MemCategory::workspace);
-      const size_t bytes = cuda::flash_attention_backward_workspace_bytes(p.B, p.T, p.H, p.D);
+      const size_t bytes = cuda::flash_attention_backward_workspace_bytes(p.B, p.T, p.H, p.D, p.dq_mode);
       workspace = Tensor::empty({int64_t((bytes + 15) / 16) * 4}, DType::f32, q.device());
     }
     p.o = const_cast<bf16*>(o.data<bf16>());
@@ -121,7 +122,6 @@ std::tuple<Tensor, Tensor, Tensor> flash_backward(const Tensor& q, const Tensor&
     p.dk = dk.data<bf16>();
     p.dv = dv.data<bf16>();
     p.workspace = workspace.raw();
-    p.dq_mode = deterministic() ? cuda::FlashDq::kRecompute : cuda::FlashDq::kAtomic;
     cuda::flash_attention_backward(p, cuda_stream());
 #endif
     return {dq, dk, dv};
@@ -201,10 +201,12 @@ Tensor self_attention_gpu(const Tensor& qkv, int64_t n_head, double rope_base) {
   Tensor out = o.view({B, T, C});
   record(out, "self_attention", {qkv}, [=](const Tensor& g) {
     Tensor dqkv = Tensor::empty({B, T, 3 * C}, DType::bf16, g.device()), dq, dk, workspace;
+    const cuda::FlashDq dq_mode = deterministic() ? cuda::FlashDq::kRecompute : cuda::FlashDq::kAtomic;
     {
       MemoryCategoryScope ws(MemCategory::workspace);
-      workspace = Tensor::empty({int64_t(cuda::flash_attention_backward_workspace_bytes(B, T, H, D) / 4 + 4)},
-                                DType::f32, g.device());
+      workspace = Tensor::empty(
+          {int64_t(cuda::flash_attention_backward_workspace_bytes(B, T, H, D, dq_mode) / 4 + 4)}, DType::f32,
+          g.device());
     }
     cuda::FlashAttentionParams b = params(packed, q_rot, k_rot);
     b.o = const_cast<bf16*>(o.data<bf16>());
@@ -222,7 +224,7 @@ Tensor self_attention_gpu(const Tensor& qkv, int64_t n_head, double rope_base) {
     b.dq_row_stride = rotate ? 0 : 3 * C;
     b.dk_row_stride = rotate ? 0 : 3 * C;
     b.dv_row_stride = 3 * C;
-    b.dq_mode = deterministic() ? cuda::FlashDq::kRecompute : cuda::FlashDq::kAtomic;
+    b.dq_mode = dq_mode;
     cuda::flash_attention_backward(b, cuda_stream());
     if (rotate) {
       Tensor dq_back = rope(dq, rope_base, 0, /*inverse=*/true), dk_back = rope(dk, rope_base, 0, /*inverse=*/true);

@@ -65,7 +65,9 @@ TEST_P(FlashAttentionTest, MatchesDoubleReference) {
 
   DeviceBuffer<tg::bf16> dq_in(n), dk_in(n), dv_in(n), ddout(n), d_o(n), d_dq(n), d_dk(n), d_dv(n);
   DeviceBuffer<float> d_lse(n_lse);
-  const size_t ws_bytes = tg::cuda::flash_attention_backward_workspace_bytes(c.B, c.T, c.H, c.D);
+  // Sized for the atomic mode, which also serves the default.
+  const size_t ws_bytes =
+      tg::cuda::flash_attention_backward_workspace_bytes(c.B, c.T, c.H, c.D, tg::cuda::FlashDq::kAtomic);
   DeviceBuffer<unsigned char> d_ws(ws_bytes);
   dq_in.upload(q.bits);
   dk_in.upload(k.bits);
@@ -161,7 +163,9 @@ TEST_P(FlashAttentionPackedTest, MatchesContiguousBitwise) {
   const Input q = random_input(n, 2.0, seed + 1), k = random_input(n, 2.0, seed + 2);
   const Input v = random_input(n, 1.0, seed + 3), dout = random_input(n, 1.0, seed + 4);
   const Reference ref = reference(c, scale, q.val, k.val, v.val, dout.val);
-  const size_t ws_bytes = tg::cuda::flash_attention_backward_workspace_bytes(c.B, c.T, c.H, c.D);
+  // Sized for the atomic mode, which also serves the default.
+  const size_t ws_bytes =
+      tg::cuda::flash_attention_backward_workspace_bytes(c.B, c.T, c.H, c.D, tg::cuda::FlashDq::kAtomic);
   const tg::bf16 nan_bf16{0xFFFF};
 
   // Contiguous run: the bits the packed run must reproduce.
@@ -288,7 +292,8 @@ TEST(FlashAttention, InvalidRowStrideIsRejected) {
   const int64_t B = 1, T = 8, H = 2, D = 64, hd = H * D;
   DeviceBuffer<tg::bf16> x(size_t(B * T * 3 * hd));
   DeviceBuffer<float> lse(size_t(B * H * T));
-  DeviceBuffer<unsigned char> ws(tg::cuda::flash_attention_backward_workspace_bytes(B, T, H, D));
+  DeviceBuffer<unsigned char> ws(
+      tg::cuda::flash_attention_backward_workspace_bytes(B, T, H, D, tg::cuda::FlashDq::kAtomic));
   tg::cuda::FlashAttentionParams p{};
   p.q = p.k = p.v = p.dout = x.ptr;
   p.o = p.dq = p.dk = p.dv = x.ptr;

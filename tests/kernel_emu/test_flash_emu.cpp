@@ -88,7 +88,8 @@ TEST_P(FlashEmulated, MatchesDoubleReference) {
   std::vector<tg::bf16> o(n, nan_bf16), dq(n, nan_bf16), dk(n, nan_bf16), dv(n, nan_bf16);
   std::vector<float> lse(n_lse, NAN);
   const size_t ws_bytes =
-      c.D == 64 ? flash::BwdWorkspace<64>::bytes(c.B, c.T, c.H) : flash::BwdWorkspace<128>::bytes(c.B, c.T, c.H);
+      c.D == 64 ? flash::BwdWorkspace<64>::bytes(c.B, c.T, c.H, GetParam().dq_mode)
+                : flash::BwdWorkspace<128>::bytes(c.B, c.T, c.H, GetParam().dq_mode);
   std::vector<float> workspace(ws_bytes / sizeof(float) + 4, NAN);
 
   FlashAttentionParams p{};

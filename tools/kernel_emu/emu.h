@@ -145,7 +145,8 @@ inline void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
   emu_warp_barrier();
   for (int i = 0; i < 4; ++i) {
     const uintptr_t row = emu_slots().addr[8 * i + l / 4];
-    r[i] = uint32_t(emu_load_b16(row + 2 * (2 * (l % 4)))) | (uint32_t(emu_load_b16(row + 2 * (2 * (l % 4) + 1))) << 16);
+    r[i] = uint32_t(emu_load_b16(row + 2 * (2 * (l % 4)))) |
+           (uint32_t(emu_load_b16(row + 2 * (2 * (l % 4) + 1))) << 16);
   }
   emu_warp_barrier();
 }

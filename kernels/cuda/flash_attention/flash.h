@@ -38,7 +38,7 @@ struct FlashAttentionParams {
   bf16* dq;
   bf16* dk;
   bf16* dv;
-  void* workspace;  // flash_attention_backward_workspace_bytes(B, T, H, D) bytes, 16-byte aligned
+  void* workspace;  // flash_attention_backward_workspace_bytes(B, T, H, D, dq_mode) bytes, 16-byte aligned
   FlashDq dq_mode = FlashDq::kRecompute;
   int64_t B, T, H, D;
   float scale;  // applied to q kᵀ; usually 1/sqrt(D)
@@ -58,9 +58,11 @@ bool flash_attention_supported(int64_t D);  // D ∈ {64, 128}
 // v, o row strides valid (0, or ≥ H·D and a multiple of 8); std::invalid_argument otherwise.
 void flash_attention_forward(const FlashAttentionParams& p, cudaStream_t stream);
 
-// Scratch the backward needs: delta = rowsum(dO ∘ O), (B, H, T) floats, and for kAtomic the fp32
-// dQ accumulator, (B, H, T rounded up to the query tile, D) floats (sized for either mode).
-size_t flash_attention_backward_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t D);
+// Scratch the backward needs: delta = rowsum(dO ∘ O), (B, H, T) floats, and for kAtomic also the
+// fp32 dQ accumulator, (B, H, T rounded up to the query tile, D) floats — twice the bytes of q,
+// which the default mode does not spend. A workspace sized for kAtomic serves both modes.
+size_t flash_attention_backward_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t D,
+                                                FlashDq dq_mode = FlashDq::kRecompute);
 
 // dq, dk, dv are overwritten (bf16), given the forward's o and lse. Requires every pointer 16-byte
 // aligned and all eight row strides valid (as for the forward); std::invalid_argument otherwise.

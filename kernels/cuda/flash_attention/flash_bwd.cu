@@ -322,8 +322,8 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dq_kernel(const FlashA
 }
 
 // The backward's scratch, carved out of p.workspace in this order (each part 256-byte aligned):
-// delta (B, H, T) fp32; the dQ accumulator (B, H, n_qb·Br, D) fp32, padded to whole query
-// tiles of the dK/dV kernel so that its adds need no bounds test (kAtomic only).
+// delta (B, H, T) fp32; with kAtomic, the dQ accumulator (B, H, n_qb·Br, D) fp32, padded to
+// whole query tiles of the dK/dV kernel so that its adds need no bounds test.
 template <int D>
 struct BwdWorkspace {
   static constexpr int kBr = flash::DkdvConfig<D>::type::kStream;
@@ -333,14 +333,16 @@ struct BwdWorkspace {
   static size_t accum_bytes(int64_t B, int64_t T, int64_t H) {
     return round_up(size_t(B * H) * size_t(n_qb(T) * kBr) * D * sizeof(float));
   }
-  static size_t bytes(int64_t B, int64_t T, int64_t H) { return delta_bytes(B, T, H) + accum_bytes(B, T, H); }
+  static size_t bytes(int64_t B, int64_t T, int64_t H, FlashDq mode) {
+    return delta_bytes(B, T, H) + (mode == FlashDq::kAtomic ? accum_bytes(B, T, H) : 0);
+  }
 
   float* delta;
   float* dq_accum;
   explicit BwdWorkspace(const FlashAttentionParams& p) {
     unsigned char* base = static_cast<unsigned char*>(p.workspace);
     delta = reinterpret_cast<float*>(base);
-    dq_accum = reinterpret_cast<float*>(base + delta_bytes(p.B, p.T, p.H));
+    dq_accum = p.dq_mode == FlashDq::kAtomic ? reinterpret_cast<float*>(base + delta_bytes(p.B, p.T, p.H)) : nullptr;
   }
 };
 
@@ -376,7 +378,8 @@ void launch_bwd(const FlashAttentionParams& p_in, cudaStream_t stream) {
     launch_bwd_kernel<Dkdv>(flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kRecompute>, Dkdv::kSmemBytes, p, stream,
                             static_cast<const float*>(ws.delta), ws.dq_accum);
     using Dq = typename flash::DqConfig<D>::type;
-    launch_bwd_kernel<Dq>(flash::flash_bwd_dq_kernel<Dq>, Dq::kSmemBytes, p, stream, static_cast<const float*>(ws.delta));
+    launch_bwd_kernel<Dq>(flash::flash_bwd_dq_kernel<Dq>, Dq::kSmemBytes, p, stream,
+                          static_cast<const float*>(ws.delta));
     return;
   }
   TG_CUDA_CHECK(cudaMemsetAsync(ws.dq_accum, 0, Ws::accum_bytes(p.B, p.T, p.H), stream));  // every key block adds
@@ -421,8 +424,9 @@ void flash_bwd_hdim128(const FlashAttentionParams& p, cudaStream_t stream) { lau
 
 }  // namespace
 
-size_t flash_attention_backward_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t D) {
-  return D == 64 ? flash::BwdWorkspace<64>::bytes(B, T, H) : flash::BwdWorkspace<128>::bytes(B, T, H);  // any other D: none runs
+size_t flash_attention_backward_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t D, FlashDq dq_mode) {
+  // Any other D has no kernel: the backward rejects it before touching the workspace.
+  return D == 64 ? flash::BwdWorkspace<64>::bytes(B, T, H, dq_mode) : flash::BwdWorkspace<128>::bytes(B, T, H, dq_mode);
 }
 
 void flash_attention_backward(const FlashAttentionParams& p, cudaStream_t stream) {
