@@ -166,20 +166,6 @@ __global__ void add_converted_kernel(float* __restrict__ dst, const tg::bf16* __
 
 }  // namespace
 
-void add_converted_inplace(float* dst, const tg::bf16* src, int64_t n, cudaStream_t stream) {
-  require(n >= 0, "add_converted_inplace", "negative size");
-  if (n == 0) return;
-  if (aligned16(dst) && (reinterpret_cast<uintptr_t>(src) & 7u) == 0 && n >= 4) {
-    add_converted_kernel<4><<<grid_for(n / 4, kThreads), kThreads, 0, stream>>>(dst, src, n);
-  } else {
-    add_converted_kernel<1><<<grid_for(n, kThreads), kThreads, 0, stream>>>(dst, src, n);
-  }
-  TG_CUDA_CHECK(cudaGetLastError());
-}
-
-namespace {
-}  // namespace
-
 // ───────────────────────────── launchers ─────────────────────────────
 
 template <typename T>
@@ -196,6 +182,17 @@ void add_forward(const T* a, const T* b, T* out, int64_t rows, int64_t cols, cud
     add_broadcast_kernel<V><<<grid, block, 0, stream>>>(a, b, out, rows, cols);
   } else {
     add_broadcast_kernel<1><<<grid, block, 0, stream>>>(a, b, out, rows, cols);
+  }
+  TG_CUDA_CHECK(cudaGetLastError());
+}
+
+void add_converted_inplace(float* dst, const tg::bf16* src, int64_t n, cudaStream_t stream) {
+  require(n >= 0, "add_converted_inplace", "negative size");
+  if (n == 0) return;
+  if (aligned16(dst) && (reinterpret_cast<uintptr_t>(src) & 7u) == 0 && n >= 4) {
+    add_converted_kernel<4><<<grid_for(n / 4, kThreads), kThreads, 0, stream>>>(dst, src, n);
+  } else {
+    add_converted_kernel<1><<<grid_for(n, kThreads), kThreads, 0, stream>>>(dst, src, n);
   }
   TG_CUDA_CHECK(cudaGetLastError());
 }

@@ -139,6 +139,22 @@ constexpr int64_t kLnBwdMaxC = 7168;      // 2 · 4 warps · C floats must fit i
 
 int64_t ln_bwd_blocks(int64_t N) { return std::clamp<int64_t>((N + 15) / 16, 1, kLnBwdMaxBlocks); }
 
+// The end of both LayerNorm backward kernels: the block's per-warp sums acc ([warps][C] for
+// dweight, then [warps][C] for dbias) folded in warp order into this block's partial rows.
+__device__ __forceinline__ void fold_warp_partials(const float* acc, int64_t C, float* __restrict__ partial_dw,
+                                                   float* __restrict__ partial_db) {
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    float sw = 0.0f, sb = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kLnBwdWarps; ++k) {
+      sw += acc[k * C + c];
+      sb += acc[(kLnBwdWarps + k) * C + c];
+    }
+    partial_dw[int64_t(blockIdx.x) * C + c] = sw;
+    partial_db[int64_t(blockIdx.x) * C + c] = sb;
+  }
+}
+
 template <int V, typename T>
 __global__ void __launch_bounds__(kLnBwdWarps * 32)
     layernorm_backward_kernel(const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ mean,
@@ -190,16 +206,7 @@ __global__ void __launch_bounds__(kLnBwdWarps * 32)
     }
   }
   __syncthreads();
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    float sw = 0.0f, sb = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kLnBwdWarps; ++k) {
-      sw += acc[k * C + c];
-      sb += acc[(kLnBwdWarps + k) * C + c];
-    }
-    partial_dw[int64_t(blockIdx.x) * C + c] = sw;
-    partial_db[int64_t(blockIdx.x) * C + c] = sb;
-  }
+  fold_warp_partials(acc, C, partial_dw, partial_db);
 }
 
 // The same backward with everything a lane touches in registers, for rows of at most 32·V·P
@@ -281,16 +288,7 @@ __global__ void __launch_bounds__(kLnBwdWarps * 32)
     }
   }
   __syncthreads();
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    float sw = 0.0f, sb = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kLnBwdWarps; ++k) {
-      sw += acc[k * C + c];
-      sb += acc[(kLnBwdWarps + k) * C + c];
-    }
-    partial_dw[int64_t(blockIdx.x) * C + c] = sw;
-    partial_db[int64_t(blockIdx.x) * C + c] = sb;
-  }
+  fold_warp_partials(acc, C, partial_dw, partial_db);
 }
 
 // ── softmax ──

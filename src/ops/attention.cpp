@@ -30,6 +30,11 @@ void set_deterministic(bool on) { g_deterministic = on; }
 bool deterministic() { return g_deterministic; }
 
 namespace {
+#ifdef TILEGRAD_HAVE_CUDA
+// The GPU backward's dQ strategy under the process-wide determinism setting.
+cuda::FlashDq flash_dq_mode() { return deterministic() ? cuda::FlashDq::kRecompute : cuda::FlashDq::kAtomic; }
+#endif
+
 void check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
   check_defined(op, q, "q");
   check_defined(op, k, "k");
@@ -108,7 +113,7 @@ std::tuple<Tensor, Tensor, Tensor> flash_backward(const Tensor& q, const Tensor&
   if (q.device().is_cuda()) {
 #ifdef TILEGRAD_HAVE_CUDA
     cuda::FlashAttentionParams p = gpu_params(q, k, v, causal);
-    p.dq_mode = deterministic() ? cuda::FlashDq::kRecompute : cuda::FlashDq::kAtomic;
+    p.dq_mode = flash_dq_mode();
     Tensor workspace;
     {
       MemoryCategoryScope ws(MemCategory::workspace);
@@ -201,7 +206,7 @@ Tensor self_attention_gpu(const Tensor& qkv, int64_t n_head, double rope_base) {
   Tensor out = o.view({B, T, C});
   record(out, "self_attention", {qkv}, [=](const Tensor& g) {
     Tensor dqkv = Tensor::empty({B, T, 3 * C}, DType::bf16, g.device()), dq, dk, workspace;
-    const cuda::FlashDq dq_mode = deterministic() ? cuda::FlashDq::kRecompute : cuda::FlashDq::kAtomic;
+    const cuda::FlashDq dq_mode = flash_dq_mode();
     {
       MemoryCategoryScope ws(MemCategory::workspace);
       workspace = Tensor::empty(
