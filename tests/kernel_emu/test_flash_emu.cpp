@@ -30,7 +30,7 @@ template <int D>
 void forward(const FlashAttentionParams& p_in) {
   const FlashAttentionParams p = flash::with_resolved_row_strides(p_in);
   using Tr = typename flash::FwdConfig<D>::type;
-  emu_launch({unsigned((p.T + Tr::kBr - 1) / Tr::kBr), unsigned(p.H), unsigned(p.B)}, Tr::kThreads, Tr::kSmemBytes,
+  emu_launch({unsigned(p.H), unsigned(p.B), unsigned((p.T + Tr::kBr - 1) / Tr::kBr)}, Tr::kThreads, Tr::kSmemBytes,
              [&] { flash::flash_fwd_kernel<Tr>(p); });
 }
 
@@ -45,12 +45,12 @@ void backward(const FlashAttentionParams& p_in) {
     flash::flash_bwd_delta_kernel<D>(p.o, p.o_row_stride, p.dout, p.do_row_stride, ws.delta, rows, int(p.T), int(p.H));
   });
   using Dkdv = typename flash::DkdvConfig<D>::type;
-  const EmuDim3 key_blocks{unsigned((p.T + Dkdv::kOwn - 1) / Dkdv::kOwn), unsigned(p.H), unsigned(p.B)};
+  const EmuDim3 key_blocks{unsigned(p.H), unsigned(p.B), unsigned((p.T + Dkdv::kOwn - 1) / Dkdv::kOwn)};
   if (p.dq_mode == FlashDq::kRecompute) {
     emu_launch(key_blocks, Dkdv::kThreads, Dkdv::kSmemBytes,
                [&] { flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kRecompute>(p, ws.delta, ws.dq_accum); });
     using Dq = typename flash::DqConfig<D>::type;
-    emu_launch({unsigned((p.T + Dq::kOwn - 1) / Dq::kOwn), unsigned(p.H), unsigned(p.B)}, Dq::kThreads,
+    emu_launch({unsigned(p.H), unsigned(p.B), unsigned((p.T + Dq::kOwn - 1) / Dq::kOwn)}, Dq::kThreads,
                Dq::kSmemBytes, [&] { flash::flash_bwd_dq_kernel<Dq>(p, ws.delta); });
     return;
   }

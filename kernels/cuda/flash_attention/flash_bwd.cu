@@ -79,8 +79,8 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dkdv_kernel(const Flas
   const int T = int(p.T), H = int(p.H);
   const bool causal = p.causal;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int h = blockIdx.y, b = blockIdx.z;
-  const int k0 = int(blockIdx.x) * Bc;  // causal: low key blocks see the most queries and go first
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int k0 = int(blockIdx.z) * Bc;  // causal: low key blocks see the most queries and start first
   // Row strides (resolved from 0 to H·D by the launcher) and this block's (b, 0, h, 0) pointers.
   const int ldq = int(p.q_row_stride), ldk = int(p.k_row_stride), ldv = int(p.v_row_stride);
   const int lddo = int(p.do_row_stride);
@@ -232,8 +232,8 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dq_kernel(const FlashA
   const int T = int(p.T), H = int(p.H);
   const bool causal = p.causal;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int qb = causal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);  // heaviest first
-  const int h = blockIdx.y, b = blockIdx.z;
+  const int qb = causal ? int(gridDim.z) - 1 - int(blockIdx.z) : int(blockIdx.z);  // heaviest first
+  const int h = blockIdx.x, b = blockIdx.y;
   const int q0 = qb * Br;
   // Row strides (resolved from 0 to H·D by the launcher) and this block's (b, 0, h, 0) pointers.
   const int ldq = int(p.q_row_stride), ldk = int(p.k_row_stride), ldv = int(p.v_row_stride);
@@ -356,7 +356,9 @@ template <class Tr, typename Kernel, typename... Args>
 void launch_bwd_kernel(Kernel kernel, size_t smem_bytes, const FlashAttentionParams& p, cudaStream_t stream,
                        Args... args) {
   TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
-  const dim3 grid(unsigned((p.T + Tr::kOwn - 1) / Tr::kOwn), unsigned(p.H), unsigned(p.B));
+  // (head, batch, tile): blocks start in launch order, x fastest, so with the tile index slowest
+  // every head's heaviest causal tile starts before any lighter one (see flash_fwd_kernel).
+  const dim3 grid(unsigned(p.H), unsigned(p.B), unsigned((p.T + Tr::kOwn - 1) / Tr::kOwn));
   kernel<<<grid, Tr::kThreads, smem_bytes, stream>>>(p, args...);
   TG_CUDA_CHECK(cudaGetLastError());
 }
@@ -433,8 +435,9 @@ void flash_attention_backward(const FlashAttentionParams& p, cudaStream_t stream
   const char* fn = "flash_attention_backward";
   require(flash_attention_supported(p.D), fn, "head dim D = " + std::to_string(p.D) + " has no kernel (64, 128)");
   require(p.B >= 0 && p.T >= 0 && p.H >= 0, fn, "negative size");
-  require(p.T < INT_MAX / 2, fn, "T must be < 2^30");
-  require(p.H <= 65535 && p.B <= 65535, fn, "B and H must be ≤ 65535 (grid dimensions)");
+  // The grid is (H, B, tiles of ≥ 64 rows): B and the tile count are limited to 65535.
+  require(p.T <= 65535LL * 64, fn, "T must be ≤ 4194240 (65535 tiles of 64 rows)");
+  require(p.B <= 65535, fn, "B must be ≤ 65535 (a grid dimension)");
   if (p.B == 0 || p.T == 0 || p.H == 0) return;
   require(p.q && p.k && p.v && p.o && p.lse && p.dout && p.dq && p.dk && p.dv && p.workspace, fn, "null pointer");
   require(aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned16(p.o) && aligned16(p.dout) &&

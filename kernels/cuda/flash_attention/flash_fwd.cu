@@ -33,9 +33,11 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
   const int T = int(p.T), H = int(p.H);
   const bool causal = p.causal;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  // Causal query blocks differ in cost (block i visits ~i key blocks): schedule the heaviest first.
-  const int qb = causal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
-  const int h = blockIdx.y, b = blockIdx.z;
+  // Causal query blocks differ in cost (block i visits ~i key blocks): the grid is (head, batch,
+  // tile) and blocks start in that order, so every head's heaviest tile starts before any lighter
+  // one and the last wave holds the cheapest (longest-processing-time first).
+  const int qb = causal ? int(gridDim.z) - 1 - int(blockIdx.z) : int(blockIdx.z);
+  const int h = blockIdx.x, b = blockIdx.y;
   const int q0 = qb * Br;
   // Row strides (elements between consecutive tokens; already resolved from 0 to H·D by the
   // launcher) and this block's (b, 0, h, 0) base pointers: the only place the layout enters.
@@ -149,7 +151,7 @@ void launch_fwd(const FlashAttentionParams& p, cudaStream_t stream) {
   using Tr = typename flash::FwdConfig<D>::type;
   auto kernel = flash::flash_fwd_kernel<Tr>;
   TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tr::kSmemBytes)));
-  const dim3 grid(unsigned((p.T + Tr::kBr - 1) / Tr::kBr), unsigned(p.H), unsigned(p.B));
+  const dim3 grid(unsigned(p.H), unsigned(p.B), unsigned((p.T + Tr::kBr - 1) / Tr::kBr));  // tile index slowest
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(flash::with_resolved_row_strides(p));
   TG_CUDA_CHECK(cudaGetLastError());
 }
@@ -190,8 +192,9 @@ void flash_attention_forward(const FlashAttentionParams& p, cudaStream_t stream)
   const char* fn = "flash_attention_forward";
   require(flash_attention_supported(p.D), fn, "head dim D = " + std::to_string(p.D) + " has no kernel (64, 128)");
   require(p.B >= 0 && p.T >= 0 && p.H >= 0, fn, "negative size");
-  require(p.T < INT_MAX / 2, fn, "T must be < 2^30");
-  require(p.H <= 65535 && p.B <= 65535, fn, "B and H must be ≤ 65535 (grid dimensions)");
+  // The grid is (H, B, tiles of ≥ 64 rows): B and the tile count are limited to 65535.
+  require(p.T <= 65535LL * 64, fn, "T must be ≤ 4194240 (65535 tiles of 64 rows)");
+  require(p.B <= 65535, fn, "B must be ≤ 65535 (a grid dimension)");
   if (p.B == 0 || p.T == 0 || p.H == 0) return;
   require(p.q && p.k && p.v && p.o && p.lse, fn, "null pointer");
   require(aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned16(p.o), fn,
