@@ -38,7 +38,9 @@ fi
 if [ "$WHAT" = profile ] || [ "$WHAT" = all ]; then
   # Where a training step's GPU time goes, kernel by kernel: ncu times every launch of one step
   # (after 2 warm-up steps: the skip count only has to land past them) and the table sums by name.
-  ncu --metrics gpu__time_duration.sum --csv --launch-skip 1500 --launch-count 900 \
+  # Caches and clocks as in a real run (ncu's defaults flush the caches before each kernel and
+  # lock the clocks to base, which inflates short and compute-bound kernels).
+  ncu --metrics gpu__time_duration.sum --csv --cache-control none --clock-control none --launch-skip 1500 --launch-count 900 \
     build-gpu/tilegrad bench train configs/gpt2-124m.yaml --set run.device=cuda --steps 2 --warmup 3 \
     > "$OUT/ncu_train.csv" 2> "$OUT/ncu_train.err"
   python3 - "$OUT/ncu_train.csv" <<'PY' | tee "$OUT/kernel_profile.txt"

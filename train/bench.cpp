@@ -44,8 +44,7 @@ int bench_train(const cli::Args& a) {
     model.params().zero_grad();
     Tensor l = model.loss(ids, tgt);
     l.backward();
-    optim::clip_grad_norm(model.params(), cfg.train.grad_clip);
-    opt.step(cfg.train.lr);
+    opt.step(cfg.train.lr, optim::clip_factor(optim::grad_norm(model.params()), cfg.train.grad_clip));
     loss = l.item();
   };
   const int64_t warmup = a.get_int("warmup", 5), steps = a.get_int("steps", 20);

@@ -7,13 +7,14 @@
 namespace tg::cpu {
 
 // Decoupled weight decay (Loshchilov & Hutter): p ← p − lr·(m̂/(√v̂ + eps) + wd·p).
-// bias_correction1/2 = 1 − β1^t, 1 − β2^t for the step t being taken.
+// bias_correction1/2 = 1 − β1^t, 1 − β2^t for the step t being taken. The gradient is read as
+// g·grad_scale (gradient clipping's factor, applied here rather than by a pass of its own).
 inline void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float lr,
                          float beta1, float beta2, float eps, float weight_decay,
-                         float bias_correction1, float bias_correction2) {
+                         float bias_correction1, float bias_correction2, float grad_scale = 1.0f) {
 #pragma omp parallel for simd if (n > (1 << 15))
   for (int64_t i = 0; i < n; ++i) {
-    float gi = g[i];
+    float gi = g[i] * grad_scale;
     float mi = beta1 * m[i] + (1.0f - beta1) * gi;
     float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
     m[i] = mi;

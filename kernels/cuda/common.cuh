@@ -94,6 +94,45 @@ __device__ __forceinline__ void store_vec(T* p, const float (&f)[V]) {
   }
 }
 
+// Two floats → two bf16 in one word (lo in the low half) with the hardware's cvt.rn.bf16x2.f32:
+// one instruction for two elements where float_to_bf16_bits takes ~5 per element, which matters
+// in kernels whose arithmetic is as cheap as their memory traffic. Same rounding (to nearest even)
+// for every number; a NaN comes out as the canonical 0x7fff instead of keeping its payload.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));  // a → upper half, b → lower
+  return r;
+}
+
+// store_vec with the hardware conversion: equal to store_vec for every number; NaNs become the
+// canonical NaN. Kernels whose output must match the CPU bit for bit on NaN too (cast) use store_vec.
+template <int V, typename T>
+__device__ __forceinline__ void store_vec_fast(T* p, const float (&f)[V]) {
+  if constexpr (V == 1 || sizeof(T) == 4) {
+    store_vec<V>(p, f);
+  } else {
+    static_assert(V == 8 || V == 4, "bf16 packs of 8 or 16 bytes");
+    uint32_t w[V / 2];
+#pragma unroll
+    for (int k = 0; k < V / 2; ++k) w[k] = pack_bf16x2(f[2 * k], f[2 * k + 1]);
+    if constexpr (V == 8) {
+      *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+    } else {
+      *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
+    }
+  }
+}
+
+// 2^x on the special-function unit (ex2.approx.ftz: relative error ~2^-22, subnormal results
+// flushed to 0; 2^-inf = 0). With the log2(e) factor folded into one FMA by the caller, e^x in two
+// instructions where expf takes about eight.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+constexpr float kLog2e = 1.4426950408889634f;
+
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // Blocks for a grid-stride loop over `items` work items: enough to fill the GPU several times

@@ -16,6 +16,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
+struct IdentityOp;  // a cast: map1_kernel stores it exactly (below)
+
 // Unary map out[i] = op(x[i], i) in fp32. Packs of V elements cover [0, n/V·V); the remainder
 // (< V elements) is done scalar. V = 1 is the fallback for misaligned pointers. out may equal x
 // (each element is read and written by one thread), hence no __restrict__.
@@ -29,7 +31,11 @@ __global__ void map1_kernel(const TI* x, TO* out, int64_t n, Op op) {
     load_vec<V>(x + j * V, f);
 #pragma unroll
     for (int k = 0; k < V; ++k) f[k] = op(f[k], j * V + k);
-    store_vec<V>(out + j * V, f);
+    // A cast keeps NaN payloads as the CPU does; the other maps round with the hardware's
+    // conversion (same numbers, ~5 instructions an element fewer: GELU is that close to its
+    // memory time).
+    if constexpr (std::is_same_v<Op, IdentityOp>) store_vec<V>(out + j * V, f);
+    else store_vec_fast<V>(out + j * V, f);
   }
   const int64_t i = nv * V + tid;
   if (V > 1 && i < n) out[i] = from_float<TO>(op(to_float(x[i]), i));
@@ -47,7 +53,7 @@ __global__ void map2_kernel(const T* a, const T* b, T* out, int64_t n, Op op) {
     load_vec<V>(b + j * V, fb);
 #pragma unroll
     for (int k = 0; k < V; ++k) fa[k] = op(fa[k], fb[k]);
-    store_vec<V>(out + j * V, fa);
+    store_vec_fast<V>(out + j * V, fa);
   }
   const int64_t i = nv * V + tid;
   if (V > 1 && i < n) out[i] = from_float<T>(op(to_float(a[i]), to_float(b[i])));
@@ -99,18 +105,26 @@ struct IdentityOp {
 
 constexpr float kGeluK = 0.7978845608028654f;  // √(2/π)
 
+// GPT-2's tanh GELU, written through the identity ½(1 + tanh u) = σ(2u) = 1 / (1 + e^(−2u)):
+// one ex2 and one reciprocal on the special-function unit instead of tanhf's ~35 instructions.
+// The tanh form made both kernels compute-bound (84 resp. 113 µs for GPT-2's 16k × 3072 bf16,
+// against 50 resp. 75 µs of memory traffic); this form keeps them at the memory. It also stays
+// accurate where tanh u → −1: 1 + tanh u would cancel there, σ(2u) does not. Relative error
+// ~1e-6 (the approximate exp), far below bf16's 4e-3; the CPU keeps the tanh form.
+// For u → −∞ the exponential overflows to +inf and the fast division returns 0 (not NaN).
+__device__ __forceinline__ float gelu_sigmoid(float u) { return __fdividef(1.0f, 1.0f + __expf(-2.0f * u)); }
+
 struct GeluOp {
   __device__ float operator()(float v, int64_t) const {
-    return 0.5f * v * (1.0f + tanhf(kGeluK * (v + 0.044715f * v * v * v)));
+    return v * gelu_sigmoid(kGeluK * (v + 0.044715f * v * v * v));
   }
 };
 struct GeluBackwardOp {  // (x, dout) → dx
+  // d/dv [v·σ(2u)] = σ + 2v·σ(1 − σ)·u',  u' = k(1 + 3·0.044715·v²)
   __device__ float operator()(float v, float d) const {
-    float inner = kGeluK * (v + 0.044715f * v * v * v);
-    float th = tanhf(inner);
-    float sech2 = 1.0f - th * th;
-    float local = 0.5f * (1.0f + th) + 0.5f * v * sech2 * kGeluK * (1.0f + 3.0f * 0.044715f * v * v);
-    return local * d;
+    const float s = gelu_sigmoid(kGeluK * (v + 0.044715f * v * v * v));
+    const float du = kGeluK * (1.0f + 3.0f * 0.044715f * v * v);
+    return (s + 2.0f * v * s * (1.0f - s) * du) * d;
   }
 };
 struct DropoutOp {

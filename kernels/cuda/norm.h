@@ -38,21 +38,22 @@ void softmax_forward(const T* x, T* out, int64_t N, int64_t C, cudaStream_t stre
 template <typename T>
 void softmax_backward(const T* y, const T* dy, T* dx, int64_t N, int64_t C, cudaStream_t stream);
 
-// logits (N, V), targets (N). Writes lse (N) (kept for the backward), row_loss (N) = lse − logit[target]
-// (0 where target == ignore_index; NaN where the target is outside [0, V), so a bad target is
-// loud instead of an out-of-bounds read), loss_out (1) = Σ row_loss / count (0 when count = 0)
-// and count_out (1) = rows not ignored. All outputs are device pointers. One block per row
-// (online max/sum in one pass over V), then a single block adds the rows in a fixed order.
+// logits (N, V), targets (N). Writes lse (N), row_loss (N) = lse − logit[target] (0 where target ==
+// ignore_index; NaN where the target is outside [0, V), so a bad target is loud instead of an
+// out-of-bounds read), loss_out (1) = Σ row_loss / count (0 when count = 0) and count_out (1) =
+// rows not ignored. When dlogits (N, V) is not null it also gets the gradient of the mean loss,
+// (softmax(logits) − onehot(target)) / count, zeros on ignored rows — written in the same pass
+// over the logits (the backward then only rescales it). All pointers are device memory: no host
+// synchronisation. One block per row (online max/sum in one pass over V); the mean adds the
+// rows in a fixed order in one block.
 template <typename T>
 void cross_entropy_forward(const T* logits, const int32_t* targets, float* lse, float* row_loss, float* loss_out,
-                           int32_t* count_out, int64_t N, int64_t V, int32_t ignore_index, cudaStream_t stream);
+                           int32_t* count_out, T* dlogits, int64_t N, int64_t V, int32_t ignore_index,
+                           cudaStream_t stream);
 
-// dlogits (N, V) = (softmax(logits) − onehot(target)) · dloss / count; ignored rows get zeros.
-// dloss (1 float) and count (1 int, from cross_entropy_forward) are device pointers, so the
-// backward needs no host synchronisation.
+// dlogits (n) *= dloss (1 float, device memory): turns the forward's gradient into the one for an
+// upstream gradient dloss. Costs nothing measurable when dloss is 1 (the kernel returns at once).
 template <typename T>
-void cross_entropy_backward(const T* logits, const int32_t* targets, const float* lse, const float* dloss,
-                            const int32_t* count, T* dlogits, int64_t N, int64_t V, int32_t ignore_index,
-                            cudaStream_t stream);
+void cross_entropy_backward(const float* dloss, T* dlogits, int64_t n, cudaStream_t stream);
 
 }  // namespace tg::cuda

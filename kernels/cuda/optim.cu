@@ -15,10 +15,11 @@ namespace {
 constexpr int kThreads = 256;
 
 struct AdamW {
-  float lr, beta1, beta2, eps, weight_decay, bc1, bc2;
+  float lr, beta1, beta2, eps, weight_decay, bc1, bc2, grad_scale;
   int64_t n_decay;
   // The CPU's expression, step for step (fp32, IEEE division and square root).
-  __device__ __forceinline__ void operator()(float& p, float g, float& m, float& v, int64_t i) const {
+  __device__ __forceinline__ void operator()(float& p, float g_raw, float& m, float& v, int64_t i) const {
+    const float g = g_raw * grad_scale;
     const float mi = beta1 * m + (1.0f - beta1) * g;
     const float vi = beta2 * v + (1.0f - beta2) * g * g;
     m = mi;
@@ -127,11 +128,12 @@ __global__ void scale_kernel(float* __restrict__ x, float s, int64_t n) {
 // ───────────────────────────── launchers ─────────────────────────────
 
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, int64_t n_decay, float lr, float beta1,
-                  float beta2, float eps, float weight_decay, float bc1, float bc2, cudaStream_t stream) {
+                  float beta2, float eps, float weight_decay, float bc1, float bc2, float grad_scale,
+                  cudaStream_t stream) {
   require(n >= 0 && n_decay >= 0 && n_decay <= n, "adamw_update", "need 0 ≤ n_decay ≤ n");
   require(bc1 > 0.0f && bc2 > 0.0f, "adamw_update", "bias corrections must be positive (step t ≥ 1)");
   if (n == 0) return;
-  const AdamW op{lr, beta1, beta2, eps, weight_decay, bc1, bc2, n_decay};
+  const AdamW op{lr, beta1, beta2, eps, weight_decay, bc1, bc2, grad_scale, n_decay};
   if (aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v) && n >= 4) {
     adamw_kernel<4><<<grid_for(n / 4, kThreads), kThreads, 0, stream>>>(p, g, m, v, n, op);
   } else {

@@ -12,8 +12,11 @@ namespace tg::cuda {
 // rest (biases, LayerNorm parameters, by the buffer's ordering) do not. Same formula as the CPU:
 //   m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²;  p ← p − lr·(m/bc1 / (√(v/bc2) + eps) + wd·p)
 // bc1, bc2 = 1 − β1^t, 1 − β2^t for the step t being taken. Requires 0 ≤ n_decay ≤ n.
+// g is read as g·grad_scale: gradient clipping folded into the update (a separate scaling pass
+// over GPT-2's 124 M fp32 gradients cost 0.25 ms a step).
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, int64_t n_decay, float lr, float beta1,
-                  float beta2, float eps, float weight_decay, float bc1, float bc2, cudaStream_t stream);
+                  float beta2, float eps, float weight_decay, float bc1, float bc2, float grad_scale,
+                  cudaStream_t stream);
 
 // Bytes of scratch sum_squares needs for n elements (one double per 8192-element block).
 size_t sum_squares_scratch_bytes(int64_t n);

@@ -287,23 +287,23 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets_in, int32_t ign
   }
   Tensor targets = ids_on(targets_in, logits.device());
   if (logits.device().is_cuda()) {
-    // GPU: statistics and the loss in fp32 whatever the logits' dtype; the count of rows that
-    // are not ignored stays on the device for the backward.
+    // GPU: statistics and the loss in fp32 whatever the logits' dtype, and — when a backward
+    // will follow — the gradient in the same pass over the logits, so the backward keeps neither
+    // the logits nor reads them again (it only rescales for an upstream gradient other than 1).
     Tensor lse = Tensor::empty({N}, DType::f32, logits.device()), row_loss = Tensor::empty({N}, DType::f32, logits.device());
     Tensor out = Tensor::empty({1}, DType::f32, logits.device()), count = Tensor::empty({1}, DType::i32, logits.device());
+    Tensor dlogits = needs_grad({&logits}) ? empty_like(logits) : Tensor();
     dispatch("cross_entropy", logits, [&]<typename T>() {}, [&]<typename T>() {
       cuda::cross_entropy_forward(logits.data<T>(), targets.data<int32_t>(), lse.data<float>(), row_loss.data<float>(),
-                                  out.data<float>(), count.data<int32_t>(), N, V, ignore_index, cuda_stream());
+                                  out.data<float>(), count.data<int32_t>(),
+                                  dlogits.defined() ? dlogits.data<T>() : nullptr, N, V, ignore_index, cuda_stream());
     });
-    record(out, "cross_entropy", {logits},
-           [logits = logits.detach(), targets, lse, count, N, V, ignore_index](const Tensor& g) {
-             Tensor gl = empty_like(logits);
-             dispatch("cross_entropy backward", logits, [&]<typename T>() {}, [&]<typename T>() {
-               cuda::cross_entropy_backward(logits.data<T>(), targets.data<int32_t>(), lse.data<float>(), g.data<float>(),
-                                            count.data<int32_t>(), gl.data<T>(), N, V, ignore_index, cuda_stream());
-             });
-             return std::vector<Tensor>{gl};
-           });
+    record(out, "cross_entropy", {logits}, [dlogits](const Tensor& g) {
+      dispatch("cross_entropy backward", dlogits, [&]<typename T>() {}, [&]<typename T>() {
+        cuda::cross_entropy_backward(g.data<float>(), dlogits.data<T>(), dlogits.numel(), cuda_stream());
+      });
+      return std::vector<Tensor>{dlogits};
+    });
     return out;
   }
   Tensor lse = Tensor::empty({N}, logits.dtype(), logits.device());

@@ -16,7 +16,7 @@ AdamW::AdamW(nn::ParameterStore& params, const AdamWConfig& config) : params_(pa
   v_ = Tensor::zeros(flat.shape(), flat.dtype(), flat.device());
 }
 
-void AdamW::step(double lr) {
+void AdamW::step(double lr, double grad_scale) {
   ++steps_;
   Tensor values = params_.flat_values();
   TG_CHECK(values.dtype() == DType::f32, "AdamW: needs f32 master parameters, got ", values.desc());
@@ -29,17 +29,18 @@ void AdamW::step(double lr) {
   // The flat layout puts decayed parameters first: elements [0, n_decay) take weight decay.
   const int64_t n = params_.numel(), n_decay = params_.decay_numel();
   const float b1 = float(config_.beta1), b2 = float(config_.beta2), eps = float(config_.eps);
+  const float gs = float(grad_scale);
   if (values.device().is_cuda()) {
 #ifdef TILEGRAD_HAVE_CUDA
     // One fused kernel over the whole flat buffer.
-    cuda::adamw_update(p, g, m, v, n, n_decay, float(lr), b1, b2, eps, float(config_.weight_decay), bc1, bc2,
+    cuda::adamw_update(p, g, m, v, n, n_decay, float(lr), b1, b2, eps, float(config_.weight_decay), bc1, bc2, gs,
                        detail::cuda_stream());
 #endif
     return;
   }
-  cpu::adamw_update(p, g, m, v, n_decay, float(lr), b1, b2, eps, float(config_.weight_decay), bc1, bc2);
+  cpu::adamw_update(p, g, m, v, n_decay, float(lr), b1, b2, eps, float(config_.weight_decay), bc1, bc2, gs);
   cpu::adamw_update(p + n_decay, g + n_decay, m + n_decay, v + n_decay, n - n_decay, float(lr), b1, b2, eps, 0.0f,
-                    bc1, bc2);
+                    bc1, bc2, gs);
 }
 
 double grad_norm(const nn::ParameterStore& params) {
@@ -62,11 +63,15 @@ double grad_norm(const nn::ParameterStore& params) {
   return std::sqrt(cpu::sum_squares(g.data<float>(), g.numel()));
 }
 
+double clip_factor(double norm, double max_norm) {
+  return max_norm > 0 && std::isfinite(norm) && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
+}
+
 double clip_grad_norm(nn::ParameterStore& params, double max_norm) {
   double norm = grad_norm(params);
-  if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) {
+  if (const double factor = clip_factor(norm, max_norm); factor != 1.0) {
     Tensor g = params.flat_grads();
-    const float s = float(max_norm / (norm + 1e-6));
+    const float s = float(factor);
     if (g.device().is_cuda()) {
 #ifdef TILEGRAD_HAVE_CUDA
       cuda::scale_inplace(g.data<float>(), s, g.numel(), detail::cuda_stream());

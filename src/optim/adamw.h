@@ -17,8 +17,10 @@ struct AdamWConfig {
 class AdamW {
  public:
   AdamW(nn::ParameterStore& params, const AdamWConfig& config);
-  // One update with learning rate `lr` from the gradients in the store's flat grad buffer.
-  void step(double lr);
+  // One update with learning rate `lr` from the gradients in the store's flat grad buffer, each
+  // read as g·grad_scale (clip_factor's result: clipping without a pass of its own). The
+  // gradients themselves are left as they are.
+  void step(double lr, double grad_scale = 1.0);
   int64_t steps_taken() const { return steps_; }
   void set_steps_taken(int64_t s) { steps_ = s; }
   Tensor first_moment() const { return m_; }   // (numel), same layout as the flat parameters
@@ -33,8 +35,11 @@ class AdamW {
 
 // The global L2 norm of all gradients (in double, reproducible).
 double grad_norm(const nn::ParameterStore& params);
-// Scales gradients so that their global norm is at most max_norm (when max_norm > 0 and the
-// norm is finite); returns the norm before clipping.
+// The factor that brings gradients of global norm `norm` to at most max_norm: max_norm/(norm+1e-6)
+// when max_norm > 0 and norm is finite and above it, else 1. Training passes it to AdamW::step.
+double clip_factor(double norm, double max_norm);
+// Scales the gradients in place by clip_factor(their norm, max_norm); returns the norm before
+// clipping. (For callers that need the clipped gradients themselves.)
 double clip_grad_norm(nn::ParameterStore& params, double max_norm);
 
 enum class Schedule { cosine, constant };

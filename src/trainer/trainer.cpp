@@ -198,7 +198,7 @@ TrainResult Trainer::run(const std::string& resume) {
       ops::scale(l, 1.0 / tc.grad_accum).backward();
     }
     if (grad_hook_) grad_hook_(step, model_->params());
-    const double norm = optim::clip_grad_norm(model_->params(), tc.grad_clip);
+    const double norm = optim::grad_norm(model_->params());  // clipping happens inside the update
     const double lr = schedule.at(step);
     losses_.push_back(loss);
     result.last_loss = loss;
@@ -220,7 +220,7 @@ TrainResult Trainer::run(const std::string& resume) {
       }
     } else {
       state_.bad_steps_in_row = 0;
-      opt_->step(lr);
+      opt_->step(lr, optim::clip_factor(norm, tc.grad_clip));
     }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     window_ms += ms;

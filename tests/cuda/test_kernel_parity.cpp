@@ -463,48 +463,59 @@ void case_cross_entropy(double tol, int64_t N, int64_t V, bool all_ignored, size
       tg::cpu::cross_entropy_forward(logits_d.data(), targets.data(), lse_d.data(), row_loss_d.data(), N, V, ignore);
   const double total = tg::cpu::sum_all(row_loss_d.data(), N);
   const float loss = counted > 0 ? float(total / double(counted)) : 0.0f;
+  // The forward writes the gradient for dloss = 1; the backward rescales it for any other.
+  std::vector<double> dl1_d(N * V);
+  tg::cpu::cross_entropy_backward(logits_d.data(), targets.data(), lse_d.data(), 1.0, counted, dl1_d.data(), N, V,
+                                  ignore);
   const float dloss = 1.5f;
   tg::cpu::cross_entropy_backward(logits_d.data(), targets.data(), lse_d.data(), double(dloss), counted, dl_d.data(),
                                   N, V, ignore);
-  const auto lse = narrow(lse_d), row_loss = narrow(row_loss_d), dl = narrow(dl_d);
+  const auto lse = narrow(lse_d), row_loss = narrow(row_loss_d), dl = narrow(dl_d), dl_unit = narrow(dl1_d);
 
   DevBuf<T> glogits(N * V, off), gdl(N * V, off);
   DevBuf<int32_t> gtargets(N), gcount(1);
-  DevBuf<float> glse(N), grow(N), gloss(1), gdloss(1);
-  glogits.upload(logits), gtargets.upload_raw(targets), gdloss.upload_raw({dloss});
-  auto forward = [&] {
-    glse.poison(), grow.poison(), gloss.poison(), gcount.poison();
-    tg::cuda::cross_entropy_forward(glogits.p, gtargets.p, glse.p, grow.p, gloss.p, gcount.p, N, V, ignore, kStream);
+  DevBuf<float> glse(N), grow(N), gloss(1), gdloss(1), gone(1);
+  glogits.upload(logits), gtargets.upload_raw(targets), gdloss.upload_raw({dloss}), gone.upload_raw({1.0f});
+  auto forward = [&](bool with_grad) {
+    glse.poison(), grow.poison(), gloss.poison(), gcount.poison(), gdl.poison();
+    tg::cuda::cross_entropy_forward(glogits.p, gtargets.p, glse.p, grow.p, gloss.p, gcount.p,
+                                    with_grad ? gdl.p : static_cast<T*>(nullptr), N, V, ignore, kStream);
   };
-  forward();
+  forward(true);
   // Statistics are fp32 on both sides (from the same T inputs): fp32-level agreement.
   EXPECT_PARITY(glse.download(), lse, 1e-5);
   EXPECT_PARITY(grow.download(), row_loss, 1e-5);
   EXPECT_PARITY(gloss.download(), std::vector<float>{loss}, 1e-5);
   EXPECT_EQ(gcount.download_raw()[0], counted);
-  gdl.poison();
-  tg::cuda::cross_entropy_backward(glogits.p, gtargets.p, glse.p, gdloss.p, gcount.p, gdl.p, N, V, ignore, kStream);
-  EXPECT_PARITY(gdl.download(), quantize<T>(dl), tol);
+  EXPECT_PARITY(gdl.download(), quantize<T>(dl_unit), tol);
   auto lse1 = glse.download_raw(), loss1 = gloss.download_raw(), dl1 = gdl.download_raw();
-  forward();
-  gdl.poison();
-  tg::cuda::cross_entropy_backward(glogits.p, gtargets.p, glse.p, gdloss.p, gcount.p, gdl.p, N, V, ignore, kStream);
+  tg::cuda::cross_entropy_backward(gone.p, gdl.p, N * V, kStream);  // dloss = 1: untouched
+  EXPECT_TRUE(same_bytes(dl1, gdl.download_raw())) << "a unit upstream gradient changed the gradient";
+  tg::cuda::cross_entropy_backward(gdloss.p, gdl.p, N * V, kStream);
+  EXPECT_PARITY(gdl.download(), quantize<T>(dl), tol);
+  forward(true);
   EXPECT_TRUE(same_bytes(lse1, glse.download_raw()) && same_bytes(loss1, gloss.download_raw()) &&
               same_bytes(dl1, gdl.download_raw()))
       << "cross_entropy is not bitwise reproducible";
+  forward(false);  // no gradient asked: the same statistics, the gradient buffer untouched
+  EXPECT_TRUE(same_bytes(lse1, glse.download_raw()) && same_bytes(loss1, gloss.download_raw()))
+      << "the statistics depend on whether the gradient is written";
+  const auto untouched = gdl.download_raw();
+  gdl.poison();
+  EXPECT_TRUE(same_bytes(untouched, gdl.download_raw())) << "the forward without a gradient wrote dlogits";
 }
 
-void case_adamw(double tol, int64_t n, int64_t n_decay, size_t off) {
+void case_adamw(double tol, int64_t n, int64_t n_decay, float grad_scale, size_t off) {
   auto p = uniform(n, 28), g = uniform(n, 29, -0.1f, 0.1f), m = uniform(n, 30, -0.01f, 0.01f),
        v = uniform(n, 31, 0.0f, 1e-3f);
   const float lr = 6e-4f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
   const float bc1 = 1.0f - std::pow(b1, 3.0f), bc2 = 1.0f - std::pow(b2, 3.0f);
   DevBuf<float> gp(n, off), gg(n, off), gm(n, off), gv(n, off);
   gp.upload_raw(p), gg.upload_raw(g), gm.upload_raw(m), gv.upload_raw(v);
-  tg::cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), n_decay, lr, b1, b2, eps, wd, bc1, bc2);
+  tg::cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), n_decay, lr, b1, b2, eps, wd, bc1, bc2, grad_scale);
   tg::cpu::adamw_update(p.data() + n_decay, g.data() + n_decay, m.data() + n_decay, v.data() + n_decay, n - n_decay,
-                        lr, b1, b2, eps, 0.0f, bc1, bc2);
-  tg::cuda::adamw_update(gp.p, gg.p, gm.p, gv.p, n, n_decay, lr, b1, b2, eps, wd, bc1, bc2, kStream);
+                        lr, b1, b2, eps, 0.0f, bc1, bc2, grad_scale);
+  tg::cuda::adamw_update(gp.p, gg.p, gm.p, gv.p, n, n_decay, lr, b1, b2, eps, wd, bc1, bc2, grad_scale, kStream);
   EXPECT_PARITY(gp.download_raw(), p, tol);
   EXPECT_PARITY(gm.download_raw(), m, tol);
   EXPECT_PARITY(gv.download_raw(), v, tol);
@@ -630,8 +641,9 @@ std::vector<Case> parity_table() {
       TG_CASE("cross_entropy_7x1001", kF32Reduce, kBf16, case_cross_entropy<T>(tol, 7, 1001, false, 0)),
       TG_CASE("cross_entropy_9x64_all_ignored", kF32Reduce, kBf16, case_cross_entropy<T>(tol, 9, 64, true, 0)),
       TG_CASE("cross_entropy_33x5000_misaligned", kF32Reduce, kBf16, case_cross_entropy<T>(tol, 33, 5000, false, 1)),
-      TG_CASE_F32("adamw_1048579", case_adamw(kF32, 1048579, 700001, 0)),
-      TG_CASE_F32("adamw_13_misaligned", case_adamw(kF32, 13, 5, 1)),
+      TG_CASE_F32("adamw_1048579", case_adamw(kF32, 1048579, 700001, 1.0f, 0)),
+      TG_CASE_F32("adamw_1048579_clipped", case_adamw(kF32, 1048579, 700001, 0.37f, 0)),
+      TG_CASE_F32("adamw_13_misaligned", case_adamw(kF32, 13, 5, 1.0f, 1)),
       TG_CASE_F32("sum_squares_3000005", case_sum_squares(3000005, 0)),
       TG_CASE_F32("sum_squares_8192", case_sum_squares(8192, 0)),
       TG_CASE_F32("sum_squares_13_misaligned", case_sum_squares(13, 1)),
@@ -676,7 +688,7 @@ TEST(ParityPreconditions, Throw) {
   DevBuf<float> a(64), b(64);
   EXPECT_THROW(tg::cuda::slice_last(a.p, b.p, 4, 16, 10, 8, kStream), std::invalid_argument);
   EXPECT_THROW(tg::cuda::rope_apply(a.p, b.p, 1, 1, 1, 7, 10000.0, 0, 1, kStream), std::invalid_argument);
-  EXPECT_THROW(tg::cuda::adamw_update(a.p, b.p, a.p, b.p, 64, 65, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.1f, kStream),
+  EXPECT_THROW(tg::cuda::adamw_update(a.p, b.p, a.p, b.p, 64, 65, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.1f, 1.0f, kStream),
                std::invalid_argument);
 }
 

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 
 #include "src/optim/adamw.h"
 
@@ -51,6 +52,36 @@ TEST(AdamW, ClipGradNormScalesToTheLimit) {
   EXPECT_NEAR(optim::grad_norm(store), 1.0, 1e-5);
   EXPECT_NEAR(optim::clip_grad_norm(store, 10.0), 1.0, 1e-5);  // under the limit: untouched
   EXPECT_NEAR(optim::grad_norm(store), 1.0, 1e-5);
+}
+
+// Clipping folded into the update (what training does) is bitwise the update after clipping the
+// gradients in place.
+TEST(AdamW, ClipFactorInTheUpdateEqualsClippingTheGradients) {
+  auto make = [] {
+    auto store = std::make_unique<nn::ParameterStore>();
+    store->declare("w", {3, 5}, nn::Init::normal, 0.5);
+    store->declare("b", {5}, nn::Init::zeros);
+    store->allocate(7);
+    float* g = store->flat_grads().data<float>();
+    for (int64_t i = 0; i < store->numel(); ++i) g[i] = float(0.3 * std::sin(1.7 * double(i) + 0.2));
+    return store;
+  };
+  auto a = make(), b = make();
+  optim::AdamW opt_a(*a, {}), opt_b(*b, {});
+  const double norm = optim::grad_norm(*a);
+  ASSERT_GT(norm, 0.5);
+  EXPECT_NEAR(optim::clip_factor(norm, 0.5), 0.5 / (norm + 1e-6), 1e-15);
+  EXPECT_EQ(optim::clip_factor(norm, 0.0), 1.0);        // clipping off
+  EXPECT_EQ(optim::clip_factor(norm, 10 * norm), 1.0);  // under the limit
+  EXPECT_EQ(optim::clip_factor(NAN, 0.5), 1.0);         // a non-finite norm is the trainer's to handle
+  opt_a.step(1e-2, optim::clip_factor(norm, 0.5));
+  EXPECT_NEAR(optim::clip_grad_norm(*b, 0.5), norm, 1e-12);
+  opt_b.step(1e-2);
+  const Tensor pa = a->flat_values(), pb = b->flat_values();
+  for (int64_t i = 0; i < a->numel(); ++i) ASSERT_EQ(pa.data<float>()[i], pb.data<float>()[i]) << i;
+  EXPECT_NE(pa.data<float>()[0], make()->flat_values().data<float>()[0]);  // the step did move it
+  // The folded form leaves the gradients as they were.
+  EXPECT_NEAR(optim::grad_norm(*a), norm, 1e-12);
 }
 
 TEST(LRSchedule, WarmupThenCosineToMinimum) {
