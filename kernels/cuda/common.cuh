@@ -123,6 +123,21 @@ __device__ __forceinline__ void store_vec_fast(T* p, const float (&f)[V]) {
   }
 }
 
+// Rounds V floats to T's precision in place as store_vec_fast would (bf16: to nearest even through
+// the same cvt; float: unchanged), for kernels that store values and go on using them.
+template <int V, typename T>
+__device__ __forceinline__ void round_vec_fast(float (&f)[V]) {
+  if constexpr (sizeof(T) == 2) {
+#pragma unroll
+    for (int k = 0; k + 1 < V; k += 2) {
+      const uint32_t w = pack_bf16x2(f[k], f[k + 1]);
+      f[k] = __uint_as_float(w << 16);
+      f[k + 1] = __uint_as_float(w & 0xffff0000u);
+    }
+    if constexpr (V % 2 == 1) f[V - 1] = __uint_as_float(pack_bf16x2(f[V - 1], 0.0f) << 16);
+  }
+}
+
 // 2^x on the special-function unit (ex2.approx.ftz: relative error ~2^-22, subnormal results
 // flushed to 0; 2^-inf = 0). With the log2(e) factor folded into one FMA by the caller, e^x in two
 // instructions where expf takes about eight.

@@ -178,6 +178,17 @@ __global__ void add_converted_kernel(float* __restrict__ dst, const tg::bf16* __
   if (V > 1 && i < n) dst[i] += to_float(src[i]);
 }
 
+struct AddConvertedBatch {
+  AddConvertedJob job[kAddConvertedMaxJobs];
+};
+
+// Block row y does job y; its blocks stride over the job's elements (scalar: small, any alignment).
+__global__ void add_converted_batched_kernel(const AddConvertedBatch batch) {
+  const AddConvertedJob j = batch.job[blockIdx.y];
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < j.n; i += int64_t(gridDim.x) * blockDim.x)
+    j.dst[i] += to_float(j.src[i]);
+}
+
 }  // namespace
 
 // ───────────────────────────── launchers ─────────────────────────────
@@ -208,6 +219,22 @@ void add_converted_inplace(float* dst, const tg::bf16* src, int64_t n, cudaStrea
   } else {
     add_converted_kernel<1><<<grid_for(n, kThreads), kThreads, 0, stream>>>(dst, src, n);
   }
+  TG_CUDA_CHECK(cudaGetLastError());
+}
+
+void add_converted_batched(const AddConvertedJob* jobs, int count, cudaStream_t stream) {
+  require(count >= 0 && count <= kAddConvertedMaxJobs, "add_converted_batched",
+          "between 0 and " + std::to_string(kAddConvertedMaxJobs) + " jobs");
+  if (count == 0) return;
+  AddConvertedBatch batch{};
+  int64_t largest = 0;
+  for (int i = 0; i < count; ++i) {
+    require(jobs[i].n >= 0, "add_converted_batched", "negative size");
+    batch.job[i] = jobs[i];
+    largest = std::max(largest, jobs[i].n);
+  }
+  const dim3 grid(grid_for(largest, kThreads, 16), unsigned(count));
+  add_converted_batched_kernel<<<grid, kThreads, 0, stream>>>(batch);
   TG_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -264,6 +291,46 @@ __global__ void __launch_bounds__(kSumWarps * 32)
   }
 }
 
+// column_partial_sum_kernel fused with the GELU backward that produces its input: each lane
+// computes its vector of dx = gelu'(x)·dout, stores it, and adds the stored (rounded) values, in
+// the same rows, order and fold as column_partial_sum_kernel over dx.
+template <int V, typename T>
+__global__ void __launch_bounds__(kSumWarps * 32)
+    gelu_backward_partial_sum_kernel(const T* __restrict__ x, const T* __restrict__ dout, T* __restrict__ dx,
+                                     float* __restrict__ partial, int64_t rows, int64_t cols, int64_t rows_per_chunk) {
+  __shared__ float fold[kSumWarps][32 * V];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t c0 = int64_t(blockIdx.x) * 32 * V, c = c0 + lane * V;
+  const int64_t r0 = int64_t(blockIdx.y) * rows_per_chunk;
+  const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  const GeluBackwardOp op;
+  float acc[V] = {};
+  if (c < cols) {
+#pragma unroll 4
+    for (int64_t r = r0 + warp; r < r1; r += kSumWarps) {
+      float fx[V], fd[V];
+      load_vec<V>(x + r * cols + c, fx);
+      load_vec<V>(dout + r * cols + c, fd);
+#pragma unroll
+      for (int k = 0; k < V; ++k) fx[k] = op(fx[k], fd[k]);
+      round_vec_fast<V, T>(fx);  // sum what is stored, as sum_rows over dx would
+      store_vec_fast<V>(dx + r * cols + c, fx);
+#pragma unroll
+      for (int k = 0; k < V; ++k) acc[k] += fx[k];
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < V; ++k) fold[warp][lane * V + k] = acc[k];
+  __syncthreads();
+  for (int i = threadIdx.x; i < 32 * V; i += kSumWarps * 32) {
+    if (c0 + i >= cols) break;
+    float s = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kSumWarps; ++w) s += fold[w][i];
+    partial[int64_t(blockIdx.y) * cols + c0 + i] = s;
+  }
+}
+
 size_t sum_rows_scratch_floats(int64_t rows, int64_t cols) {
   return rows <= 0 || cols <= 0 ? 0 : size_t(sum_rows_chunks(rows, cols) * cols);
 }
@@ -286,6 +353,29 @@ void sum_rows(const T* x, T* out, int64_t rows, int64_t cols, float* scratch, cu
   column_partial_sum_kernel<V><<<grid, kSumWarps * 32, 0, stream>>>(x, scratch, rows, cols, rows_per_chunk);
   TG_CUDA_CHECK(cudaGetLastError());
   column_sum_kernel<<<unsigned(col_blocks), dim3(32, 32), 0, stream>>>(scratch, out, chunks, cols);
+  TG_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename T>
+void gelu_backward_sum_rows(const T* x, const T* dout, T* dx, T* dbias, int64_t rows, int64_t cols, float* scratch,
+                            cudaStream_t stream) {
+  require(rows >= 0 && cols >= 0, "gelu_backward_sum_rows", "negative size");
+  if (cols == 0) return;
+  constexpr int V = kVec<T>;
+  const int64_t chunks = sum_rows_chunks(rows, cols);
+  if (chunks == 1 || cols % V != 0 || !aligned16(x) || !aligned16(dout) || !aligned16(dx)) {
+    // sum_rows's own one-pass cases: the two steps, with sum_rows choosing as it always does.
+    gelu_backward(x, dout, dx, rows * cols, stream);
+    sum_rows(dx, dbias, rows, cols, scratch, stream);
+    return;
+  }
+  require(scratch != nullptr, "gelu_backward_sum_rows", "scratch is null");
+  const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
+  const dim3 grid(unsigned((cols + 32 * V - 1) / (32 * V)), unsigned(chunks));
+  gelu_backward_partial_sum_kernel<V><<<grid, kSumWarps * 32, 0, stream>>>(x, dout, dx, scratch, rows, cols,
+                                                                          rows_per_chunk);
+  TG_CUDA_CHECK(cudaGetLastError());
+  column_sum_kernel<<<unsigned((cols + 31) / 32), dim3(32, 32), 0, stream>>>(scratch, dbias, chunks, cols);
   TG_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -354,6 +444,7 @@ void fill(T* x, float value, int64_t n, cudaStream_t stream) {
   template void scale_forward<T>(const T*, T*, float, int64_t, cudaStream_t);                    \
   template void gelu_forward<T>(const T*, T*, int64_t, cudaStream_t);                            \
   template void gelu_backward<T>(const T*, const T*, T*, int64_t, cudaStream_t);                 \
+  template void gelu_backward_sum_rows<T>(const T*, const T*, T*, T*, int64_t, int64_t, float*, cudaStream_t); \
   template void dropout_apply<T>(const T*, T*, int64_t, float, uint64_t, cudaStream_t);          \
   template void fill<T>(T*, float, int64_t, cudaStream_t);
 TG_INSTANTIATE(float)

@@ -32,6 +32,17 @@ void sum_rows(const T* x, T* out, int64_t rows, int64_t cols, float* scratch, cu
 // dst (n, fp32) += src (n, bf16) as floats (a bf16 gradient accumulated into an fp32 one).
 void add_converted_inplace(float* dst, const tg::bf16* src, int64_t n, cudaStream_t stream);
 
+// Many small add_converted_inplace in one launch: a model's biases and LayerNorm parameters would
+// each be a launch of ~2 µs for a few thousand elements. Up to kAddConvertedMaxJobs jobs; the
+// destinations must not overlap.
+struct AddConvertedJob {
+  float* dst;
+  const tg::bf16* src;
+  int64_t n;
+};
+constexpr int kAddConvertedMaxJobs = 128;  // the jobs travel as a kernel argument (3 KB)
+void add_converted_batched(const AddConvertedJob* jobs, int count, cudaStream_t stream);
+
 // out (n) = a (n) ∘ b (n).
 template <typename T>
 void mul_forward(const T* a, const T* b, T* out, int64_t n, cudaStream_t stream);
@@ -45,6 +56,14 @@ template <typename T>
 void gelu_forward(const T* x, T* out, int64_t n, cudaStream_t stream);
 template <typename T>
 void gelu_backward(const T* x, const T* dout, T* dx, int64_t n, cudaStream_t stream);
+
+// gelu_backward over x, dout (rows, cols) and, in the same pass, dbias (cols) = Σ_rows dx: the
+// bias gradient of the linear layer that produced x (GPT's MLP), without reading dx back. dbias
+// is bitwise what sum_rows(dx) gives (same chunks, same order, the stored T values summed).
+// scratch: sum_rows_scratch_floats(rows, cols) floats.
+template <typename T>
+void gelu_backward_sum_rows(const T* x, const T* dout, T* dx, T* dbias, int64_t rows, int64_t cols, float* scratch,
+                            cudaStream_t stream);
 
 // out (n) = x (n) converted: float→bf16 rounds exactly like tg::float_to_bf16 (bitwise, NaN
 // included), bf16→float is exact, float→float and bf16→bf16 are device copies.

@@ -23,12 +23,15 @@ void layernorm_forward(const T* x, const T* weight, const T* bias, T* out, float
 size_t layernorm_backward_scratch_floats(int64_t N, int64_t C);
 
 // dx (N, C), dweight (C) and dbias (C, may be null) are overwritten. mean, rstd (N) are the
-// forward's. scratch holds layernorm_backward_scratch_floats(N, C) floats. Row blocks produce
+// forward's. dx_add (N, C), when not null, is added into dx as it is written (another consumer's
+// gradient of x, e.g. the residual stream's: one pass fewer than adding it afterwards); it may
+// not alias dx. scratch holds layernorm_backward_scratch_floats(N, C) floats. Row blocks produce
 // per-channel partials that a second kernel adds in block order: bitwise reproducible.
 // Requires C ≤ 7168 (the per-warp accumulators live in shared memory).
 template <typename T>
-void layernorm_backward(const T* x, const T* weight, const float* mean, const float* rstd, const T* dout, T* dx,
-                        T* dweight, T* dbias, int64_t N, int64_t C, float* scratch, cudaStream_t stream);
+void layernorm_backward(const T* x, const T* weight, const float* mean, const float* rstd, const T* dout,
+                        const T* dx_add, T* dx, T* dweight, T* dbias, int64_t N, int64_t C, float* scratch,
+                        cudaStream_t stream);
 
 // x, out (N, C): softmax over the last dimension. Rows that are entirely −inf give zeros.
 template <typename T>

@@ -13,6 +13,38 @@ namespace tg {
 
 namespace {
 thread_local bool t_grad_enabled = true;
+
+// The node whose closure is running, and what it may take (see take_pending_gradient).
+struct PendingHandOver {
+  std::vector<Tensor> available;  // per input: the gradient accumulated so far, or undefined
+  std::vector<bool> taken;
+};
+thread_local PendingHandOver* t_hand_over = nullptr;
+}  // namespace
+
+// Small bf16 → fp32 leaf-gradient additions waiting for one batched launch (see
+// accumulate_converted_later); flushed when full and when backward() ends.
+struct DeferredFold {
+  Tensor dst, src;
+};
+thread_local std::vector<DeferredFold> t_deferred_folds;
+
+void flush_deferred_folds() {
+#ifdef TILEGRAD_HAVE_CUDA
+  if (t_deferred_folds.empty()) return;
+  std::vector<cuda::AddConvertedJob> jobs;
+  for (const DeferredFold& f : t_deferred_folds)
+    jobs.push_back({f.dst.data<float>(), f.src.data<bf16>(), f.src.numel()});
+  cuda::add_converted_batched(jobs.data(), int(jobs.size()), detail::cuda_stream());
+#endif
+  t_deferred_folds.clear();  // the sources may be freed now: the stream orders the kernel first
+}
+
+Tensor take_pending_gradient(size_t input) {
+  if (!t_hand_over || input >= t_hand_over->available.size() || t_hand_over->taken[input]) return Tensor();
+  Tensor g = t_hand_over->available[input];
+  if (g.defined()) t_hand_over->taken[input] = true;
+  return g;
 }
 
 bool grad_enabled() { return t_grad_enabled; }
@@ -50,12 +82,25 @@ void accumulate_into(Tensor& dst, const Tensor& src) {
                    });
 }
 
+void accumulate_converted_later(const Tensor& dst, const Tensor& src) {
+  TG_CHECK(dst.dtype() == DType::f32 && src.dtype() == DType::bf16 && dst.numel() == src.numel() &&
+               dst.device().is_cuda() && src.device() == dst.device(),
+           "accumulate_converted_later: ", src.desc(), " into ", dst.desc());
+  if (int(t_deferred_folds.size()) == cuda::kAddConvertedMaxJobs) flush_deferred_folds();
+  t_deferred_folds.push_back({dst, src});
+}
+
 void backward(const Tensor& root) {
   TG_CHECK(root.defined() && root.numel() == 1, "backward() needs a one-element tensor, got ",
            root.desc());
   TG_CHECK(root.requires_grad(), "backward() on a tensor that does not require grad (",
            root.desc(), "): no parameter it depends on has requires_grad set");
   NoGradGuard no_grad;  // backward closures never record
+  // Deferred leaf-gradient additions are flushed at the end; if a closure throws they are
+  // dropped, never carried into the next backward().
+  struct DropDeferredFolds {
+    ~DropDeferredFolds() { t_deferred_folds.clear(); }
+  } drop_deferred_folds;
 
   Tensor seed = Tensor::full(root.shape(), 1.0, root.dtype(), root.device());
   if (root.is_leaf()) {
@@ -96,7 +141,29 @@ void backward(const Tensor& root) {
     pending.erase(found);
     for (const Tensor& in : node->inputs)
       if (in.defined() && in.grad_fn()) keep.push_back(in.grad_fn());
-    std::vector<Tensor> grads = node->backward(grad_out);
+    // What the closure may take over: the gradients already pending for its (non-leaf) inputs.
+    PendingHandOver hand_over;
+    hand_over.available.resize(node->inputs.size());
+    hand_over.taken.assign(node->inputs.size(), false);
+    for (size_t i = 0; i < node->inputs.size(); ++i) {
+      const Tensor& in = node->inputs[i];
+      if (!in.defined() || !in.grad_fn()) continue;
+      // The same tensor twice among the inputs would be handed over twice: offer it to neither.
+      bool repeated = false;
+      for (size_t j = 0; j < node->inputs.size(); ++j)
+        repeated = repeated || (j != i && node->inputs[j].defined() && node->inputs[j].grad_fn() == in.grad_fn());
+      auto p = pending.find(in.grad_fn().get());
+      if (!repeated && p != pending.end()) hand_over.available[i] = p->second;
+    }
+    std::vector<Tensor> grads;
+    {
+      struct Scope {
+        PendingHandOver* previous;
+        explicit Scope(PendingHandOver* h) : previous(t_hand_over) { t_hand_over = h; }
+        ~Scope() { t_hand_over = previous; }
+      } scope(&hand_over);
+      grads = node->backward(grad_out);
+    }
     TG_ASSERT(grads.size() == node->inputs.size());
     for (size_t i = 0; i < grads.size(); ++i) {
       Tensor& in = node->inputs[i];
@@ -108,6 +175,8 @@ void backward(const Tensor& root) {
         auto p = pending.find(in.grad_fn().get());
         if (p == pending.end()) {
           pending.emplace(in.grad_fn().get(), g);
+        } else if (hand_over.taken[i]) {
+          p->second = g;  // the closure added the pending gradient into g itself
         } else {
           // Out of place (a closure may hand the same tensor to several inputs), in one pass.
           p->second = ops::add(p->second, g);
@@ -123,6 +192,7 @@ void backward(const Tensor& root) {
     node->backward = nullptr;
     node->inputs.clear();
   }
+  flush_deferred_folds();
   root.impl()->grad_fn.reset();
 }
 

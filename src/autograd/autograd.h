@@ -44,7 +44,21 @@ void record(Tensor& output, std::string op, std::vector<Tensor> inputs,
 // Backpropagates from `root` (a one-element tensor) with seed gradient 1.
 void backward(const Tensor& root);
 
+// For a backward closure while it runs: the gradient other consumers have already accumulated for
+// its input `input` (a non-leaf tensor used more than once, like a residual stream), handed over —
+// undefined when there is none (or outside a closure). A closure that takes it must return, for
+// that input, the total: its own gradient plus the taken one. The engine then stores that instead
+// of adding the two, so the closure can fold the accumulation into its own kernel (LayerNorm's
+// backward adds the residual gradient as it writes dx: one pass over the tensor fewer).
+Tensor take_pending_gradient(size_t input);
+
 // dst += src (same shape and dtype, no autograd). Used for gradient accumulation.
 void accumulate_into(Tensor& dst, const Tensor& src);
+
+// During backward() on the GPU: dst (fp32, a leaf's gradient) += src (bf16), added before
+// backward() returns, batched with the other small ones into a launch (cuda::add_converted_batched)
+// instead of one launch each. For small tensors (a bias, a LayerNorm weight); src is kept alive
+// until then.
+void accumulate_converted_later(const Tensor& dst, const Tensor& src);
 
 }  // namespace tg

@@ -88,7 +88,7 @@ Tensor GPT::block(const Tensor& x, int64_t i) {
 
   // MLP.
   h = ops::layernorm(x1, w("ln_2.weight"), b("ln_2.bias"));
-  h = ops::gelu(ops::linear(h, w("mlp.c_fc.weight"), b("mlp.c_fc.bias")));  // (B, T, 4C)
+  h = ops::linear_gelu(h, w("mlp.c_fc.weight"), b("mlp.c_fc.bias"));  // (B, T, 4C)
   h = ops::linear(h, w("mlp.c_proj.weight"), b("mlp.c_proj.bias"));
   return ops::add(x1, dropout(h, uint64_t(2 * i + 1)));
 }

@@ -78,20 +78,44 @@ void cuda_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, in
 }
 }  // namespace
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  check_defined("linear", x, "x");
-  check_defined("linear", weight, "weight");
-  check_same("linear", x, weight);
-  TG_CHECK(weight.dim() == 2, "linear: weight must be (out, in), got ", weight.desc());
-  TG_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "linear: input ", x.desc(),
-           " has last dimension ", (x.dim() ? x.size(-1) : 0), " but weight ", weight.desc(),
-           " expects ", weight.size(1));
-  const int64_t K = weight.size(1), N = weight.size(0), rows = x.numel() / K;
+namespace {
+void check_linear(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  check_defined(op, x, "x");
+  check_defined(op, weight, "weight");
+  check_same(op, x, weight);
+  TG_CHECK(weight.dim() == 2, op, ": weight must be (out, in), got ", weight.desc());
+  TG_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), op, ": input ", x.desc(), " has last dimension ",
+           (x.dim() ? x.size(-1) : 0), " but weight ", weight.desc(), " expects ", weight.size(1));
   if (bias.defined()) {
-    check_same("linear", x, bias);
-    TG_CHECK(bias.dim() == 1 && bias.size(0) == N, "linear: bias ", bias.desc(),
-             " does not match weight ", weight.desc(), " (expected [", N, "])");
+    check_same(op, x, bias);
+    TG_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), op, ": bias ", bias.desc(), " does not match weight ",
+             weight.desc(), " (expected [", weight.size(0), "])");
   }
+}
+
+// The two GEMMs of a linear layer's backward: dx (rows, K) = g (rows, N) · W (N, K) when x needs
+// it, dW (N, K) = gᵀ (N, rows) · x (rows, K).
+std::pair<Tensor, Tensor> linear_backward_gemms(const Tensor& g, const Tensor& x, const Tensor& w, bool need_x,
+                                                int64_t rows, int64_t N, int64_t K) {
+  Tensor gx, gw = Tensor::empty({N, K}, g.dtype(), g.device());
+  if (need_x) gx = Tensor::empty(x.shape(), g.dtype(), g.device());
+  dispatch("linear backward", g,
+           [&]<typename T>() {
+             if (need_x) cpu::gemm(false, false, rows, K, N, T(1), g.data<T>(), N, w.data<T>(), K, T(0), gx.data<T>(), K);
+             cpu::gemm(true, false, N, K, rows, T(1), g.data<T>(), N, x.data<T>(), K, T(0), gw.data<T>(), K);
+           },
+           [&]<typename T>() {
+             if (need_x)
+               cuda_gemm<T>(false, false, rows, K, N, g.data<T>(), N, w.data<T>(), K, gx.data<T>(), K, 1, 0, 0, 0);
+             cuda_gemm<T>(true, false, N, K, rows, g.data<T>(), N, x.data<T>(), K, gw.data<T>(), K, 1, 0, 0, 0);
+           });
+  return {gx, gw};
+}
+
+// x·Wᵀ (+ b) into a new (…, N) tensor: on the CPU the bias is copied in and the GEMM adds with
+// beta = 1; on the GPU it rides in cuBLASLt's epilogue.
+Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const int64_t K = weight.size(1), N = weight.size(0), rows = x.numel() / K;
   Shape shape = x.shape();
   shape.back() = N;
   Tensor out = Tensor::empty(shape, x.dtype(), x.device());
@@ -109,23 +133,19 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
              cuda_gemm<T>(false, true, rows, N, K, x.data<T>(), K, weight.data<T>(), K, out.data<T>(), N, 1, 0, 0, 0,
                         bias.defined() ? bias.data<T>() : nullptr);
            });
+  return out;
+}
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  check_linear("linear", x, weight, bias);
+  const int64_t K = weight.size(1), N = weight.size(0), rows = x.numel() / K;
+  Tensor out = linear_forward(x, weight, bias);
   record(out, "linear", {x, weight, bias},
          [x = x.detach(), w = weight.detach(), has_bias = bias.defined(), rows, N, K,
           need_x = x.requires_grad()](const Tensor& g) {
-           Tensor gx, gw = Tensor::empty({N, K}, g.dtype(), g.device()), gb;
-           if (need_x) gx = Tensor::empty(x.shape(), g.dtype(), g.device());
-           // dx (rows, K) = g (rows, N) · W (N, K); dW (N, K) = gᵀ (N, rows) · x (rows, K)
-           dispatch("linear backward", g,
-                    [&]<typename T>() {
-                      if (need_x)
-                        cpu::gemm(false, false, rows, K, N, T(1), g.data<T>(), N, w.data<T>(), K, T(0), gx.data<T>(), K);
-                      cpu::gemm(true, false, N, K, rows, T(1), g.data<T>(), N, x.data<T>(), K, T(0), gw.data<T>(), K);
-                    },
-                    [&]<typename T>() {
-                      if (need_x)
-                        cuda_gemm<T>(false, false, rows, K, N, g.data<T>(), N, w.data<T>(), K, gx.data<T>(), K, 1, 0, 0, 0);
-                      cuda_gemm<T>(true, false, N, K, rows, g.data<T>(), N, x.data<T>(), K, gw.data<T>(), K, 1, 0, 0, 0);
-                    });
+           auto [gx, gw] = linear_backward_gemms(g, x, w, need_x, rows, N, K);
+           Tensor gb;
            if (has_bias) {
              gb = Tensor::empty({N}, g.dtype(), g.device());
              dispatch("linear backward", g, [&]<typename T>() { cpu::sum_rows(g.data<T>(), gb.data<T>(), rows, N); },
@@ -134,6 +154,39 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                         cuda::sum_rows(g.data<T>(), gb.data<T>(), rows, N, scratch.data<float>(), cuda_stream());
                       });
            }
+           return std::vector<Tensor>{gx, gw, gb};
+         });
+  return out;
+}
+
+Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  check_linear("linear_gelu", x, weight, bias);
+  const int64_t K = weight.size(1), N = weight.size(0), rows = x.numel() / K;
+  Tensor pre = linear_forward(x, weight, bias);  // saved for GELU's derivative, as gelu(linear()) saves it
+  Tensor out = empty_like(pre);
+  dispatch("linear_gelu", pre, [&]<typename T>() { cpu::gelu_forward(pre.data<T>(), out.data<T>(), pre.numel()); },
+           [&]<typename T>() { cuda::gelu_forward(pre.data<T>(), out.data<T>(), pre.numel(), cuda_stream()); });
+  record(out, "linear_gelu", {x, weight, bias},
+         [x = x.detach(), w = weight.detach(), pre, has_bias = bias.defined(), rows, N, K,
+          need_x = x.requires_grad()](const Tensor& g) {
+           // d(pre) = gelu'(pre)·g, and the bias gradient Σ_rows d(pre) in the same pass on the GPU.
+           Tensor dpre = empty_like(pre), gb;
+           if (has_bias) gb = Tensor::empty({N}, g.dtype(), g.device());
+           dispatch("linear_gelu backward", g,
+                    [&]<typename T>() {
+                      cpu::gelu_backward(pre.data<T>(), g.data<T>(), dpre.data<T>(), g.numel());
+                      if (has_bias) cpu::sum_rows(dpre.data<T>(), gb.data<T>(), rows, N);
+                    },
+                    [&]<typename T>() {
+                      if (has_bias) {
+                        Tensor scratch = detail::workspace_floats(cuda::sum_rows_scratch_floats(rows, N), g.device());
+                        cuda::gelu_backward_sum_rows(pre.data<T>(), g.data<T>(), dpre.data<T>(), gb.data<T>(), rows, N,
+                                                     scratch.data<float>(), cuda_stream());
+                      } else {
+                        cuda::gelu_backward(pre.data<T>(), g.data<T>(), dpre.data<T>(), g.numel(), cuda_stream());
+                      }
+                    });
+           auto [gx, gw] = linear_backward_gemms(dpre, x, w, need_x, rows, N, K);
            return std::vector<Tensor>{gx, gw, gb};
          });
   return out;
@@ -232,10 +285,15 @@ Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
          [x = x.detach(), w = weight.detach(), mean, rstd, has_bias = bias.defined(), N, C](const Tensor& g) {
            Tensor gx = empty_like(x), gw = empty_like(w), gb;
            if (has_bias) gb = empty_like(w);
+           // x is usually also the residual stream: the gradient its other consumer already sent
+           // is added as dx is written instead of in a pass of its own.
+           Tensor resid = take_pending_gradient(0);
+           TG_ASSERT(!resid.defined() || (resid.shape() == x.shape() && resid.dtype() == x.dtype()));
            dispatch("layernorm backward", g,
                     [&]<typename T>() {
                       cpu::layernorm_backward(x.data<T>(), w.data<T>(), mean.data<T>(), rstd.data<T>(), g.data<T>(),
                                               gx.data<T>(), gw.data<T>(), has_bias ? gb.data<T>() : nullptr, N, C);
+                      if (resid.defined()) cpu::add_inplace(gx.data<T>(), resid.data<T>(), gx.numel());
                     },
                     [&]<typename T>() {
                       Tensor scratch;
@@ -245,7 +303,8 @@ Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
                                                 g.device());
                       }
                       cuda::layernorm_backward(x.data<T>(), w.data<T>(), mean.data<float>(), rstd.data<float>(),
-                                               g.data<T>(), gx.data<T>(), gw.data<T>(),
+                                               g.data<T>(), resid.defined() ? resid.data<T>() : nullptr, gx.data<T>(),
+                                               gw.data<T>(),
                                                has_bias ? gb.data<T>() : nullptr, N, C, scratch.data<float>(),
                                                cuda_stream());
                     });

@@ -30,6 +30,9 @@ Tensor concat_last(const std::vector<Tensor>& xs);               // along the la
 Tensor embedding(const Tensor& weight /*(V, C)*/, const Tensor& ids /*(...) i32*/);  // (..., C)
 // x (..., K) · weightᵀ + bias, weight (N, K) as in torch.nn.Linear, bias (N) or undefined.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// gelu(linear(x, weight, bias)) as one op (GPT's MLP up-projection): the same values and
+// gradients; on the GPU its backward forms GELU's derivative and the bias gradient in one pass.
+Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias);
 // Batched a (..., M, K) · b (..., K, N), with optional transposes of the last two dims.
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 Tensor gelu(const Tensor& x);  // tanh form

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -207,6 +208,34 @@ void case_add_converted(int64_t n, size_t off) {
   EXPECT_TRUE(same_bytes(dd.download_raw(), ref)) << "add_converted_inplace n = " << n << " offset " << off;
 }
 
+// Jobs of many sizes in one launch (one element; more than the 16 blocks × 256 threads a job
+// gets; at odd offsets), each bitwise dst + float(src), and nothing outside them touched.
+void case_add_converted_batched() {
+  const std::vector<int64_t> sizes = {1, 13, 768, 3072, 70001};
+  std::vector<std::unique_ptr<DevBuf<float>>> dst;
+  std::vector<std::unique_ptr<DevBuf<bf16>>> src;
+  std::vector<std::vector<float>> ref;
+  std::vector<tg::cuda::AddConvertedJob> jobs;
+  for (size_t j = 0; j < sizes.size(); ++j) {
+    const int64_t n = sizes[j];
+    const std::vector<float> d = uniform(n + 2, 40 + j), gf = uniform(n, 50 + j);
+    std::vector<bf16> g(n);
+    for (int64_t i = 0; i < n; ++i) g[i] = from_f<bf16>(gf[i]);
+    std::vector<float> r = d;  // d[0] and d[n + 1] are guards the job must leave alone
+    for (int64_t i = 0; i < n; ++i) r[i + 1] += to_f(g[i]);
+    dst.push_back(std::make_unique<DevBuf<float>>(n + 2, j % 2));
+    src.push_back(std::make_unique<DevBuf<bf16>>(n, j % 2));
+    dst.back()->upload(d), src.back()->upload_raw(g);
+    ref.push_back(r);
+  }
+  for (size_t j = 0; j < sizes.size(); ++j) jobs.push_back({dst[j]->p + 1, src[j]->p, sizes[j]});
+  tg::cuda::add_converted_batched(jobs.data(), int(jobs.size()), kStream);
+  for (size_t j = 0; j < sizes.size(); ++j)
+    EXPECT_TRUE(same_bytes(dst[j]->download_raw(), ref[j])) << "add_converted_batched job of " << sizes[j];
+  EXPECT_THROW(tg::cuda::add_converted_batched(jobs.data(), tg::cuda::kAddConvertedMaxJobs + 1, kStream),
+               std::invalid_argument);
+}
+
 template <typename T>
 void case_mul(double tol, int64_t n, size_t off) {
   auto a = quantize<T>(uniform(n, 6)), b = quantize<T>(uniform(n, 7));
@@ -241,6 +270,31 @@ void case_gelu(double tol, int64_t n, size_t off) {
   tg::cuda::gelu_backward(dx.p, dd.p, ddx.p, n, kStream);
   EXPECT_PARITY(dout.download(), quantize<T>(ref), tol);
   EXPECT_PARITY(ddx.download(), quantize<T>(dref), tol);
+}
+
+// The fused GELU backward + bias sum against the CPU, and bitwise against the two kernels it
+// replaces (gelu_backward, then sum_rows over its output).
+template <typename T>
+void case_gelu_sum_rows(double tol, int64_t rows, int64_t cols) {
+  const int64_t n = rows * cols;
+  auto x = quantize<T>(uniform(n, 41, -4.0f, 4.0f)), d = quantize<T>(uniform(n, 42));
+  std::vector<float> dref(n), bref;
+  tg::cpu::gelu_backward(x.data(), d.data(), dref.data(), n);
+  const auto dq = quantize<T>(dref);  // the bias sums what is stored
+  std::vector<double> bd(cols);
+  tg::cpu::sum_rows(widen(dq).data(), bd.data(), rows, cols);
+  bref = narrow(bd);
+  DevBuf<T> gx(n), gd(n), gdx(n), gdb(cols), udx(n), udb(cols);
+  DevBuf<float> scratch(std::max<size_t>(1, tg::cuda::sum_rows_scratch_floats(rows, cols)));
+  gx.upload(x), gd.upload(d);
+  gdx.poison(), gdb.poison();
+  tg::cuda::gelu_backward_sum_rows(gx.p, gd.p, gdx.p, gdb.p, rows, cols, scratch.p, kStream);
+  EXPECT_PARITY(gdx.download(), dq, tol);
+  EXPECT_PARITY(gdb.download(), quantize<T>(bref), tol);
+  tg::cuda::gelu_backward(gx.p, gd.p, udx.p, n, kStream);
+  tg::cuda::sum_rows(udx.p, udb.p, rows, cols, scratch.p, kStream);
+  EXPECT_TRUE(same_bytes(gdx.download_raw(), udx.download_raw())) << "dx differs from gelu_backward's";
+  EXPECT_TRUE(same_bytes(gdb.download_raw(), udb.download_raw())) << "dbias differs from sum_rows over dx";
 }
 
 // Casts are exact: bitwise equal to tg::float_to_bf16 (specials, ties and subnormals included).
@@ -411,20 +465,30 @@ void case_layernorm(double tol, int64_t N, int64_t C, bool with_bias, size_t off
   // The backward takes the CPU's statistics so it is checked on its own.
   DevBuf<float> cmean(N), crstd(N);
   cmean.upload_raw(mean), crstd.upload_raw(rstd);
-  auto run_backward = [&] {
+  auto run_backward = [&](const T* dx_add) {
     gdx.poison(), gdw.poison(), gdb.poison(), scratch.poison();
-    tg::cuda::layernorm_backward(gx.p, gw.p, cmean.p, crstd.p, gd.p, gdx.p, gdw.p, with_bias ? gdb.p : nullptr, N, C,
-                                 scratch.p, kStream);
+    tg::cuda::layernorm_backward(gx.p, gw.p, cmean.p, crstd.p, gd.p, dx_add, gdx.p, gdw.p, with_bias ? gdb.p : nullptr,
+                                 N, C, scratch.p, kStream);
   };
-  run_backward();
+  run_backward(nullptr);
   EXPECT_PARITY(gdx.download(), quantize<T>(dx), tol);
   EXPECT_PARITY(gdw.download(), quantize<T>(dw), tol);
   if (with_bias) EXPECT_PARITY(gdb.download(), quantize<T>(db), tol);
   auto dx1 = gdx.download_raw(), dw1 = gdw.download_raw(), db1 = gdb.download_raw();
-  run_backward();
+  run_backward(nullptr);
   EXPECT_TRUE(same_bytes(dx1, gdx.download_raw()) && same_bytes(dw1, gdw.download_raw()) &&
               (!with_bias || same_bytes(db1, gdb.download_raw())))
       << "layernorm_backward is not bitwise reproducible";
+  // With another consumer's gradient added into dx as it is written (the residual stream's).
+  auto r = quantize<T>(uniform(N * C, 25));
+  std::vector<float> dx_total(N * C);
+  for (int64_t i = 0; i < N * C; ++i) dx_total[size_t(i)] = dx[size_t(i)] + r[size_t(i)];
+  DevBuf<T> gr(N * C, off);
+  gr.upload(r);
+  run_backward(gr.p);
+  EXPECT_PARITY(gdx.download(), quantize<T>(dx_total), tol);
+  EXPECT_TRUE(same_bytes(dw1, gdw.download_raw()) && (!with_bias || same_bytes(db1, gdb.download_raw())))
+      << "dx_add changed dweight or dbias";
 }
 
 // Some rows fully masked (all −inf → zeros), some with a masked tail (−inf entries). The CPU
@@ -588,6 +652,7 @@ std::vector<Case> parity_table() {
       TG_CASE("add_inplace_13_misaligned", kF32, kBf16, case_add_inplace<T>(tol, 13, 1)),
       TG_CASE_F32("add_converted_1048579", case_add_converted(1048579, 0)),
       TG_CASE_F32("add_converted_13_misaligned", case_add_converted(13, 1)),
+      TG_CASE_F32("add_converted_batched", case_add_converted_batched()),
       TG_CASE("sum_rows_37x13", kF32Reduce, kBf16, case_sum_rows<T>(tol, 37, 13)),
       TG_CASE("sum_rows_16384x768", kF32Reduce, kBf16, case_sum_rows<T>(tol, 16384, 768)),
       TG_CASE("sum_rows_1000x3072", kF32Reduce, kBf16, case_sum_rows<T>(tol, 1000, 3072)),
@@ -599,6 +664,9 @@ std::vector<Case> parity_table() {
       TG_CASE("scale_13_misaligned", kF32, kBf16, case_scale<T>(tol, 13, 1)),
       TG_CASE("gelu_1048579", kF32, kBf16, case_gelu<T>(tol, 1048579, 0)),
       TG_CASE("gelu_4099_misaligned", kF32, kBf16, case_gelu<T>(tol, 4099, 1)),
+      TG_CASE("gelu_sum_rows_4096x3072", kF32Reduce, kBf16, case_gelu_sum_rows<T>(tol, 4096, 3072)),
+      TG_CASE("gelu_sum_rows_300x40", kF32Reduce, kBf16, case_gelu_sum_rows<T>(tol, 300, 40)),
+      TG_CASE("gelu_sum_rows_37x13", kF32Reduce, kBf16, case_gelu_sum_rows<T>(tol, 37, 13)),
       TG_CASE_F32("cast_4099", case_cast(0)),
       TG_CASE_F32("cast_4099_misaligned", case_cast(1)),
       TG_CASE("dropout_1048579", kExact, kExact, case_dropout<T>(1048579, 0.1f, 0)),

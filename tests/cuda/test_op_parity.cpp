@@ -64,6 +64,10 @@ std::vector<ParityCase> parity_table() {
   t.push_back({"embedding", {{5, 24}}, [ids](auto& x) { return ops::embedding(x[0], Tensor::from_ints(ids, {2, 4})); }});
   t.push_back({"linear", {{2, 7, 64}, {48, 64}, {48}}, [](auto& x) { return ops::linear(x[0], x[1], x[2]); }});
   t.push_back({"linear_nobias", {{9, 40}, {24, 40}}, [](auto& x) { return ops::linear(x[0], x[1], Tensor()); }});
+  // 384 rows: the fused GELU-backward + bias-sum kernel (two passes); 14 rows: its one-pass fallback.
+  t.push_back({"linear_gelu", {{4, 96, 64}, {48, 64}, {48}}, [](auto& x) { return ops::linear_gelu(x[0], x[1], x[2]); }});
+  t.push_back({"linear_gelu_small", {{2, 7, 64}, {48, 64}, {48}}, [](auto& x) { return ops::linear_gelu(x[0], x[1], x[2]); }});
+  t.push_back({"linear_gelu_nobias", {{9, 40}, {24, 40}}, [](auto& x) { return ops::linear_gelu(x[0], x[1], Tensor()); }});
   for (int ta = 0; ta < 2; ++ta)
     for (int tb = 0; tb < 2; ++tb) {
       Shape sa = ta ? Shape{3, 16, 12} : Shape{3, 12, 16}, sb = tb ? Shape{3, 20, 16} : Shape{3, 16, 20};
@@ -73,6 +77,10 @@ std::vector<ParityCase> parity_table() {
   t.push_back({"gelu", {{3, 71}}, [](auto& x) { return ops::gelu(x[0]); }});
   t.push_back({"layernorm", {{6, 96}, {96}, {96}}, [](auto& x) { return ops::layernorm(x[0], x[1], x[2]); }});
   t.push_back({"layernorm_nobias", {{5, 37}, {37}}, [](auto& x) { return ops::layernorm(x[0], x[1], Tensor()); }});
+  t.push_back({"residual+layernorm", {{6, 96}, {96}, {96}}, [](auto& x) {  // dx_add: the residual's gradient
+                 Tensor a = ops::scale(x[0], 1.5);
+                 return ops::add(a, ops::layernorm(a, x[1], x[2]));
+               }});
   t.push_back({"softmax", {{6, 77}}, [](auto& x) { return ops::softmax(x[0]); }});
   t.push_back({"causal_mask+softmax", {{3, 9, 9}}, [](auto& x) { return ops::softmax(ops::causal_mask(x[0])); }});
   t.push_back({"attention_softmax", {{3, 40, 40}}, [](auto& x) { return ops::attention_softmax(x[0], 0.3, false); }});

@@ -145,6 +145,18 @@ std::vector<OpCase> op_table() {
                }});
   t.push_back({"linear_nobias", {{6, 4}, {5, 4}}, [](auto& x) { return ops::linear(x[0], x[1], Tensor()); },
                [](auto& x) { return ref_matmul(x[0], x[1], 1, 6, 5, 4, false, true); }});
+  auto gelu_ref = [](Vec y) {
+    for (double& v : y) v = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+    return y;
+  };
+  t.push_back({"linear_gelu", {{2, 3, 4}, {5, 4}, {5}}, [](auto& x) { return ops::linear_gelu(x[0], x[1], x[2]); },
+               [gelu_ref](auto& x) {
+                 Vec y = ref_matmul(x[0], x[1], 1, 6, 5, 4, false, true);
+                 for (size_t i = 0; i < y.size(); ++i) y[i] += x[2][i % 5];
+                 return gelu_ref(y);
+               }});
+  t.push_back({"linear_gelu_nobias", {{6, 4}, {5, 4}}, [](auto& x) { return ops::linear_gelu(x[0], x[1], Tensor()); },
+               [gelu_ref](auto& x) { return gelu_ref(ref_matmul(x[0], x[1], 1, 6, 5, 4, false, true)); }});
   for (int ta = 0; ta < 2; ++ta)
     for (int tb = 0; tb < 2; ++tb) {
       Shape sa = ta ? Shape{2, 4, 3} : Shape{2, 3, 4}, sb = tb ? Shape{2, 5, 4} : Shape{2, 4, 5};
@@ -162,6 +174,20 @@ std::vector<OpCase> op_table() {
                [](auto& x) { return ref_layernorm(x[0], x[1], &x[2], 4, 6); }});
   t.push_back({"layernorm_nobias", {{2, 2, 5}, {5}}, [](auto& x) { return ops::layernorm(x[0], x[1], Tensor()); },
                [](auto& x) { return ref_layernorm(x[0], x[1], nullptr, 4, 5); }});
+  // A residual stream: a feeds the add and the LayerNorm, whose backward takes over the gradient
+  // the add already sent to a (take_pending_gradient) and returns the sum.
+  t.push_back({"residual+layernorm", {{4, 6}, {6}, {6}},
+               [](auto& x) {
+                 Tensor a = ops::scale(x[0], 1.5);
+                 return ops::add(a, ops::layernorm(a, x[1], x[2]));
+               },
+               [](auto& x) {
+                 Vec a(x[0]);
+                 for (double& v : a) v *= 1.5;
+                 Vec y = ref_layernorm(a, x[1], &x[2], 4, 6);
+                 for (size_t i = 0; i < y.size(); ++i) y[i] += a[i];
+                 return y;
+               }});
   t.push_back({"softmax", {{4, 7}}, [](auto& x) { return ops::softmax(x[0]); },
                [](auto& x) { return ref_softmax_rows(x[0], 4, 7); }});
   t.push_back({"causal_mask+softmax", {{2, 4, 4}}, [](auto& x) { return ops::softmax(ops::causal_mask(x[0])); },
