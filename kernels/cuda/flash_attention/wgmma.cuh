@@ -1,0 +1,129 @@
+// Hopper (sm_90a) warpgroup matrix multiply: the primitives the next generation of the attention
+// kernels is built from (docs/flash-attention.md, "The sm_90a plan"). A warpgroup (4 warps, 128
+// threads) issues wgmma.mma_async on operands in shared memory, described by 64-bit matrix
+// descriptors, or with A from registers; the fp32 accumulator stays in registers.
+//
+// Shared-memory tiles use the 128-byte swizzle: a tile is rows of 64 bf16 (128 bytes), and the
+// 16-byte chunk c of row r is stored at chunk c ^ (r % 8), so the 8 rows of a 1024-byte atom
+// spread a column over all 32 banks. The swizzle is applied by the hardware to the address bits,
+// so every tile must start 1024-byte aligned. One layout serves both operand roles here:
+//   K-major (imm-trans 0): rows are M or N, the 64 contiguous elements are K — Q and K for S = QKᵀ;
+//   MN-major (imm-trans 1): rows are K, the 64 contiguous elements are N — V for O = PV.
+// Descriptor fields (PTX ISA, "Matrix Descriptor Format"): bits 0-13 start address >> 4, 16-29
+// leading-dimension byte offset >> 4, 32-45 stride-dimension byte offset >> 4, 62-63 swizzle
+// (1 = 128 B). With the 128-byte swizzle the stride byte offset is the distance between groups of
+// 8 rows (1024 bytes for a dense tile); the leading byte offset is unused in the K-major case and,
+// MN-major, the distance between 64-element panels along N.
+//
+// Register layouts (verified on the GPU by tests/cuda/test_wgmma.cpp):
+//   D, m64nN fp32: warp w of the warpgroup holds rows 16w … 16w + 15; d[4j + e] is row
+//     16w + lane/4 + 8·(e/2), column 8j + 2·(lane%4) + e%2 — mma.sync's C layout, N/8 times.
+//   A, m64k16 bf16 (register form): a[0..3] as mma.sync m16n8k16's A fragment of the warp's 16
+//     rows, so an S accumulator packs into P's A operand with no shuffles (FA2's trick).
+#pragma once
+#include <cstdint>
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "wgmma.cuh needs sm_90a (compile for arch=compute_90a,code=sm_90a)"
+#endif
+
+namespace tg::cuda::flash::sm90 {
+
+constexpr int kSwizzleRowBytes = 128;   // one row of a swizzled tile: 64 bf16
+constexpr int kSwizzleAtomBytes = 1024;  // 8 rows: the alignment every tile needs
+
+// Byte offset of element (row, col) (col < 64) in a 128-byte-swizzled tile of bf16 rows.
+__host__ __device__ constexpr uint32_t swizzled_offset(uint32_t row, uint32_t col) {
+  return row * kSwizzleRowBytes + ((((col * 2) >> 4) ^ (row & 7)) << 4) + ((col * 2) & 15);
+}
+
+__device__ __forceinline__ uint64_t matrix_descriptor(const void* smem_tile, uint32_t leading_bytes,
+                                                      uint32_t stride_bytes) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_tile));
+  uint64_t d = 0;
+  d |= uint64_t((addr & 0x3FFFF) >> 4);
+  d |= uint64_t((leading_bytes & 0x3FFFF) >> 4) << 16;
+  d |= uint64_t((stride_bytes & 0x3FFFF) >> 4) << 32;
+  d |= uint64_t(1) << 62;  // 128-byte swizzle
+  return d;
+}
+
+// K-major operand (rows = M or N, 64 K-elements per row) starting at `tile` (the 16 K-elements of
+// one k-step start 32 bytes further along the row: pass tile + 32·step bytes).
+__device__ __forceinline__ uint64_t k_major_descriptor(const void* tile) {
+  return matrix_descriptor(tile, 16, kSwizzleAtomBytes);
+}
+// MN-major operand (rows = K, 64 N-elements per row), panels of 64 N-columns `panel_bytes` apart.
+// A k-step of 16 rows starts 16·128 bytes further: pass tile + 2048·step bytes.
+__device__ __forceinline__ uint64_t mn_major_descriptor(const void* tile, uint32_t panel_bytes) {
+  return matrix_descriptor(tile, panel_bytes, kSwizzleAtomBytes);
+}
+
+// Orders this thread's earlier register and shared-memory writes before the wgmma that follows.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Waits until at most N committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Makes generic-proxy writes to shared memory (st.shared) visible to wgmma's async proxy.
+__device__ __forceinline__ void fence_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// d (64 × 64 fp32) = A·B (+ d when accumulate): A (64 × 16) and B (16 × 64) from descriptors,
+// imm-trans-b as given (0: B K-major, i.e. the rows of Bᵀ; 1: B MN-major).
+template <int kTransB>
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
+                                                   bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+      "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, %35;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));
+}
+
+// The same with A (64 × 16 bf16) from registers, 4 words per thread in mma.sync's A layout.
+template <int kTransB>
+__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
+                                                   bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+      "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));
+}
+
+// The register-A form with N = 128 (64 accumulator registers per thread): O = P V at head dim
+// 128, V's two 64-column panels `panel_bytes` apart in the MN-major descriptor.
+template <int kTransB>
+__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b,
+                                                    bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));
+}
+
+}  // namespace tg::cuda::flash::sm90
