@@ -17,6 +17,7 @@
 #include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -28,6 +29,7 @@ using std::max;
 using std::min;
 
 #define __global__
+#define __host__
 #define __device__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
@@ -65,10 +67,15 @@ struct EmuWarpSlots {  // what the lanes of one warp exchange in a collective
   float c[32][4];
   float f[32];
 };
+struct EmuWarpgroupSlots {  // the A fragments the 128 threads of a warpgroup hand to a wgmma
+  uint32_t a[128][4];
+};
 struct EmuBlock {
   std::unique_ptr<std::barrier<>> block_barrier;
   std::vector<std::unique_ptr<std::barrier<>>> warp_barrier;
   std::vector<EmuWarpSlots> slots;
+  std::vector<std::unique_ptr<std::barrier<>>> warpgroup_barrier;  // blocks of a multiple of 128 threads
+  std::vector<EmuWarpgroupSlots> warpgroup_slots;
 };
 inline EmuBlock* g_emu_block;
 inline unsigned char* emu_smem;  // the running block's dynamic shared memory
@@ -196,6 +203,117 @@ inline void red_add_f32x2(float* p, float a, float b) { p[0] += a, p[1] += b; }
 
 }  // namespace tg::cuda::flash
 
+// ── The sm_90a primitives of kernels/cuda/flash_attention/wgmma.cuh ──
+// Shared addresses are offsets into the block's emulated shared memory. wgmma follows the layouts
+// tests/cuda/test_wgmma.cpp verified on the H200: 128-byte swizzle (address bits 4-6 ^= bits
+// 7-9), K-major operand element (row, k) at start + (row/8)·SBO + (row%8)·128 + 2k, MN-major
+// element (k, n) at start + (k/8)·SBO + (k%8)·128 + (n/64)·LBO + 2(n%64), accumulator and
+// register-A fragments as mma.sync's per warp of 16 rows. Asynchrony is strict: a wgmma's results
+// reach the accumulator registers only at the wgmma_wait that retires its group, so a read
+// before the wait sees the old values (a missing wait shows up as a wrong result).
+inline uint32_t __cvta_generic_to_shared(const void* p) {
+  return uint32_t(static_cast<const unsigned char*>(p) - emu_smem);
+}
+
+namespace tg::cuda::flash::sm90 {
+
+struct EmuDescriptor {
+  uint32_t start, leading, stride;
+};
+inline EmuDescriptor emu_decode(uint64_t d) {
+  if ((d >> 62) != 1) std::abort();  // only the 128-byte swizzle is used (and emulated)
+  return {uint32_t(d & 0x3FFF) << 4, uint32_t((d >> 16) & 0x3FFF) << 4, uint32_t((d >> 32) & 0x3FFF) << 4};
+}
+inline float emu_swizzled_bf16(uint32_t addr) {
+  const uint32_t a = addr ^ (((addr >> 7) & 7u) << 4);
+  uint16_t v;
+  std::memcpy(&v, emu_smem + a, 2);
+  return tg::bf16_to_float(tg::bf16{v});
+}
+inline float emu_k_major(const EmuDescriptor& d, int row, int k) {
+  return emu_swizzled_bf16(d.start + uint32_t(row / 8) * d.stride + uint32_t(row % 8) * 128 + 2u * uint32_t(k));
+}
+inline float emu_mn_major(const EmuDescriptor& d, int k, int n) {
+  return emu_swizzled_bf16(d.start + uint32_t(k / 8) * d.stride + uint32_t(k % 8) * 128 +
+                           uint32_t(n / 64) * d.leading + 2u * uint32_t(n % 64));
+}
+
+struct EmuPending {
+  float* d;
+  std::vector<float> v;
+};
+inline thread_local std::vector<EmuPending> emu_wgmma_pending;   // issued, in order
+inline thread_local std::vector<size_t> emu_wgmma_group_ends;    // committed groups: end index in pending
+
+inline void wgmma_fence() {}
+inline void fence_async_shared() {}
+inline void wgmma_commit() { emu_wgmma_group_ends.push_back(emu_wgmma_pending.size()); }
+template <int N>
+inline void wgmma_wait() {
+  while (int(emu_wgmma_group_ends.size()) > N) {
+    const size_t end = emu_wgmma_group_ends.front();
+    for (size_t i = 0; i < end; ++i) std::copy(emu_wgmma_pending[i].v.begin(), emu_wgmma_pending[i].v.end(),
+                                               emu_wgmma_pending[i].d);
+    emu_wgmma_pending.erase(emu_wgmma_pending.begin(), emu_wgmma_pending.begin() + long(end));
+    emu_wgmma_group_ends.erase(emu_wgmma_group_ends.begin());
+    for (size_t& e : emu_wgmma_group_ends) e -= end;
+  }
+}
+
+// d (64 × N) = A (64 × 16) · B (16 × N) (+ d): this thread's N/2 elements. a_of(row, k) gives A.
+template <int N, typename AOf>
+inline void emu_wgmma(float* d, AOf a_of, uint64_t desc_b, int trans_b, bool accumulate) {
+  const EmuDescriptor b = emu_decode(desc_b);
+  const int t = int(threadIdx.x % 128), warp = t / 32, lane = t % 32;
+  std::vector<float> in(d, d + N / 2);
+  for (auto it = emu_wgmma_pending.rbegin(); it != emu_wgmma_pending.rend(); ++it)
+    if (it->d == d) {  // still in flight: the hardware chains it
+      in = it->v;
+      break;
+    }
+  std::vector<float> out(N / 2);
+  for (int j = 0; j < N / 8; ++j)
+    for (int e = 0; e < 4; ++e) {
+      const int row = 16 * warp + lane / 4 + 8 * (e / 2), col = 8 * j + 2 * (lane % 4) + e % 2;
+      float acc = accumulate ? in[size_t(4 * j + e)] : 0.0f;
+      for (int k = 0; k < 16; ++k)
+        acc += a_of(row, k) * (trans_b ? emu_mn_major(b, k, col) : emu_k_major(b, col, k));
+      out[size_t(4 * j + e)] = acc;
+    }
+  emu_wgmma_pending.push_back({d, std::move(out)});
+}
+
+template <int kTransB>
+inline void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  const EmuDescriptor a = emu_decode(desc_a);
+  emu_wgmma<64>(d, [&](int row, int k) { return emu_k_major(a, row, k); }, desc_b, kTransB, accumulate);
+}
+
+// The register-A forms: the warpgroup's threads exchange their fragments first.
+template <int N, int kTransB>
+inline void emu_wgmma_rs(float* d, const uint32_t (&a)[4], uint64_t desc_b, bool accumulate) {
+  const int g = int(threadIdx.x / 128), t = int(threadIdx.x % 128);
+  EmuWarpgroupSlots& S = g_emu_block->warpgroup_slots[size_t(g)];
+  for (int i = 0; i < 4; ++i) S.a[t][i] = a[i];
+  g_emu_block->warpgroup_barrier[size_t(g)]->arrive_and_wait();
+  auto a_of = [&](int row, int k) {
+    const int r = row % 16;
+    return emu_bf16_half(S.a[32 * (row / 16) + (r % 8) * 4 + (k % 8) / 2][(r >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)], k % 2);
+  };
+  emu_wgmma<N>(d, a_of, desc_b, kTransB, accumulate);
+  g_emu_block->warpgroup_barrier[size_t(g)]->arrive_and_wait();
+}
+template <int kTransB>
+inline void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate) {
+  emu_wgmma_rs<64, kTransB>(d, a, desc_b, accumulate);
+}
+template <int kTransB>
+inline void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate) {
+  emu_wgmma_rs<128, kTransB>(d, a, desc_b, accumulate);
+}
+
+}  // namespace tg::cuda::flash::sm90
+
 namespace tg::cuda {
 template <int V, typename T>
 inline void load_vec(const T* p, float (&f)[V]) {
@@ -219,6 +337,11 @@ void emu_launch(EmuDim3 grid, int threads, size_t smem_bytes, Kernel kernel) {
         block.block_barrier = std::make_unique<std::barrier<>>(threads);
         for (int w = 0; w < threads / 32; ++w) block.warp_barrier.push_back(std::make_unique<std::barrier<>>(32));
         block.slots.resize(size_t(threads / 32));
+        if (threads % 128 == 0) {
+          for (int g = 0; g < threads / 128; ++g)
+            block.warpgroup_barrier.push_back(std::make_unique<std::barrier<>>(128));
+          block.warpgroup_slots.resize(size_t(threads / 128));
+        }
         g_emu_block = &block;
         std::vector<std::thread> pool;
         for (int t = 0; t < threads; ++t)
@@ -227,6 +350,8 @@ void emu_launch(EmuDim3 grid, int threads, size_t smem_bytes, Kernel kernel) {
             blockIdx = {x, y, z};
             tg::cuda::flash::emu_groups.clear();
             tg::cuda::flash::emu_open_group.clear();
+            tg::cuda::flash::sm90::emu_wgmma_pending.clear();
+            tg::cuda::flash::sm90::emu_wgmma_group_ends.clear();
             kernel();
           });
         for (std::thread& th : pool) th.join();

@@ -58,6 +58,12 @@ bool flash_attention_supported(int64_t D);  // D ∈ {64, 128}
 // v, o row strides valid (0, or ≥ H·D and a multiple of 8); std::invalid_argument otherwise.
 void flash_attention_forward(const FlashAttentionParams& p, cudaStream_t stream);
 
+// The forward on Hopper's warpgroup MMA (kernels/cuda/flash_attention/flash_fwd_sm90a.cu, built
+// for sm_90a; compute capability 9.0 only, std::invalid_argument elsewhere): the contract of
+// flash_attention_forward. In progress: checked in the CPU emulator, its GPU test not yet run,
+// and flash_attention_forward does not select it.
+void flash_attention_forward_sm90a(const FlashAttentionParams& p, cudaStream_t stream);
+
 // Scratch the backward needs: delta = rowsum(dO ∘ O), (B, H, T) floats, and for kAtomic also the
 // fp32 dQ accumulator, (B, H, T rounded up to the query tile, D) floats — twice the bytes of q,
 // which the default mode does not spend. A workspace sized for kAtomic serves both modes.

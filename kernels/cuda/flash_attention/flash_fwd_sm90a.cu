@@ -1,0 +1,221 @@
+// FlashAttention forward on Hopper's warpgroup MMA (sm_90a; built for that architecture alone, see
+// CMakeLists.txt): the first kernel of docs/flash-attention.md's sm_90a plan. The algorithm and
+// its helpers are flash_fwd.cu's — online softmax in log2 units, heaviest causal tiles first,
+// mask only where a tile reaches past T or straddles the diagonal — with the two products moved
+// from warp-level mma.sync to wgmma (wgmma.cuh): each of two warpgroups owns 64 query rows and
+// forms S = Q Kᵀ from shared memory (Q and K K-major) and O += P V with P from registers (the
+// S accumulator repacked, as the layouts coincide) and V MN-major. Tiles are 128-byte swizzled
+// 64-column panels, loaded by all threads with cp.async, K and V double-buffered.
+//
+// Status: verified in the CPU emulator (tests/kernel_emu, against the double reference); its GPU
+// test (tests/cuda/test_flash_attention.cpp, FlashSm90a) has not run yet and flash_attention_forward
+// does not select it. Next: the GPU test, then measure, then TMA loads and a producer warpgroup.
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cmath>
+
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/flash_attention/flash.h"
+#include "kernels/cuda/flash_attention/kernel_traits.cuh"
+#include "kernels/cuda/flash_attention/tile.cuh"
+#include "kernels/cuda/flash_attention/wgmma.cuh"
+
+namespace tg::cuda {
+
+// ───────────────────────────── kernels ─────────────────────────────
+
+namespace flash {
+
+template <int D_>
+struct FwdSm90aTraits {
+  static constexpr int kD = D_;
+  static constexpr int kWarpgroups = 2;           // each owns 64 query rows
+  static constexpr int kThreads = 128 * kWarpgroups;
+  static constexpr int kBr = 64 * kWarpgroups;    // query rows per block
+  static constexpr int kBc = 64;                  // keys per streamed tile: S is one m64n64 per warpgroup
+  static constexpr int kPanels = kD / 64;         // 64-column swizzled panels per row
+  static constexpr int kPanelQ = kBr * sm90::kSwizzleRowBytes, kPanelKV = kBc * sm90::kSwizzleRowBytes;
+  static constexpr int kTileQ = kPanels * kPanelQ, kTileKV = kPanels * kPanelKV;  // bytes
+  // Q, then K and V double-buffered, plus the slack that aligns them to a swizzle atom.
+  static constexpr size_t kSmemBytes = size_t(kTileQ + 2 * kStages * kTileKV + sm90::kSwizzleAtomBytes);
+  static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
+};
+
+// A (R, 4) fragment array as the flat register list wgmma takes.
+template <int R>
+__device__ __forceinline__ float (&flat(float (&a)[R][4]))[4 * R] {
+  return reinterpret_cast<float(&)[4 * R]>(a);
+}
+
+// dst ← rows [t0, t0 + ROWS) of one head (row t at src + t·ld, D contiguous bf16) as D/64
+// swizzled panels of ROWS × 64 (panel p at dst + p·ROWS·128 bytes); rows ≥ T zero-filled.
+template <int ROWS, int D, int THREADS>
+__device__ __forceinline__ void load_tile_swizzled(unsigned char* dst, const tg::bf16* src, int ld, int t0, int T,
+                                                   int tid) {
+  constexpr int kChunksPerRow = D / 8;  // 16-byte chunks
+  constexpr int kIters = ROWS * kChunksPerRow / THREADS;
+  static_assert(ROWS * kChunksPerRow % THREADS == 0, "tile must split evenly over the threads");
+  static_assert(ROWS <= 128, "ROWS · ld must fit 32 bits for ld ≤ 2^24");
+  const tg::bf16* tile = src + int64_t(t0) * ld;
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int c = it * THREADS + tid;
+    const int r = c / kChunksPerRow, chunk = c % kChunksPerRow;
+    const bool valid = t0 + r < T;
+    unsigned char* to = dst + (chunk / 8) * ROWS * sm90::kSwizzleRowBytes + sm90::swizzled_offset(r, (chunk % 8) * 8);
+    cp_async_16(to, tile + ((valid ? r * ld : 0) + chunk * 8), valid);
+  }
+}
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90a_kernel(const FlashAttentionParams p) {
+  constexpr int D = Tr::kD, Br = Tr::kBr, Bc = Tr::kBc, NT = Tr::kThreads;
+  extern __shared__ __align__(16) unsigned char smem[];
+  // The swizzle works on absolute shared addresses: start the tiles on a 1024-byte boundary.
+  unsigned char* sQ = smem + ((sm90::kSwizzleAtomBytes - (smem_addr(smem) & 1023u)) & 1023u);
+  unsigned char* sK = sQ + Tr::kTileQ;            // (stage) tiles of Tr::kTileKV bytes
+  unsigned char* sV = sK + kStages * Tr::kTileKV;
+
+  const int T = int(p.T), H = int(p.H);
+  const bool causal = p.causal;
+  const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid & 31;
+  const int qb = causal ? int(gridDim.z) - 1 - int(blockIdx.z) : int(blockIdx.z);  // heaviest first
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int q0 = qb * Br;
+  const int ldq = int(p.q_row_stride), ldk = int(p.k_row_stride), ldv = int(p.v_row_stride);
+  const int ldo = int(p.o_row_stride);
+  const int64_t bt = int64_t(b) * T;
+  const int hd = h * D;
+  const tg::bf16* Q = p.q + bt * ldq + hd;
+  const tg::bf16* K = p.k + bt * ldk + hd;
+  const tg::bf16* V = p.v + bt * ldv + hd;
+  tg::bf16* O = p.o + bt * ldo + hd;
+
+  const int q_last = min(q0 + Br, T) - 1;
+  const int n_kb = causal ? q_last / Bc + 1 : (T + Bc - 1) / Bc;
+
+  load_tile_swizzled<Br, D, NT>(sQ, Q, ldq, q0, T, tid);
+  load_tile_swizzled<Bc, D, NT>(sK, K, ldk, 0, T, tid);
+  load_tile_swizzled<Bc, D, NT>(sV, V, ldv, 0, T, tid);
+  cp_async_commit();
+
+  const float scale_log2 = p.scale * kLog2e;
+  const int row0 = q0 + 64 * wg + 16 * warp;  // this warp's first query row
+  float o[D / 8][4];                          // (16, D) per warp: the warpgroup's (64, D) accumulator
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  zero(o);
+  const unsigned char* sQw = sQ + 64 * wg * sm90::kSwizzleRowBytes;  // the warpgroup's rows, in each panel
+
+  for (int j = 0; j < n_kb; ++j) {
+    const int st = j & 1;
+    if (j + 1 < n_kb) {  // prefetch tile j+1 into the other stage (freed by the last barrier)
+      load_tile_swizzled<Bc, D, NT>(sK + (st ^ 1) * Tr::kTileKV, K, ldk, (j + 1) * Bc, T, tid);
+      load_tile_swizzled<Bc, D, NT>(sV + (st ^ 1) * Tr::kTileKV, V, ldv, (j + 1) * Bc, T, tid);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    sm90::fence_async_shared();  // cp.async wrote through the generic proxy; wgmma reads through the async one
+    __syncthreads();
+    const unsigned char* Kj = sK + st * Tr::kTileKV;
+    const unsigned char* Vj = sV + st * Tr::kTileKV;
+
+    // S = Q Kᵀ, (64, Bc) per warpgroup: k-steps of 16 along D, 32 bytes along a panel's rows.
+    float s[Bc / 8][4];
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const int at = 32 * (ks % 4);
+      sm90::wgmma_m64n64k16_ss<0>(flat(s), sm90::k_major_descriptor(sQw + (ks / 4) * Tr::kPanelQ + at),
+                                  sm90::k_major_descriptor(Kj + (ks / 4) * Tr::kPanelKV + at), ks > 0);
+    }
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+
+    const int k0 = j * Bc;
+    const bool need_mask = k0 + Bc > T || (causal && k0 + Bc - 1 > row0);  // uniform per warp
+    scale_tile<Bc>(s, scale_log2);
+    if (need_mask) mask_tile<Bc>(s, row0, k0, lane, [=](int q, int k) { return k >= T || (causal && k > q); });
+    float m_new[2] = {m[0], m[1]};
+    row_max<Bc>(m_new, s);
+    rescale<D>(o, l, m, m_new);
+    m[0] = m_new[0], m[1] = m_new[1];
+    exp2_row_sum<Bc>(s, m, l);  // s is now P (relative to the running max)
+    uint32_t pf[Bc / 16][4];
+    acc_to_a<Bc>(pf, s);
+
+    // O += P V: k-steps of 16 keys (16 rows of V, 2048 bytes); V's D columns in 64-wide panels.
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Bc / 16; ++kk) {
+      const uint64_t desc_v = sm90::mn_major_descriptor(Vj + kk * 16 * sm90::kSwizzleRowBytes, Tr::kPanelKV);
+      if constexpr (D == 64)
+        sm90::wgmma_m64n64k16_rs<1>(flat(o), pf[kk], desc_v, true);
+      else
+        sm90::wgmma_m64n128k16_rs<1>(flat(o), pf[kk], desc_v, true);
+    }
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+    __syncthreads();  // stage st is overwritten by the next prefetch
+  }
+
+  // O = acc / l; lse = (m + log2 l)·ln 2, natural-log units as the CPU defines it.
+  float* L = p.lse + (int64_t(b) * H + h) * T;
+  float inv_l[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] = quad_sum(l[i]);
+    inv_l[i] = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+  }
+  store_rows<D>(O, ldo, o, inv_l, row0, T, lane);
+  if ((lane & 3) == 0) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = row0 + (lane >> 2) + 8 * i;
+      if (row < T) L[row] = m[i] * kLn2 + logf(l[i]);
+    }
+  }
+}
+
+}  // namespace flash
+
+// ───────────────────────────── launchers ─────────────────────────────
+
+namespace {
+
+template <int D>
+void launch_fwd_sm90a(const FlashAttentionParams& p, cudaStream_t stream) {
+  using Tr = flash::FwdSm90aTraits<D>;
+  auto kernel = flash::flash_fwd_sm90a_kernel<Tr>;
+  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tr::kSmemBytes)));
+  const dim3 grid(unsigned(p.H), unsigned(p.B), unsigned((p.T + Tr::kBr - 1) / Tr::kBr));  // tile index slowest
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(flash::with_resolved_row_strides(p));
+  TG_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void flash_attention_forward_sm90a(const FlashAttentionParams& p, cudaStream_t stream) {
+  const char* fn = "flash_attention_forward_sm90a";
+  require(flash_attention_supported(p.D), fn, "head dim D = " + std::to_string(p.D) + " has no kernel (64, 128)");
+  require(p.B >= 0 && p.T >= 0 && p.H >= 0, fn, "negative size");
+  require(p.T <= 65535LL * 128, fn, "T must be ≤ 8388480 (65535 tiles of 128 rows)");
+  require(p.B <= 65535, fn, "B must be ≤ 65535 (a grid dimension)");
+  if (p.B == 0 || p.T == 0 || p.H == 0) return;
+  int device = 0, major = 0, minor = 0;
+  TG_CUDA_CHECK(cudaGetDevice(&device));
+  TG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  TG_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  require(major == 9 && minor == 0, fn, "sm_90a code runs on compute capability 9.0 (H100/H200) only");
+  require(p.q && p.k && p.v && p.o && p.lse, fn, "null pointer");
+  require(aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned16(p.o), fn,
+          "q, k, v, o must be 16-byte aligned");
+  flash::require_row_strides(p, fn, /*backward=*/false);
+  if (p.D == 64)
+    launch_fwd_sm90a<64>(p, stream);
+  else
+    launch_fwd_sm90a<128>(p, stream);
+}
+
+}  // namespace tg::cuda
