@@ -155,10 +155,11 @@ void forward_sm90a(const FlashAttentionParams& p_in) {
 
 struct Sm90aCase {
   Case shape;
+  bool packed;  // q, k, v read from one (B, T, 3·H·D) qkv buffer, as the model passes them
 };
 void PrintTo(const Sm90aCase& e, std::ostream* os) {
   *os << "B" << e.shape.B << " T" << e.shape.T << " H" << e.shape.H << " D" << e.shape.D
-      << (e.shape.causal ? " causal" : " full");
+      << (e.shape.causal ? " causal" : " full") << (e.packed ? " packed qkv" : "");
 }
 
 class FlashSm90aEmulated : public ::testing::TestWithParam<Sm90aCase> {};
@@ -176,6 +177,18 @@ TEST_P(FlashSm90aEmulated, ForwardMatchesDoubleReference) {
   FlashAttentionParams p{};
   p.q = q.bits.data(), p.k = k.bits.data(), p.v = v.bits.data(), p.o = o.data(), p.lse = lse.data();
   p.B = c.B, p.T = c.T, p.H = c.H, p.D = c.D, p.scale = float(scale), p.causal = c.causal;
+  const size_t hd = size_t(c.H * c.D), rows = size_t(c.B * c.T);
+  std::vector<tg::bf16> qkv(rows * 3 * hd);  // (B, T, 3·H·D): q, k, v side by side in each token row
+  if (GetParam().packed) {
+    for (size_t r = 0; r < rows; ++r)
+      for (size_t e = 0; e < hd; ++e) {
+        qkv[r * 3 * hd + e] = q.bits[r * hd + e];
+        qkv[r * 3 * hd + hd + e] = k.bits[r * hd + e];
+        qkv[r * 3 * hd + 2 * hd + e] = v.bits[r * hd + e];
+      }
+    p.q = qkv.data(), p.k = qkv.data() + hd, p.v = qkv.data() + 2 * hd;
+    p.q_row_stride = p.k_row_stride = p.v_row_stride = int64_t(3 * hd);
+  }
   if (c.D == 64)
     forward_sm90a<64>(p);
   else
@@ -193,13 +206,15 @@ std::vector<Sm90aCase> sm90a_cases() {
   std::vector<Sm90aCase> out;
   for (int64_t D : {64, 128})
     for (bool causal : {false, true})
-      for (int64_t T : {1, 17, 129, 256}) out.push_back({{1, T, 2, D, causal, 0.0}});
+      for (int64_t T : {1, 17, 129, 256}) out.push_back({{1, T, 2, D, causal, 0.0}, false});
+  for (int64_t D : {64, 128}) out.push_back({{2, 129, 3, D, true, 0.0}, true});
   return out;
 }
 
 std::string sm90a_case_name(const ::testing::TestParamInfo<Sm90aCase>& info) {
   const Case& c = info.param.shape;
-  return "T" + std::to_string(c.T) + "_D" + std::to_string(c.D) + (c.causal ? "_causal" : "_full");
+  return "B" + std::to_string(c.B) + "_T" + std::to_string(c.T) + "_H" + std::to_string(c.H) + "_D" +
+         std::to_string(c.D) + (c.causal ? "_causal" : "_full") + (info.param.packed ? "_packed" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, FlashSm90aEmulated, ::testing::ValuesIn(sm90a_cases()), sm90a_case_name);
