@@ -140,4 +140,24 @@ inline Reference reference(const Case& c, double scale, const std::vector<double
   return r;
 }
 
+// One case's inputs, drawn as every flash test draws them (seeded by the shape), and the double
+// reference of the outputs and gradients. q, k with amplitude 2: scores of standard deviation ≈
+// 1.3 after the 1/sqrt(D) scale, so the softmax is far from uniform and the running max moves.
+struct Problem {
+  size_t n, n_lse;  // elements of q (and of o, dq, …); of lse
+  double scale;
+  Input q, k, v, dout;
+  Reference ref;
+};
+inline Problem make_problem(const Case& c) {
+  Problem pr;
+  pr.n = size_t(c.B * c.T * c.H * c.D), pr.n_lse = size_t(c.B * c.H * c.T);
+  pr.scale = c.scale != 0 ? c.scale : 1.0 / std::sqrt(double(c.D));
+  const uint64_t seed = uint64_t(c.T * 1000 + c.D * 10 + (c.causal ? 1 : 0));
+  pr.q = random_input(pr.n, 2.0, seed + 1), pr.k = random_input(pr.n, 2.0, seed + 2);
+  pr.v = random_input(pr.n, 1.0, seed + 3), pr.dout = random_input(pr.n, 1.0, seed + 4);
+  pr.ref = reference(c, pr.scale, pr.q.val, pr.k.val, pr.v.val, pr.dout.val);
+  return pr;
+}
+
 }  // namespace tg::testing::flash

@@ -111,15 +111,9 @@ __device__ __forceinline__ void store_vec_fast(T* p, const float (&f)[V]) {
   if constexpr (V == 1 || sizeof(T) == 4) {
     store_vec<V>(p, f);
   } else {
-    static_assert(V == 8 || V == 4, "bf16 packs of 8 or 16 bytes");
-    uint32_t w[V / 2];
-#pragma unroll
-    for (int k = 0; k < V / 2; ++k) w[k] = pack_bf16x2(f[2 * k], f[2 * k + 1]);
-    if constexpr (V == 8) {
-      *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
-    } else {
-      *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
-    }
+    static_assert(V == 8, "bf16 goes in 16-byte packs (kVec) or one at a time");
+    *reinterpret_cast<uint4*>(p) = make_uint4(pack_bf16x2(f[0], f[1]), pack_bf16x2(f[2], f[3]),
+                                              pack_bf16x2(f[4], f[5]), pack_bf16x2(f[6], f[7]));
   }
 }
 
@@ -128,18 +122,19 @@ __device__ __forceinline__ void store_vec_fast(T* p, const float (&f)[V]) {
 template <int V, typename T>
 __device__ __forceinline__ void round_vec_fast(float (&f)[V]) {
   if constexpr (sizeof(T) == 2) {
+    static_assert(V % 2 == 0, "bf16 rounds in pairs");
 #pragma unroll
-    for (int k = 0; k + 1 < V; k += 2) {
+    for (int k = 0; k < V; k += 2) {
       const uint32_t w = pack_bf16x2(f[k], f[k + 1]);
       f[k] = __uint_as_float(w << 16);
       f[k + 1] = __uint_as_float(w & 0xffff0000u);
     }
-    if constexpr (V % 2 == 1) f[V - 1] = __uint_as_float(pack_bf16x2(f[V - 1], 0.0f) << 16);
   }
 }
 
 // 2^x on the special-function unit (ex2.approx.ftz: relative error ~2^-22, subnormal results
-// flushed to 0; 2^-inf = 0). With the log2(e) factor folded into one FMA by the caller, e^x in two
+// flushed to 0; 2^-inf = 0, which masked attention scores rely on). exp2f would add range
+// fix-ups these kernels do not need. With the log2(e) factor folded into one FMA by the caller, e^x in two
 // instructions where expf takes about eight.
 __device__ __forceinline__ float fast_exp2(float x) {
   float r;

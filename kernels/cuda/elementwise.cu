@@ -293,7 +293,10 @@ __global__ void __launch_bounds__(kSumWarps * 32)
 
 // column_partial_sum_kernel fused with the GELU backward that produces its input: each lane
 // computes its vector of dx = gelu'(x)·dout, stores it, and adds the stored (rounded) values, in
-// the same rows, order and fold as column_partial_sum_kernel over dx.
+// the same rows, order and fold as column_partial_sum_kernel over dx. (Written out rather than
+// column_partial_sum_kernel with a row-producing functor: that form compiled the plain column sums
+// to the same machine code but this kernel to different code — its pointers no longer __restrict__
+// parameters — and only this form has been measured on the GPU.)
 template <int V, typename T>
 __global__ void __launch_bounds__(kSumWarps * 32)
     gelu_backward_partial_sum_kernel(const T* __restrict__ x, const T* __restrict__ dout, T* __restrict__ dx,

@@ -53,15 +53,11 @@ class FlashAttentionTest : public ::testing::TestWithParam<Case> {};
 TEST_P(FlashAttentionTest, MatchesDoubleReference) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
   const Case c = GetParam();
-  const size_t n = size_t(c.B * c.T * c.H * c.D), n_lse = size_t(c.B * c.H * c.T);
-  const double scale = c.scale != 0 ? c.scale : 1.0 / std::sqrt(double(c.D));
-
-  // q, k with amplitude 2: scores of standard deviation ≈ 1.3 after the 1/sqrt(D) scale, so the
-  // softmax is far from uniform and the running max moves.
-  const uint64_t seed = uint64_t(c.T * 1000 + c.D * 10 + (c.causal ? 1 : 0));
-  const Input q = random_input(n, 2.0, seed + 1), k = random_input(n, 2.0, seed + 2);
-  const Input v = random_input(n, 1.0, seed + 3), dout = random_input(n, 1.0, seed + 4);
-  const Reference ref = reference(c, scale, q.val, k.val, v.val, dout.val);
+  const Problem pr = make_problem(c);
+  const size_t n = pr.n, n_lse = pr.n_lse;
+  const double scale = pr.scale;
+  const Input &q = pr.q, &k = pr.k, &v = pr.v, &dout = pr.dout;
+  const Reference& ref = pr.ref;
 
   DeviceBuffer<tg::bf16> dq_in(n), dk_in(n), dv_in(n), ddout(n), d_o(n), d_dq(n), d_dk(n), d_dv(n);
   DeviceBuffer<float> d_lse(n_lse);
@@ -156,13 +152,13 @@ class FlashAttentionPackedTest : public ::testing::TestWithParam<Case> {};
 TEST_P(FlashAttentionPackedTest, MatchesContiguousBitwise) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
   const Case c = GetParam();
-  const size_t hd = size_t(c.H * c.D), rows = size_t(c.B * c.T), n = rows * hd, n_lse = size_t(c.B * c.H * c.T);
+  const size_t hd = size_t(c.H * c.D), rows = size_t(c.B * c.T);
   const size_t w = 3 * hd, wo = hd + 8;  // packed qkv / d(qkv) row; padded o, dout row
-  const double scale = c.scale != 0 ? c.scale : 1.0 / std::sqrt(double(c.D));
-  const uint64_t seed = uint64_t(c.T * 1000 + c.D * 10 + (c.causal ? 1 : 0));
-  const Input q = random_input(n, 2.0, seed + 1), k = random_input(n, 2.0, seed + 2);
-  const Input v = random_input(n, 1.0, seed + 3), dout = random_input(n, 1.0, seed + 4);
-  const Reference ref = reference(c, scale, q.val, k.val, v.val, dout.val);
+  const Problem pr = make_problem(c);
+  const size_t n = pr.n, n_lse = pr.n_lse;
+  const double scale = pr.scale;
+  const Input &q = pr.q, &k = pr.k, &v = pr.v, &dout = pr.dout;
+  const Reference& ref = pr.ref;
   // Sized for the atomic mode, which also serves the default.
   const size_t ws_bytes =
       tg::cuda::flash_attention_backward_workspace_bytes(c.B, c.T, c.H, c.D, tg::cuda::FlashDq::kAtomic);
@@ -297,12 +293,11 @@ TEST_P(FlashAttentionSm90aTest, ForwardMatchesDoubleReference) {
   CHECK_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0));
   if (major != 9 || minor != 0) GTEST_SKIP() << "sm_90a code runs on compute capability 9.0 only";
   const Case c = GetParam();
-  const size_t n = size_t(c.B * c.T * c.H * c.D), n_lse = size_t(c.B * c.H * c.T);
-  const double scale = c.scale != 0 ? c.scale : 1.0 / std::sqrt(double(c.D));
-  const uint64_t seed = uint64_t(c.T * 1000 + c.D * 10 + (c.causal ? 1 : 0));
-  const Input q = random_input(n, 2.0, seed + 1), k = random_input(n, 2.0, seed + 2);
-  const Input v = random_input(n, 1.0, seed + 3), dout = random_input(n, 1.0, seed + 4);
-  const Reference ref = reference(c, scale, q.val, k.val, v.val, dout.val);
+  const Problem pr = make_problem(c);
+  const size_t n = pr.n, n_lse = pr.n_lse;
+  const double scale = pr.scale;
+  const Input &q = pr.q, &k = pr.k, &v = pr.v, &dout = pr.dout;
+  const Reference& ref = pr.ref;
   DeviceBuffer<tg::bf16> dq_in(n), dk_in(n), dv_in(n), d_o(n);
   DeviceBuffer<float> d_lse(n_lse);
   dq_in.upload(q.bits), dk_in.upload(k.bits), dv_in.upload(v.bits);

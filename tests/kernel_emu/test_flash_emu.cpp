@@ -79,12 +79,11 @@ class FlashEmulated : public ::testing::TestWithParam<EmuCase> {};
 
 TEST_P(FlashEmulated, MatchesDoubleReference) {
   const Case c = GetParam().shape;
-  const size_t n = size_t(c.B * c.T * c.H * c.D), n_lse = size_t(c.B * c.H * c.T);
-  const double scale = 1.0 / std::sqrt(double(c.D));
-  const uint64_t seed = uint64_t(c.T * 1000 + c.D * 10 + (c.causal ? 1 : 0));
-  const Input q = random_input(n, 2.0, seed + 1), k = random_input(n, 2.0, seed + 2);
-  const Input v = random_input(n, 1.0, seed + 3), dout = random_input(n, 1.0, seed + 4);
-  const Reference ref = reference(c, scale, q.val, k.val, v.val, dout.val);
+  const Problem pr = make_problem(c);
+  const size_t n = pr.n, n_lse = pr.n_lse;
+  const double scale = pr.scale;
+  const Input &q = pr.q, &k = pr.k, &v = pr.v, &dout = pr.dout;
+  const Reference& ref = pr.ref;
 
   const tg::bf16 nan_bf16{0xFFFF};  // poison: every output element must be written
   std::vector<tg::bf16> o(n, nan_bf16), dq(n, nan_bf16), dk(n, nan_bf16), dv(n, nan_bf16);
@@ -166,12 +165,11 @@ class FlashSm90aEmulated : public ::testing::TestWithParam<Sm90aCase> {};
 
 TEST_P(FlashSm90aEmulated, ForwardMatchesDoubleReference) {
   const Case c = GetParam().shape;
-  const size_t n = size_t(c.B * c.T * c.H * c.D), n_lse = size_t(c.B * c.H * c.T);
-  const double scale = 1.0 / std::sqrt(double(c.D));
-  const uint64_t seed = uint64_t(c.T * 1000 + c.D * 10 + (c.causal ? 1 : 0));
-  const Input q = random_input(n, 2.0, seed + 1), k = random_input(n, 2.0, seed + 2);
-  const Input v = random_input(n, 1.0, seed + 3), dout = random_input(n, 1.0, seed + 4);
-  const Reference ref = reference(c, scale, q.val, k.val, v.val, dout.val);
+  const Problem pr = make_problem(c);
+  const size_t n = pr.n, n_lse = pr.n_lse;
+  const double scale = pr.scale;
+  const Input &q = pr.q, &k = pr.k, &v = pr.v, &dout = pr.dout;
+  const Reference& ref = pr.ref;
   std::vector<tg::bf16> o(n, tg::bf16{0xFFFF});  // poison: every output element must be written
   std::vector<float> lse(n_lse, NAN);
   FlashAttentionParams p{};

@@ -195,6 +195,7 @@ inline void mma_16x8x16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint
 }
 
 inline float fast_exp2(float x) { return std::exp2(x); }
+constexpr float kLog2e = 1.4426950408889634f;  // kernels/cuda/common.cuh's
 inline uint32_t pack_bf16x2(float lo, float hi) {
   return uint32_t(tg::float_to_bf16(lo).bits) | (uint32_t(tg::float_to_bf16(hi).bits) << 16);
 }

@@ -36,7 +36,8 @@ def strip_primitives(lines):
                     i += 1
             i += 1
             continue
-        if not line.startswith("#include <cuda"):
+        # CUDA's headers and common.cuh (whose device helpers emu.h defines) stay out.
+        if not line.startswith("#include <cuda") and line != '#include "kernels/cuda/common.cuh"':
             out.append(line)
         i += 1
     return out

@@ -54,19 +54,11 @@ __device__ __forceinline__ float (&flat(float (&a)[R][4]))[4 * R] {
 template <int ROWS, int D, int THREADS>
 __device__ __forceinline__ void load_tile_swizzled(unsigned char* dst, const tg::bf16* src, int ld, int t0, int T,
                                                    int tid) {
-  constexpr int kChunksPerRow = D / 8;  // 16-byte chunks
-  constexpr int kIters = ROWS * kChunksPerRow / THREADS;
-  static_assert(ROWS * kChunksPerRow % THREADS == 0, "tile must split evenly over the threads");
-  static_assert(ROWS <= 128, "ROWS · ld must fit 32 bits for ld ≤ 2^24");
-  const tg::bf16* tile = src + int64_t(t0) * ld;
-#pragma unroll
-  for (int it = 0; it < kIters; ++it) {
-    const int c = it * THREADS + tid;
-    const int r = c / kChunksPerRow, chunk = c % kChunksPerRow;
-    const bool valid = t0 + r < T;
-    unsigned char* to = dst + (chunk / 8) * ROWS * sm90::kSwizzleRowBytes + sm90::swizzled_offset(r, (chunk % 8) * 8);
-    cp_async_16(to, tile + ((valid ? r * ld : 0) + chunk * 8), valid);
-  }
+  load_rows_async<ROWS, D, THREADS>(
+      [=](int r, int col) {
+        return dst + (col / 64) * ROWS * sm90::kSwizzleRowBytes + sm90::swizzled_offset(r, col % 64);
+      },
+      src, ld, t0, T, tid);
 }
 
 template <class Tr>

@@ -1,16 +1,16 @@
 // Warp-level tile helpers for the FlashAttention kernels: cp.async tile loads, ldmatrix fragment
 // loads, m16n8k16 bf16 mma, and the softmax steps on accumulator fragments. Destination first.
+// fast_exp2, pack_bf16x2 and kLog2e come from kernels/cuda/common.cuh.
 #pragma once
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "kernels/cuda/common.cuh"
 #include "src/tensor/dtype.h"
 
 namespace tg::cuda::flash {
 
-constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // ── Fragment layout (PTX ISA, mma.m16n8k16 with .bf16): lane = 4·g + t, g = lane/4, t = lane%4.
@@ -50,14 +50,14 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// dst (ROWS, LDS) smem ← rows [t0, t0 + ROWS) of one head, whose row t starts at src + t·ld with
-// D contiguous bf16 (ld: the token row stride in elements, ≤ 2^24 so that ROWS·ld fits 32 bits:
-// the tile's base t0·ld is formed once in 64 bits, each chunk's offset in 32). Rows ≥ T are
+// Rows [t0, t0 + ROWS) of one head, whose row t starts at src + t·ld with D contiguous bf16, into
+// shared memory: the 16-byte chunk at column col (a multiple of 8) of tile row r goes to
+// dst_of(r, col) (the layout is the caller's). ld is the token row stride in elements, ≤ 2^24 so that ROWS·ld fits 32 bits (the
+// tile's base t0·ld is formed once in 64 bits, each chunk's offset in 32). Rows ≥ T are
 // zero-filled: later mmas multiply them (by P = 0 or into rows never stored), and zeros, unlike
 // stale smem, can never make a NaN.
-template <int ROWS, int D, int LDS, int THREADS>
-__device__ __forceinline__ void load_tile(tg::bf16* dst, const tg::bf16* src, int ld, int t0, int T,
-                                          int tid) {
+template <int ROWS, int D, int THREADS, typename DstOf>
+__device__ __forceinline__ void load_rows_async(DstOf dst_of, const tg::bf16* src, int ld, int t0, int T, int tid) {
   constexpr int kChunksPerRow = D / 8;  // 16-byte chunks
   constexpr int kIters = ROWS * kChunksPerRow / THREADS;
   static_assert(ROWS * kChunksPerRow % THREADS == 0, "tile must split evenly over the threads");
@@ -70,8 +70,14 @@ __device__ __forceinline__ void load_tile(tg::bf16* dst, const tg::bf16* src, in
     const int c = it * THREADS + tid;
     const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
     const bool valid = t0 + r < T;
-    cp_async_16(dst + r * LDS + col, tile + ((valid ? r * ld : 0) + col), valid);
+    cp_async_16(dst_of(r, col), tile + ((valid ? r * ld : 0) + col), valid);
   }
+}
+
+// The plain layout: dst (ROWS, LDS), row r at dst + r·LDS.
+template <int ROWS, int D, int LDS, int THREADS>
+__device__ __forceinline__ void load_tile(tg::bf16* dst, const tg::bf16* src, int ld, int t0, int T, int tid) {
+  load_rows_async<ROWS, D, THREADS>([=](int r, int col) { return dst + r * LDS + col; }, src, ld, t0, T, tid);
 }
 
 // dst (ROWS) smem ← src[t0, t0 + ROWS), zeros past T (fp32 per-row statistics: lse, delta).
@@ -106,20 +112,6 @@ __device__ __forceinline__ void mma_16x8x16(float (&c)[4], const uint32_t (&a)[4
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// 2^x in one MUFU.EX2 (|rel. error| ≤ 2^-22, far below bf16's 2^-9): exp2f would add range
-// fix-ups the softmax does not need. ex2(−inf) = +0, which is what masked scores rely on.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Two floats → bf16x2 (round to nearest even), lo in the low half.
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x = lo is the low half
-  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 // ── Fragment loads ──
