@@ -20,7 +20,6 @@ struct PendingHandOver {
   std::vector<bool> taken;
 };
 thread_local PendingHandOver* t_hand_over = nullptr;
-}  // namespace
 
 // Small bf16 → fp32 leaf-gradient additions waiting for one batched launch (see
 // accumulate_converted_later); flushed when full and when backward() ends.
@@ -39,6 +38,7 @@ void flush_deferred_folds() {
 #endif
   t_deferred_folds.clear();  // the sources may be freed now: the stream orders the kernel first
 }
+}  // namespace
 
 Tensor take_pending_gradient(size_t input) {
   if (!t_hand_over || input >= t_hand_over->available.size() || t_hand_over->taken[input]) return Tensor();
