@@ -122,10 +122,11 @@ int bench_attention(const cli::Args& a) {
   const int64_t runs = a.get_int("steps", 20), warmup = a.get_int("warmup", 3), max_t = a.get_int("max-t", 32768);
   // bwd: the default, deterministic backward (dQ in a pass of its own); atomic: the opt-in
   // backward that adds dQ with unordered atomics (FlashDq::kAtomic, train.deterministic: false).
-  // sm90a: the wgmma forward of flash_fwd_sm90a.cu (in progress, not yet what the model runs).
-  const bool sm90a = a.get_int("sm90a", 0) != 0;
+  // The kernels flash attention takes on this GPU (FlashKernels::kAuto: wgmma on an H100/H200);
+  // --compare 1 also times the portable mma.sync kernels (fwd/bwd mma.sync TF/s) on the same inputs.
+  const bool compare = a.get_int("compare", 0) != 0;
   std::printf("%-4s %-6s %-7s %-9s %-9s %-9s %-9s %-10s%s\n", "d", "T", "causal", "fwd ms", "bwd ms", "fwd TF/s",
-              "bwd TF/s", "atomic TF/s", sm90a ? " sm90a fwd TF/s" : "");
+              "bwd TF/s", "atomic TF/s", compare ? " mma.sync fwd / bwd TF/s" : "");
   const int64_t only_d = a.get_int("head-dim", 0);  // 0: both
   for (int64_t D : {64, 128}) {
     if (only_d != 0 && D != only_d) continue;
@@ -153,26 +154,27 @@ int bench_attention(const cli::Args& a) {
         p.dq_mode = cuda::FlashDq::kAtomic;
         const double tb_atomic = median_seconds(runs, dev, bwd);
         p.dq_mode = cuda::FlashDq::kRecompute;
-        double tf_sm90a = 0;
-        if (sm90a) {
-          auto fwd_sm90a = [&] { cuda::flash_attention_forward_sm90a(p, detail::cuda_stream()); };
-          for (int64_t i = 0; i < warmup; ++i) fwd_sm90a();
-          tf_sm90a = median_seconds(runs, dev, fwd_sm90a);
+        double tf_mma = 0, tb_mma = 0;
+        if (compare) {
+          p.kernels = cuda::FlashKernels::kMmaSync;
+          for (int64_t i = 0; i < warmup; ++i) fwd(), bwd();
+          tf_mma = median_seconds(runs, dev, fwd), tb_mma = median_seconds(runs, dev, bwd);
+          p.kernels = cuda::FlashKernels::kAuto;
         }
         // FlashAttention papers' convention: 4·B·H·T²·d forward, halved when causal; backward 2.5×.
         const double flops = 4.0 * double(B * H) * double(T) * double(T) * double(D) / (causal ? 2.0 : 1.0);
         const double bf = 2.5 * flops / 1e12;
-        const double sm90a_tflops = sm90a ? flops / tf_sm90a / 1e12 : 0.0;
         std::printf("%-4lld %-6lld %-7s %-9.3f %-9.3f %-9.1f %-9.1f %-10.1f", (long long)D, (long long)T,
                     causal ? "yes" : "no", tf * 1e3, tb * 1e3, flops / tf / 1e12, bf / tb, bf / tb_atomic);
-        if (sm90a) std::printf(" %-10.1f", sm90a_tflops);
+        if (compare) std::printf(" %-7.1f %-7.1f", flops / tf_mma / 1e12, bf / tb_mma);
         std::printf("\n");
         std::printf("{\"bench\":\"attention\",\"impl\":\"tilegrad\",\"d\":%lld,\"T\":%lld,\"B\":%lld,\"H\":%lld,"
                     "\"causal\":%s,\"fwd_ms\":%.4f,\"bwd_ms\":%.4f,\"fwd_tflops\":%.1f,\"bwd_tflops\":%.1f,"
                     "\"bwd_atomic_tflops\":%.1f",
                     (long long)D, (long long)T, (long long)B, (long long)H, causal ? "true" : "false", tf * 1e3,
                     tb * 1e3, flops / tf / 1e12, bf / tb, bf / tb_atomic);
-        if (sm90a) std::printf(",\"fwd_sm90a_tflops\":%.1f", sm90a_tflops);
+        if (compare)
+          std::printf(",\"fwd_mma_sync_tflops\":%.1f,\"bwd_mma_sync_tflops\":%.1f", flops / tf_mma / 1e12, bf / tb_mma);
         std::printf("}\n");
         std::fflush(stdout);
       }

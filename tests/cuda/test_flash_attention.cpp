@@ -1,6 +1,7 @@
 // cuda::flash_attention_{forward,backward} vs a double-precision naive attention: O, lse, dQ, dK,
-// dV over head dims, sequence lengths (tails included) and the causal rule; every output proven
-// written (poisoned first); the default backward bitwise reproducible, the opt-in atomic dQ
+// dV over head dims, sequence lengths (tails included) and the causal rule, for both kernel
+// families (FlashKernels::kMmaSync everywhere, kWgmma on compute capability 9.0); every output
+// proven written (poisoned first); the default backward bitwise reproducible, the opt-in atomic dQ
 // within the same bounds. Row strides: q, k, v read straight
 // out of one packed (B, T, 3·H·D) qkv buffer and dq, dk, dv written into one (B, T, 3·H·D)
 // d(qkv) buffer give the same bits as the contiguous layout; invalid strides are rejected.
@@ -18,6 +19,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cuda/flash_attention/flash.h"
@@ -48,11 +50,29 @@ struct DeviceBuffer {
   void poison() { CHECK_CUDA(cudaMemset(ptr, 0xFF, std::max<size_t>(n, 1) * sizeof(T))); }
 };
 
-class FlashAttentionTest : public ::testing::TestWithParam<Case> {};
+using tg::cuda::FlashKernels;
+
+bool device_is_sm90() {
+  int major = 0, minor = 0;
+  CHECK_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  CHECK_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0));
+  return major == 9 && minor == 0;
+}
+
+// Why a (shape, kernels) case cannot run here, or "" when it can.
+std::string skip_reason(FlashKernels kernels) {
+  if (!have_gpu()) return "no CUDA GPU on this machine";
+  if (kernels == FlashKernels::kWgmma && !device_is_sm90()) return "the wgmma kernels run on compute capability 9.0 only";
+  return "";
+}
+
+using KernelCase = std::tuple<Case, FlashKernels>;
+
+class FlashAttentionTest : public ::testing::TestWithParam<KernelCase> {};
 
 TEST_P(FlashAttentionTest, MatchesDoubleReference) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
-  const Case c = GetParam();
+  const auto [c, kernels] = GetParam();
+  if (const std::string why = skip_reason(kernels); !why.empty()) GTEST_SKIP() << why;
   const Problem pr = make_problem(c);
   const size_t n = pr.n, n_lse = pr.n_lse;
   const double scale = pr.scale;
@@ -76,6 +96,7 @@ TEST_P(FlashAttentionTest, MatchesDoubleReference) {
   p.B = c.B, p.T = c.T, p.H = c.H, p.D = c.D;
   p.scale = float(scale);
   p.causal = c.causal;
+  p.kernels = kernels;
 
   // Forward.
   d_o.poison();
@@ -112,16 +133,19 @@ TEST_P(FlashAttentionTest, MatchesDoubleReference) {
   for (int t = 0; t < 3; ++t)
     EXPECT_EQ(std::memcmp(g1[t].data(), g2[t].data(), n * sizeof(tg::bf16)), 0) << names[t] << " not reproducible";
 
-  // The opt-in atomic dQ meets the same bound; dK and dV do not depend on the dQ strategy (same
-  // kernel arithmetic, bit for bit).
+  // The opt-in atomic dQ (mma.sync kernels only) meets the same bound; dK and dV do not depend on
+  // the dQ strategy (same kernel arithmetic, bit for bit). kWgmma refuses it.
   p.dq_mode = tg::cuda::FlashDq::kAtomic;
+  if (kernels == FlashKernels::kWgmma) {
+    EXPECT_THROW(tg::cuda::flash_attention_backward(p, nullptr), std::invalid_argument);
+    return;
+  }
   const auto ga = run_backward();
   const std::vector<double> gq = to_double(ga[0]);
   ASSERT_EQ(count_nonfinite(gq), 0u) << "dQ (kAtomic) has NaN/inf";
   EXPECT_LE(rel_error(gq, ref.dq), 5e-2) << "dQ (kAtomic)";
   for (int t = 1; t < 3; ++t)
     EXPECT_EQ(std::memcmp(ga[t].data(), g1[t].data(), n * sizeof(tg::bf16)), 0) << names[t] << " (kAtomic)";
-  p.dq_mode = tg::cuda::FlashDq::kRecompute;
 }
 
 // ─── Row strides: packed qkv ───
@@ -142,7 +166,7 @@ std::vector<tg::bf16> unpack_rows(const std::vector<tg::bf16>& packed, size_t ro
   return out;
 }
 
-class FlashAttentionPackedTest : public ::testing::TestWithParam<Case> {};
+class FlashAttentionPackedTest : public ::testing::TestWithParam<KernelCase> {};
 
 // The model's fused projection: q, k, v are column blocks 0, H·D, 2·H·D of one (B, T, 3·H·D)
 // buffer (row stride 3·H·D), and d(qkv) comes back in one such buffer. O and dO get a padded row
@@ -150,8 +174,8 @@ class FlashAttentionPackedTest : public ::testing::TestWithParam<Case> {};
 // Checked against the double reference (same tolerances as above) and bitwise against the
 // contiguous layout: the strides only move addresses, never the arithmetic.
 TEST_P(FlashAttentionPackedTest, MatchesContiguousBitwise) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
-  const Case c = GetParam();
+  const auto [c, kernels] = GetParam();
+  if (const std::string why = skip_reason(kernels); !why.empty()) GTEST_SKIP() << why;
   const size_t hd = size_t(c.H * c.D), rows = size_t(c.B * c.T);
   const size_t w = 3 * hd, wo = hd + 8;  // packed qkv / d(qkv) row; padded o, dout row
   const Problem pr = make_problem(c);
@@ -178,6 +202,7 @@ TEST_P(FlashAttentionPackedTest, MatchesContiguousBitwise) {
   p.B = c.B, p.T = c.T, p.H = c.H, p.D = c.D;
   p.scale = float(scale);
   p.causal = c.causal;
+  p.kernels = kernels;
   tg::cuda::flash_attention_forward(p, nullptr);
   tg::cuda::flash_attention_backward(p, nullptr);
   CHECK_CUDA(cudaDeviceSynchronize());
@@ -229,8 +254,9 @@ TEST_P(FlashAttentionPackedTest, MatchesContiguousBitwise) {
   for (int t = 0; t < 3; ++t)
     EXPECT_EQ(std::memcmp(g_p[t].data(), g_c[t]->data(), n * sizeof(tg::bf16)), 0) << names[t] << " differs from contiguous";
 
-  // The opt-in atomic dQ into the same strided d(qkv): every element written, dQ within the bound,
-  // dK and dV the same bits as before (only dQ's summation order changes).
+  // The opt-in atomic dQ (mma.sync kernels) into the same strided d(qkv): every element written,
+  // dQ within the bound, dK and dV the same bits as before (only dQ's summation order changes).
+  if (kernels == FlashKernels::kWgmma) return;
   dqkv.poison();
   pws.poison();
   pp.dq_mode = tg::cuda::FlashDq::kAtomic;
@@ -278,43 +304,50 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   return s;
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, FlashAttentionTest, ::testing::ValuesIn(cases()), case_name);
-
-INSTANTIATE_TEST_SUITE_P(Packed, FlashAttentionPackedTest, ::testing::ValuesIn(packed_cases()), case_name);
-
-// The sm_90a forward (wgmma; flash_fwd_sm90a.cu, not yet selected by flash_attention_forward)
-// against the same reference and bounds, outputs poisoned. Compute capability 9.0 only.
-class FlashAttentionSm90aTest : public ::testing::TestWithParam<Case> {};
-
-TEST_P(FlashAttentionSm90aTest, ForwardMatchesDoubleReference) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
-  int major = 0, minor = 0;
-  CHECK_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
-  CHECK_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0));
-  if (major != 9 || minor != 0) GTEST_SKIP() << "sm_90a code runs on compute capability 9.0 only";
-  const Case c = GetParam();
-  const Problem pr = make_problem(c);
-  const size_t n = pr.n, n_lse = pr.n_lse;
-  const double scale = pr.scale;
-  const Input &q = pr.q, &k = pr.k, &v = pr.v, &dout = pr.dout;
-  const Reference& ref = pr.ref;
-  DeviceBuffer<tg::bf16> dq_in(n), dk_in(n), dv_in(n), d_o(n);
-  DeviceBuffer<float> d_lse(n_lse);
-  dq_in.upload(q.bits), dk_in.upload(k.bits), dv_in.upload(v.bits);
-  d_o.poison(), d_lse.poison();
-  tg::cuda::FlashAttentionParams p{};
-  p.q = dq_in.ptr, p.k = dk_in.ptr, p.v = dv_in.ptr, p.o = d_o.ptr, p.lse = d_lse.ptr;
-  p.B = c.B, p.T = c.T, p.H = c.H, p.D = c.D, p.scale = float(scale), p.causal = c.causal;
-  tg::cuda::flash_attention_forward_sm90a(p, nullptr);
-  CHECK_CUDA(cudaDeviceSynchronize());
-  const std::vector<double> o = to_double(d_o.download()), lse = to_double(d_lse.download());
-  ASSERT_EQ(count_nonfinite(o), 0u) << "O has NaN/inf (unwritten or overflowed elements)";
-  ASSERT_EQ(count_nonfinite(lse), 0u) << "lse has NaN/inf";
-  EXPECT_LE(rel_error(o, ref.o), 2e-2) << "O";
-  EXPECT_LE(max_abs_diff(lse, ref.lse), 1e-3) << "lse";
+std::string kernel_case_name(const ::testing::TestParamInfo<KernelCase>& info) {
+  const auto& [c, kernels] = info.param;
+  return case_name(::testing::TestParamInfo<Case>(c, info.index)) +
+         (kernels == FlashKernels::kWgmma ? "_wgmma" : "_mma_sync");
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, FlashAttentionSm90aTest, ::testing::ValuesIn(cases()), case_name);
+const auto kBothFamilies = ::testing::Values(FlashKernels::kMmaSync, FlashKernels::kWgmma);
+
+INSTANTIATE_TEST_SUITE_P(Shapes, FlashAttentionTest, ::testing::Combine(::testing::ValuesIn(cases()), kBothFamilies),
+                         kernel_case_name);
+
+INSTANTIATE_TEST_SUITE_P(Packed, FlashAttentionPackedTest,
+                         ::testing::Combine(::testing::ValuesIn(packed_cases()), kBothFamilies), kernel_case_name);
+
+// kAuto is the device's fastest family: on 9.0 the wgmma kernels, elsewhere mma.sync — the same
+// bits as asking for that family by name, forward and backward.
+TEST(FlashAttention, AutoPicksTheDevicesFamily) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
+  const Case c{2, 200, 2, 64, true, 0.0};
+  const Problem pr = make_problem(c);
+  const size_t n = pr.n;
+  DeviceBuffer<tg::bf16> q(n), k(n), v(n), dout(n), o(n), dq(n), dk(n), dv(n);
+  DeviceBuffer<float> lse(pr.n_lse);
+  DeviceBuffer<unsigned char> ws(tg::cuda::flash_attention_backward_workspace_bytes(c.B, c.T, c.H, c.D));
+  q.upload(pr.q.bits), k.upload(pr.k.bits), v.upload(pr.v.bits), dout.upload(pr.dout.bits);
+  tg::cuda::FlashAttentionParams p{};
+  p.q = q.ptr, p.k = k.ptr, p.v = v.ptr, p.o = o.ptr, p.lse = lse.ptr;
+  p.dout = dout.ptr, p.dq = dq.ptr, p.dk = dk.ptr, p.dv = dv.ptr, p.workspace = ws.ptr;
+  p.B = c.B, p.T = c.T, p.H = c.H, p.D = c.D, p.scale = float(pr.scale), p.causal = c.causal;
+  auto run = [&](FlashKernels kernels) {
+    p.kernels = kernels;
+    tg::cuda::flash_attention_forward(p, nullptr);
+    tg::cuda::flash_attention_backward(p, nullptr);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    return std::vector<std::vector<tg::bf16>>{o.download(), dq.download(), dk.download(), dv.download()};
+  };
+  const auto by_name = run(device_is_sm90() ? FlashKernels::kWgmma : FlashKernels::kMmaSync);
+  const auto automatic = run(FlashKernels::kAuto);
+  for (int t = 0; t < 4; ++t) EXPECT_EQ(std::memcmp(by_name[t].data(), automatic[t].data(), n * 2), 0) << t;
+  if (!device_is_sm90()) {
+    p.kernels = FlashKernels::kWgmma;
+    EXPECT_THROW(tg::cuda::flash_attention_forward(p, nullptr), std::invalid_argument);
+  }
+}
 
 // A row stride must be 0 (contiguous) or ≥ H·D and a multiple of 8 elements (16-byte rows).
 TEST(FlashAttention, InvalidRowStrideIsRejected) {

@@ -20,6 +20,7 @@
 #include "flash_fwd_emu.h"
 #include "flash_bwd_emu.h"
 #include "flash_fwd_sm90a_emu.h"
+#include "flash_bwd_sm90a_emu.h"
 #include "tests/flash_reference.h"
 
 namespace {
@@ -142,14 +143,29 @@ std::string case_name(const ::testing::TestParamInfo<EmuCase>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, FlashEmulated, ::testing::ValuesIn(cases()), case_name);
 
-// The sm_90a forward (flash_fwd_sm90a.cu: wgmma, swizzled tiles, two warpgroups) against the same
-// reference and bounds, with wgmma emulated as tests/cuda/test_wgmma.cpp found it on the H200.
+// The sm_90a kernels (flash_fwd_sm90a.cu, flash_bwd_sm90a.cu: wgmma, swizzled tiles, two
+// warpgroups) against the same reference and bounds, with wgmma emulated as
+// tests/cuda/test_wgmma.cpp found it on the H200; the launch sequences of their launchers.
 template <int D>
 void forward_sm90a(const FlashAttentionParams& p_in) {
   const FlashAttentionParams p = flash::with_resolved_row_strides(p_in);
   using Tr = flash::FwdSm90aTraits<D>;
   emu_launch({unsigned(p.H), unsigned(p.B), unsigned((p.T + Tr::kBr - 1) / Tr::kBr)}, Tr::kThreads, Tr::kSmemBytes,
              [&] { flash::flash_fwd_sm90a_kernel<Tr>(p); });
+}
+
+template <int D>
+void backward_sm90a(const FlashAttentionParams& p_in) {
+  const FlashAttentionParams p = flash::with_resolved_row_strides(p_in);
+  const flash::BwdWorkspace<D> ws(p);
+  const int64_t rows = p.B * p.T * p.H;
+  emu_launch({unsigned((rows * (D / 8) + 255) / 256), 1, 1}, 256, 0, [&] {
+    flash::flash_bwd_delta_kernel<D>(p.o, p.o_row_stride, p.dout, p.do_row_stride, ws.delta, rows, int(p.T), int(p.H));
+  });
+  using Tr = flash::BwdSm90aTraits<D>;
+  const EmuDim3 grid{unsigned(p.H), unsigned(p.B), unsigned((p.T + Tr::kOwn - 1) / Tr::kOwn)};
+  emu_launch(grid, Tr::kThreads, Tr::kSmemBytes, [&] { flash::flash_bwd_dkdv_sm90a_kernel<Tr>(p, ws.delta); });
+  emu_launch(grid, Tr::kThreads, Tr::kSmemBytes, [&] { flash::flash_bwd_dq_sm90a_kernel<Tr>(p, ws.delta); });
 }
 
 struct Sm90aCase {
@@ -163,39 +179,68 @@ void PrintTo(const Sm90aCase& e, std::ostream* os) {
 
 class FlashSm90aEmulated : public ::testing::TestWithParam<Sm90aCase> {};
 
-TEST_P(FlashSm90aEmulated, ForwardMatchesDoubleReference) {
+TEST_P(FlashSm90aEmulated, MatchesDoubleReference) {
   const Case c = GetParam().shape;
   const Problem pr = make_problem(c);
   const size_t n = pr.n, n_lse = pr.n_lse;
   const double scale = pr.scale;
   const Input &q = pr.q, &k = pr.k, &v = pr.v, &dout = pr.dout;
   const Reference& ref = pr.ref;
-  std::vector<tg::bf16> o(n, tg::bf16{0xFFFF});  // poison: every output element must be written
+  const tg::bf16 nan_bf16{0xFFFF};  // poison: every output element must be written
+  std::vector<tg::bf16> o(n, nan_bf16);
   std::vector<float> lse(n_lse, NAN);
+  const size_t ws_bytes = c.D == 64 ? flash::BwdWorkspace<64>::bytes(c.B, c.T, c.H, FlashDq::kRecompute)
+                                    : flash::BwdWorkspace<128>::bytes(c.B, c.T, c.H, FlashDq::kRecompute);
+  std::vector<float> workspace(ws_bytes / sizeof(float) + 4, NAN);
   FlashAttentionParams p{};
   p.q = q.bits.data(), p.k = k.bits.data(), p.v = v.bits.data(), p.o = o.data(), p.lse = lse.data();
+  p.dout = dout.bits.data(), p.workspace = workspace.data();
   p.B = c.B, p.T = c.T, p.H = c.H, p.D = c.D, p.scale = float(scale), p.causal = c.causal;
-  const size_t hd = size_t(c.H * c.D), rows = size_t(c.B * c.T);
-  std::vector<tg::bf16> qkv(rows * 3 * hd);  // (B, T, 3·H·D): q, k, v side by side in each token row
+  const size_t hd = size_t(c.H * c.D), rows = size_t(c.B * c.T), w = 3 * hd;
+  // Contiguous dq, dk, dv, or (packed) one (B, T, 3·H·D) d(qkv) buffer beside a packed qkv input.
+  std::vector<tg::bf16> dq(n, nan_bf16), dk(n, nan_bf16), dv(n, nan_bf16);
+  std::vector<tg::bf16> qkv(rows * w), dqkv(rows * w, nan_bf16);
+  p.dq = dq.data(), p.dk = dk.data(), p.dv = dv.data();
   if (GetParam().packed) {
     for (size_t r = 0; r < rows; ++r)
       for (size_t e = 0; e < hd; ++e) {
-        qkv[r * 3 * hd + e] = q.bits[r * hd + e];
-        qkv[r * 3 * hd + hd + e] = k.bits[r * hd + e];
-        qkv[r * 3 * hd + 2 * hd + e] = v.bits[r * hd + e];
+        qkv[r * w + e] = q.bits[r * hd + e];
+        qkv[r * w + hd + e] = k.bits[r * hd + e];
+        qkv[r * w + 2 * hd + e] = v.bits[r * hd + e];
       }
     p.q = qkv.data(), p.k = qkv.data() + hd, p.v = qkv.data() + 2 * hd;
-    p.q_row_stride = p.k_row_stride = p.v_row_stride = int64_t(3 * hd);
+    p.dq = dqkv.data(), p.dk = dqkv.data() + hd, p.dv = dqkv.data() + 2 * hd;
+    p.q_row_stride = p.k_row_stride = p.v_row_stride = int64_t(w);
+    p.dq_row_stride = p.dk_row_stride = p.dv_row_stride = int64_t(w);
   }
-  if (c.D == 64)
+  if (c.D == 64) {
     forward_sm90a<64>(p);
-  else
+    backward_sm90a<64>(p);
+  } else {
     forward_sm90a<128>(p);
+    backward_sm90a<128>(p);
+  }
+  if (GetParam().packed)
+    for (size_t r = 0; r < rows; ++r)
+      for (size_t e = 0; e < hd; ++e) {
+        dq[r * hd + e] = dqkv[r * w + e];
+        dk[r * hd + e] = dqkv[r * w + hd + e];
+        dv[r * hd + e] = dqkv[r * w + 2 * hd + e];
+      }
+
   const std::vector<double> O = to_double(o), L = to_double(lse);
   ASSERT_EQ(count_nonfinite(O), 0u) << "O has NaN/inf (unwritten elements?)";
   ASSERT_EQ(count_nonfinite(L), 0u) << "lse has NaN/inf";
   EXPECT_LE(rel_error(O, ref.o), 2e-2) << "O";
   EXPECT_LE(max_abs_diff(L, ref.lse), 1e-3) << "lse";
+  const char* names[3] = {"dQ", "dK", "dV"};
+  const std::vector<tg::bf16>* got[3] = {&dq, &dk, &dv};
+  const std::vector<double>* want[3] = {&ref.dq, &ref.dk, &ref.dv};
+  for (int t = 0; t < 3; ++t) {
+    const std::vector<double> g = to_double(*got[t]);
+    ASSERT_EQ(count_nonfinite(g), 0u) << names[t] << " has NaN/inf (unwritten elements?)";
+    EXPECT_LE(rel_error(g, *want[t]), 5e-2) << names[t];
+  }
 }
 
 // T = 1; a tail inside the first 64-key tile; one past a 128-row query block with a 64-key tail;

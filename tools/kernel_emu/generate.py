@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Turn the FlashAttention CUDA sources into headers the CPU emulator (tools/kernel_emu/emu.h) can
 compile: tile.cuh and wgmma.cuh without the functions emu.h defines (the PTX primitives), and the
-kernels of flash_fwd.cu / flash_bwd.cu / flash_fwd_sm90a.cu without their launchers, includes and
+kernels of flash_fwd.cu, flash_bwd.cu and their *_sm90a.cu twins without their launchers, includes and
 `extern __shared__`.
 
 usage: generate.py SOURCE_DIR OUT_DIR
-  (writes OUT_DIR/{tile_emu.cuh,wgmma_emu.cuh,flash_fwd_emu.h,flash_bwd_emu.h,flash_fwd_sm90a_emu.h})
+  (writes OUT_DIR/{tile_emu.cuh,wgmma_emu.cuh,flash_{fwd,bwd}_emu.h,flash_{fwd,bwd}_sm90a_emu.h})
 """
 import os
 import re
@@ -37,7 +37,9 @@ def strip_primitives(lines):
             i += 1
             continue
         # CUDA's headers and common.cuh (whose device helpers emu.h defines) stay out.
-        if not line.startswith("#include <cuda") and line != '#include "kernels/cuda/common.cuh"':
+        # (and the flash headers, which the emulator test includes itself, generated, in order).
+        if (not line.startswith("#include <cuda") and line != '#include "kernels/cuda/common.cuh"'
+                and not line.startswith('#include "kernels/cuda/flash_attention/')):
             out.append(line)
         i += 1
     return out
@@ -61,7 +63,7 @@ def main():
             text = strip_primitives(f.read().split("\n"))
         with open(os.path.join(out, header + "_emu.cuh"), "w") as f:
             f.write(banner.format(header + ".cuh") + "\n".join(text))
-    for name in ("flash_fwd", "flash_bwd", "flash_fwd_sm90a"):
+    for name in ("flash_fwd", "flash_bwd", "flash_fwd_sm90a", "flash_bwd_sm90a"):
         with open(os.path.join(flash, name + ".cu")) as f:
             text = kernels_only(f.read())
         with open(os.path.join(out, name + "_emu.h"), "w") as f:

@@ -27,6 +27,13 @@ namespace tg::cuda {
 // measured slower than kRecompute: docs/BENCHMARKS.md.)
 enum class FlashDq { kRecompute, kAtomic };
 
+// Which kernels run. kAuto (default) picks the fastest this GPU has: on compute capability 9.0
+// (H100/H200) the wgmma kernels (flash_fwd_sm90a.cu, flash_bwd_sm90a.cu, built for sm_90a),
+// elsewhere the mma.sync ones (flash_fwd.cu, flash_bwd.cu; sm_80 and later). The explicit choices
+// are for tests and benchmarks; kWgmma on another GPU is std::invalid_argument. The opt-in atomic
+// dQ exists only as mma.sync kernels, which kAuto then takes (kWgmma with kAtomic is rejected).
+enum class FlashKernels { kAuto, kMmaSync, kWgmma };
+
 struct FlashAttentionParams {
   const bf16* q;
   const bf16* k;
@@ -40,6 +47,7 @@ struct FlashAttentionParams {
   bf16* dv;
   void* workspace;  // flash_attention_backward_workspace_bytes(B, T, H, D, dq_mode) bytes, 16-byte aligned
   FlashDq dq_mode = FlashDq::kRecompute;
+  FlashKernels kernels = FlashKernels::kAuto;
   int64_t B, T, H, D;
   float scale;  // applied to q kᵀ; usually 1/sqrt(D)
   bool causal;  // key index > query index is excluded
@@ -57,12 +65,6 @@ bool flash_attention_supported(int64_t D);  // D ∈ {64, 128}
 // Writes o and lse. Requires a supported D, 16-byte aligned q, k, v, o, T < 2^30, and the q, k,
 // v, o row strides valid (0, or ≥ H·D and a multiple of 8); std::invalid_argument otherwise.
 void flash_attention_forward(const FlashAttentionParams& p, cudaStream_t stream);
-
-// The forward on Hopper's warpgroup MMA (kernels/cuda/flash_attention/flash_fwd_sm90a.cu, built
-// for sm_90a; compute capability 9.0 only, std::invalid_argument elsewhere): the contract of
-// flash_attention_forward. In progress: checked in the CPU emulator, its GPU test not yet run,
-// and flash_attention_forward does not select it.
-void flash_attention_forward_sm90a(const FlashAttentionParams& p, cudaStream_t stream);
 
 // Scratch the backward needs: delta = rowsum(dO ∘ O), (B, H, T) floats, and for kAtomic also the
 // fp32 dQ accumulator, (B, H, T rounded up to the query tile, D) floats — twice the bytes of q,

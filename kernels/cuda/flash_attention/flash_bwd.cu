@@ -2,7 +2,9 @@
 // blocks and dQ parallel over query blocks, each recomputing P = exp(S·scale − lse) from the
 // forward's lse. By default (FlashDq::kRecompute) there are no atomics: every gradient element
 // is summed by one warp in a fixed order. The opt-in FlashDq::kAtomic folds dQ into the dK/dV
-// kernel instead (fp32 atomics, then a convert kernel).
+// kernel instead (fp32 atomics, then a convert kernel). These are the portable (mma.sync)
+// kernels; on compute capability 9.0 the default mode runs flash_bwd_sm90a.cu's wgmma twins after
+// the same delta kernel (FlashKernels).
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -366,6 +368,7 @@ void launch_bwd_kernel(Kernel kernel, size_t smem_bytes, const FlashAttentionPar
 template <int D>
 void launch_bwd(const FlashAttentionParams& p_in, cudaStream_t stream) {
   const FlashAttentionParams p = flash::with_resolved_row_strides(p_in);  // 0 strides → H·D
+  const bool wgmma = flash::use_wgmma(p, "flash_attention_backward");     // may throw: before any launch
   using Ws = flash::BwdWorkspace<D>;
   const Ws ws(p);
   const int64_t rows = p.B * p.T * p.H;
@@ -375,6 +378,10 @@ void launch_bwd(const FlashAttentionParams& p_in, cudaStream_t stream) {
                                                                         ws.delta, rows, int(p.T), int(p.H));
   TG_CUDA_CHECK(cudaGetLastError());
 
+  if (wgmma) {
+    flash::flash_bwd_sm90a(p, ws.delta, stream);
+    return;
+  }
   using Dkdv = typename flash::DkdvConfig<D>::type;
   if (p.dq_mode == FlashDq::kRecompute) {
     launch_bwd_kernel<Dkdv>(flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kRecompute>, Dkdv::kSmemBytes, p, stream,

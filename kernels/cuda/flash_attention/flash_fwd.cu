@@ -1,7 +1,10 @@
 // FlashAttention forward on tensor cores: tiled online softmax over K/V tiles streamed through
 // shared memory; writes O (bf16) and the per-row log-sum-exp (fp32) the backward recomputes P from.
+// The portable (mma.sync) kernel; flash_attention_forward runs flash_fwd_sm90a.cu's wgmma twin on
+// compute capability 9.0 instead (FlashKernels, use_wgmma below).
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <climits>
 #include <cmath>
 
@@ -186,6 +189,40 @@ void flash_fwd_hdim128(const FlashAttentionParams& p, cudaStream_t stream) { lau
 
 }  // namespace
 
+namespace flash {
+
+bool device_is_sm90() {
+  // 0 = not asked yet, 1 = no, 2 = yes; per device ordinal (more devices are simply asked each time).
+  static std::atomic<int> known[64];
+  int device = 0;
+  TG_CUDA_CHECK(cudaGetDevice(&device));
+  if (device < 64 && known[device].load(std::memory_order_relaxed) != 0) return known[device] == 2;
+  int major = 0, minor = 0;
+  TG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  TG_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  const bool sm90 = major == 9 && minor == 0;
+  if (device < 64) known[device].store(sm90 ? 2 : 1, std::memory_order_relaxed);
+  return sm90;
+}
+
+bool use_wgmma(const FlashAttentionParams& p, const char* fn) {
+  switch (p.kernels) {
+    case FlashKernels::kMmaSync:
+      return false;
+    case FlashKernels::kWgmma:
+      require(device_is_sm90(), fn,
+              "FlashKernels::kWgmma needs compute capability 9.0 (H100/H200): its kernels are sm_90a code");
+      require(p.dq_mode == FlashDq::kRecompute, fn,
+              "FlashKernels::kWgmma has no atomic-dQ backward: use FlashDq::kRecompute, or kAuto/kMmaSync");
+      return true;
+    case FlashKernels::kAuto:
+    default:
+      return p.dq_mode == FlashDq::kRecompute && device_is_sm90();
+  }
+}
+
+}  // namespace flash
+
 bool flash_attention_supported(int64_t D) { return D == 64 || D == 128; }
 
 void flash_attention_forward(const FlashAttentionParams& p, cudaStream_t stream) {
@@ -200,6 +237,10 @@ void flash_attention_forward(const FlashAttentionParams& p, cudaStream_t stream)
   require(aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned16(p.o), fn,
           "q, k, v, o must be 16-byte aligned (cp.async)");
   flash::require_row_strides(p, fn, /*backward=*/false);
+  if (flash::use_wgmma(p, fn)) {
+    flash::flash_fwd_sm90a(flash::with_resolved_row_strides(p), stream);
+    return;
+  }
   if (p.D == 64)
     flash_fwd_hdim64(p, stream);
   else

@@ -7,9 +7,9 @@
 // S accumulator repacked, as the layouts coincide) and V MN-major. Tiles are 128-byte swizzled
 // 64-column panels, loaded by all threads with cp.async, K and V double-buffered.
 //
-// Status: verified in the CPU emulator (tests/kernel_emu, against the double reference); its GPU
-// test (tests/cuda/test_flash_attention.cpp, FlashSm90a) has not run yet and flash_attention_forward
-// does not select it. Next: the GPU test, then measure, then TMA loads and a producer warpgroup.
+// flash_attention_forward runs it on compute capability 9.0 (FlashKernels::kAuto); flash_fwd.cu's
+// kernel is the fallback elsewhere and the tests' second opinion. Next (docs/flash-attention.md):
+// TMA loads and a producer warpgroup, softmax overlapped with the next tile's S.
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -43,30 +43,11 @@ struct FwdSm90aTraits {
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
 };
 
-// A (R, 4) fragment array as the flat register list wgmma takes.
-template <int R>
-__device__ __forceinline__ float (&flat(float (&a)[R][4]))[4 * R] {
-  return reinterpret_cast<float(&)[4 * R]>(a);
-}
-
-// dst ← rows [t0, t0 + ROWS) of one head (row t at src + t·ld, D contiguous bf16) as D/64
-// swizzled panels of ROWS × 64 (panel p at dst + p·ROWS·128 bytes); rows ≥ T zero-filled.
-template <int ROWS, int D, int THREADS>
-__device__ __forceinline__ void load_tile_swizzled(unsigned char* dst, const tg::bf16* src, int ld, int t0, int T,
-                                                   int tid) {
-  load_rows_async<ROWS, D, THREADS>(
-      [=](int r, int col) {
-        return dst + (col / 64) * ROWS * sm90::kSwizzleRowBytes + sm90::swizzled_offset(r, col % 64);
-      },
-      src, ld, t0, T, tid);
-}
-
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90a_kernel(const FlashAttentionParams p) {
   constexpr int D = Tr::kD, Br = Tr::kBr, Bc = Tr::kBc, NT = Tr::kThreads;
   extern __shared__ __align__(16) unsigned char smem[];
-  // The swizzle works on absolute shared addresses: start the tiles on a 1024-byte boundary.
-  unsigned char* sQ = smem + ((sm90::kSwizzleAtomBytes - (smem_addr(smem) & 1023u)) & 1023u);
+  unsigned char* sQ = sm90::align_to_swizzle_atom(smem);
   unsigned char* sK = sQ + Tr::kTileQ;            // (stage) tiles of Tr::kTileKV bytes
   unsigned char* sV = sK + kStages * Tr::kTileKV;
 
@@ -88,9 +69,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90a_kernel(const 
   const int q_last = min(q0 + Br, T) - 1;
   const int n_kb = causal ? q_last / Bc + 1 : (T + Bc - 1) / Bc;
 
-  load_tile_swizzled<Br, D, NT>(sQ, Q, ldq, q0, T, tid);
-  load_tile_swizzled<Bc, D, NT>(sK, K, ldk, 0, T, tid);
-  load_tile_swizzled<Bc, D, NT>(sV, V, ldv, 0, T, tid);
+  sm90::load_tile_swizzled<Br, D, NT>(sQ, Q, ldq, q0, T, tid);
+  sm90::load_tile_swizzled<Bc, D, NT>(sK, K, ldk, 0, T, tid);
+  sm90::load_tile_swizzled<Bc, D, NT>(sV, V, ldv, 0, T, tid);
   cp_async_commit();
 
   const float scale_log2 = p.scale * kLog2e;
@@ -103,8 +84,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90a_kernel(const 
   for (int j = 0; j < n_kb; ++j) {
     const int st = j & 1;
     if (j + 1 < n_kb) {  // prefetch tile j+1 into the other stage (freed by the last barrier)
-      load_tile_swizzled<Bc, D, NT>(sK + (st ^ 1) * Tr::kTileKV, K, ldk, (j + 1) * Bc, T, tid);
-      load_tile_swizzled<Bc, D, NT>(sV + (st ^ 1) * Tr::kTileKV, V, ldv, (j + 1) * Bc, T, tid);
+      sm90::load_tile_swizzled<Bc, D, NT>(sK + (st ^ 1) * Tr::kTileKV, K, ldk, (j + 1) * Bc, T, tid);
+      sm90::load_tile_swizzled<Bc, D, NT>(sV + (st ^ 1) * Tr::kTileKV, V, ldv, (j + 1) * Bc, T, tid);
     }
     cp_async_commit();
     cp_async_wait<1>();
@@ -119,7 +100,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90a_kernel(const 
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
       const int at = 32 * (ks % 4);
-      sm90::wgmma_m64n64k16_ss<0>(flat(s), sm90::k_major_descriptor(sQw + (ks / 4) * Tr::kPanelQ + at),
+      sm90::wgmma_m64n64k16_ss<0>(sm90::flat(s), sm90::k_major_descriptor(sQw + (ks / 4) * Tr::kPanelQ + at),
                                   sm90::k_major_descriptor(Kj + (ks / 4) * Tr::kPanelKV + at), ks > 0);
     }
     sm90::wgmma_commit();
@@ -143,9 +124,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90a_kernel(const 
     for (int kk = 0; kk < Bc / 16; ++kk) {
       const uint64_t desc_v = sm90::mn_major_descriptor(Vj + kk * 16 * sm90::kSwizzleRowBytes, Tr::kPanelKV);
       if constexpr (D == 64)
-        sm90::wgmma_m64n64k16_rs<1>(flat(o), pf[kk], desc_v, true);
+        sm90::wgmma_m64n64k16_rs<1>(sm90::flat(o), pf[kk], desc_v, true);
       else
-        sm90::wgmma_m64n128k16_rs<1>(flat(o), pf[kk], desc_v, true);
+        sm90::wgmma_m64n128k16_rs<1>(sm90::flat(o), pf[kk], desc_v, true);
     }
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();
@@ -176,38 +157,32 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90a_kernel(const 
 
 namespace {
 
+// Why this shape: wgmma's M is 64 rows per warpgroup, and two warpgroups per block share each
+// K/V tile (half the tile traffic per row of one) while one of them can run its softmax when the
+// other's wgmma runs. 64-key tiles keep S at 32 registers: ptxas 115 (d 64) / 167 (d 128), 0
+// spills, 49 / 97 KiB smem. Measured on the H200 (2026-11-30, docs/BENCHMARKS.md, fourth
+// session), T = 8192 causal: d 64 356 TF/s, d 128 333 (the mma.sync forward: 289, 312).
 template <int D>
 void launch_fwd_sm90a(const FlashAttentionParams& p, cudaStream_t stream) {
   using Tr = flash::FwdSm90aTraits<D>;
   auto kernel = flash::flash_fwd_sm90a_kernel<Tr>;
   TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tr::kSmemBytes)));
   const dim3 grid(unsigned(p.H), unsigned(p.B), unsigned((p.T + Tr::kBr - 1) / Tr::kBr));  // tile index slowest
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(flash::with_resolved_row_strides(p));
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
   TG_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
-void flash_attention_forward_sm90a(const FlashAttentionParams& p, cudaStream_t stream) {
-  const char* fn = "flash_attention_forward_sm90a";
-  require(flash_attention_supported(p.D), fn, "head dim D = " + std::to_string(p.D) + " has no kernel (64, 128)");
-  require(p.B >= 0 && p.T >= 0 && p.H >= 0, fn, "negative size");
-  require(p.T <= 65535LL * 128, fn, "T must be ≤ 8388480 (65535 tiles of 128 rows)");
-  require(p.B <= 65535, fn, "B must be ≤ 65535 (a grid dimension)");
-  if (p.B == 0 || p.T == 0 || p.H == 0) return;
-  int device = 0, major = 0, minor = 0;
-  TG_CUDA_CHECK(cudaGetDevice(&device));
-  TG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  TG_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  require(major == 9 && minor == 0, fn, "sm_90a code runs on compute capability 9.0 (H100/H200) only");
-  require(p.q && p.k && p.v && p.o && p.lse, fn, "null pointer");
-  require(aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned16(p.o), fn,
-          "q, k, v, o must be 16-byte aligned");
-  flash::require_row_strides(p, fn, /*backward=*/false);
+namespace flash {
+
+void flash_fwd_sm90a(const FlashAttentionParams& p, cudaStream_t stream) {
   if (p.D == 64)
     launch_fwd_sm90a<64>(p, stream);
   else
     launch_fwd_sm90a<128>(p, stream);
 }
+
+}  // namespace flash
 
 }  // namespace tg::cuda

@@ -42,6 +42,19 @@ inline FlashAttentionParams with_resolved_row_strides(FlashAttentionParams p) {
   return p;
 }
 
+// ── Which kernels run (FlashKernels) ──
+
+// True when the current device has compute capability 9.0, where the sm_90a kernels run; the
+// answer is cached per device (flash_fwd.cu).
+bool device_is_sm90();
+// Whether a call with p.kernels and p.dq_mode takes the wgmma kernels; std::invalid_argument
+// (naming fn) for kWgmma on another GPU or with the atomic dQ.
+bool use_wgmma(const FlashAttentionParams& p, const char* fn);
+// The wgmma kernels' launchers (built for sm_90a alone), on parameters the public entry points
+// have checked and whose row strides are resolved: the forward, and the backward after delta.
+void flash_fwd_sm90a(const FlashAttentionParams& p, cudaStream_t stream);
+void flash_bwd_sm90a(const FlashAttentionParams& p, const float* delta, cudaStream_t stream);
+
 // Shared-memory tiles are row-major bf16 with a row stride of D + 8 elements: the 16-byte pad
 // moves consecutive rows 4 banks apart, so the 8 row addresses of one ldmatrix 8×8 matrix land
 // in 8 distinct 16-byte bank groups (no conflicts) while rows stay 16-byte aligned for cp.async.

@@ -23,6 +23,8 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/cuda/flash_attention/tile.cuh"  // load_rows_async
+
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "wgmma.cuh needs sm_90a (compile for arch=compute_90a,code=sm_90a)"
 #endif
@@ -124,6 +126,29 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32
         "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));
+}
+
+// A (R, 4) fragment array as the flat register list wgmma takes.
+template <int R>
+__device__ __forceinline__ float (&flat(float (&a)[R][4]))[4 * R] {
+  return reinterpret_cast<float(&)[4 * R]>(a);
+}
+
+// dst ← rows [t0, t0 + ROWS) of one head (row t at src + t·ld, D contiguous bf16) as D/64
+// swizzled panels of ROWS × 64 (panel p at dst + p·ROWS·128 bytes); rows ≥ T zero-filled. The
+// same tile serves as a K-major operand (rows are M or N) and as an MN-major one (rows are K).
+template <int ROWS, int D, int THREADS>
+__device__ __forceinline__ void load_tile_swizzled(unsigned char* dst, const tg::bf16* src, int ld, int t0, int T,
+                                                   int tid) {
+  load_rows_async<ROWS, D, THREADS>(
+      [=](int r, int col) { return dst + (col / 64) * ROWS * kSwizzleRowBytes + swizzled_offset(r, col % 64); },
+      src, ld, t0, T, tid);
+}
+
+// The first byte of `smem` at or after it on a 1024-byte boundary: the swizzle works on absolute
+// shared addresses, so every tile starts on one (the kernels allocate kSwizzleAtomBytes of slack).
+__device__ __forceinline__ unsigned char* align_to_swizzle_atom(unsigned char* smem) {
+  return smem + ((kSwizzleAtomBytes - (smem_addr(smem) & (kSwizzleAtomBytes - 1))) & (kSwizzleAtomBytes - 1));
 }
 
 }  // namespace tg::cuda::flash::sm90

@@ -1,0 +1,323 @@
+// FlashAttention backward on Hopper's warpgroup MMA (sm_90a; built for that architecture alone,
+// see CMakeLists.txt): flash_bwd.cu's deterministic algorithm — delta = rowsum(dO ∘ O), then dK/dV
+// parallel over key blocks and dQ parallel over query blocks, each recomputing P = exp(S·scale −
+// lse) from the forward's lse, no atomics — with every product on wgmma (wgmma.cuh). Each of two
+// warpgroups owns 64 rows of the block's on-chip tensors and every product is one of the two forms
+// the forward already uses:
+//   Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, S = Q Kᵀ, dP = dO Vᵀ   both operands K-major in smem (SS);
+//   dV += Pᵀ dO, dK += dSᵀ Q, dQ += dS K           A from registers (the accumulator repacked,
+//                                                  as the layouts coincide), B MN-major (RS).
+// Tiles are 128-byte swizzled 64-column panels loaded by all threads with cp.async, the streamed
+// ones double-buffered. The opt-in atomic-dQ mode stays on flash_bwd.cu's kernels.
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cmath>
+
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/flash_attention/flash.h"
+#include "kernels/cuda/flash_attention/kernel_traits.cuh"
+#include "kernels/cuda/flash_attention/tile.cuh"
+#include "kernels/cuda/flash_attention/wgmma.cuh"
+
+namespace tg::cuda {
+
+// ───────────────────────────── kernels ─────────────────────────────
+
+namespace flash {
+
+// Both backward kernels: a block owns kOwn = 128 rows of two tensors (dK/dV: K_j, V_j; dQ: Q_i,
+// dO_i), warpgroup g rows [64g, 64g + 64), and streams tiles of kStream = 64 rows of two others
+// (dK/dV: Q_i, dO_i with their lse and delta; dQ: K_j, V_j). A streamed tile is the N of the SS
+// products (m64n64) and the K of the RS ones (4 k-steps of 16).
+template <int D_>
+struct BwdSm90aTraits {
+  static constexpr int kD = D_;
+  static constexpr int kWarpgroups = 2;
+  static constexpr int kThreads = 128 * kWarpgroups;
+  static constexpr int kOwn = 64 * kWarpgroups;
+  static constexpr int kStream = 64;
+  static constexpr int kPanels = kD / 64;  // 64-column swizzled panels per row
+  static constexpr int kPanelOwn = kOwn * sm90::kSwizzleRowBytes, kPanelStream = kStream * sm90::kSwizzleRowBytes;
+  static constexpr int kTileOwn = kPanels * kPanelOwn, kTileStream = kPanels * kPanelStream;  // bytes
+  // Two owned tiles, two streamed tensors double-buffered, the streamed rows' lse and delta
+  // (dK/dV only; the dQ kernel keeps its rows' statistics in registers), swizzle-atom slack.
+  static constexpr size_t kSmemBytes = size_t(2 * kTileOwn + 2 * kStages * kTileStream) +
+                                       size_t(2 * kStages * kStream) * sizeof(float) + sm90::kSwizzleAtomBytes;
+  static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
+  static_assert(kSmemBytes <= 227 * 1024, "exceeds Hopper's per-block shared memory");
+};
+
+// acc (64 × N per warpgroup, N = 64) = A Bᵀ over the D columns of two K-major swizzled tiles:
+// A the warpgroup's 64 rows (panels panel_a bytes apart), B the streamed tile's N rows (panels
+// panel_b apart). k-steps of 16 along D are 32 bytes along a panel's rows.
+template <int D>
+__device__ __forceinline__ void wgmma_abt_ss(float (&acc)[8][4], const unsigned char* a, int panel_a,
+                                             const unsigned char* b, int panel_b) {
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    const int at = 32 * (ks % 4);
+    sm90::wgmma_m64n64k16_ss<0>(sm90::flat(acc), sm90::k_major_descriptor(a + (ks / 4) * panel_a + at),
+                                sm90::k_major_descriptor(b + (ks / 4) * panel_b + at), ks > 0);
+  }
+}
+
+// acc (64 × D per warpgroup) += A B: A (64 × 64) from registers as 4 k-steps of A fragments, B
+// the (64, D) streamed or owned tile at b read MN-major (rows are K; 64-column panels panel_b
+// bytes apart): a k-step of 16 rows starts 16·128 bytes further.
+template <int D>
+__device__ __forceinline__ void wgmma_ab_rs(float (&acc)[D / 8][4], const uint32_t (&a)[4][4], const unsigned char* b,
+                                            int panel_b) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    const uint64_t desc = sm90::mn_major_descriptor(b + kk * 16 * sm90::kSwizzleRowBytes, panel_b);
+    if constexpr (D == 64)
+      sm90::wgmma_m64n64k16_rs<1>(sm90::flat(acc), a[kk], desc, true);
+    else
+      sm90::wgmma_m64n128k16_rs<1>(sm90::flat(acc), a[kk], desc, true);
+  }
+}
+
+// dK, dV for one block of 128 keys: one block per (head, batch, key block). Warpgroup g owns keys
+// k0 + 64g … + 63 and works transposed (rows = keys, columns = queries), as flash_bwd.cu's dK/dV
+// kernel does: Sᵀ = K Qᵀ lands as the A operand of dV += Pᵀ dO, dSᵀ as that of dK += dSᵀ Q. The
+// dV product runs while dSᵀ is formed.
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_dkdv_sm90a_kernel(const FlashAttentionParams p,
+                                                                               const float* __restrict__ delta) {
+  constexpr int D = Tr::kD, Bc = Tr::kOwn, Br = Tr::kStream, NT = Tr::kThreads;
+  extern __shared__ __align__(16) unsigned char smem[];
+  unsigned char* sK = sm90::align_to_swizzle_atom(smem);
+  unsigned char* sV = sK + Tr::kTileOwn;
+  unsigned char* sQ = sV + Tr::kTileOwn;                  // (stage) tiles of kTileStream bytes
+  unsigned char* sdO = sQ + kStages * Tr::kTileStream;
+  float* sL = reinterpret_cast<float*>(sdO + kStages * Tr::kTileStream);  // (stage, Br) lse
+  float* sDelta = sL + kStages * Br;                                        // (stage, Br) delta
+
+  const int T = int(p.T), H = int(p.H);
+  const bool causal = p.causal;
+  const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid & 31;
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int k0 = int(blockIdx.z) * Bc;  // causal: low key blocks see the most queries and start first
+  const int ldq = int(p.q_row_stride), ldk = int(p.k_row_stride), ldv = int(p.v_row_stride);
+  const int lddo = int(p.do_row_stride);
+  const int64_t bt = int64_t(b) * T;
+  const int hd = h * D;
+  const tg::bf16* Q = p.q + bt * ldq + hd;
+  const tg::bf16* K = p.k + bt * ldk + hd;
+  const tg::bf16* V = p.v + bt * ldv + hd;
+  const tg::bf16* dO = p.dout + bt * lddo + hd;
+  tg::bf16* dK = p.dk + bt * p.dk_row_stride + hd;
+  tg::bf16* dV = p.dv + bt * p.dv_row_stride + hd;
+  const float* lse = p.lse + (int64_t(b) * H + h) * T;  // (T,)
+  const float* dlt = delta + (int64_t(b) * H + h) * T;   // (T,)
+
+  // Causal: query tiles ending before k0 only see keys in their future, never visited.
+  const int i_begin = causal ? k0 / Br : 0;
+  const int n_qb = (T + Br - 1) / Br;
+
+  sm90::load_tile_swizzled<Bc, D, NT>(sK, K, ldk, k0, T, tid);
+  sm90::load_tile_swizzled<Bc, D, NT>(sV, V, ldv, k0, T, tid);
+  sm90::load_tile_swizzled<Br, D, NT>(sQ, Q, ldq, i_begin * Br, T, tid);
+  sm90::load_tile_swizzled<Br, D, NT>(sdO, dO, lddo, i_begin * Br, T, tid);
+  load_row_stats<Br, NT>(sL, lse, i_begin * Br, T, tid);
+  load_row_stats<Br, NT>(sDelta, dlt, i_begin * Br, T, tid);
+  cp_async_commit();
+
+  const float scale_log2 = p.scale * kLog2e;
+  const int key0 = k0 + 64 * wg + 16 * warp;  // this warp's first key
+  const unsigned char* sKw = sK + 64 * wg * sm90::kSwizzleRowBytes;  // the warpgroup's rows, in each panel
+  const unsigned char* sVw = sV + 64 * wg * sm90::kSwizzleRowBytes;
+  float dk[D / 8][4], dv[D / 8][4];  // (16, D) per warp: the warpgroup's (64, D) accumulators
+  zero(dk);
+  zero(dv);
+
+  for (int i = i_begin; i < n_qb; ++i) {
+    const int st = (i - i_begin) & 1;
+    if (i + 1 < n_qb) {  // prefetch query tile i+1 into the other stage (freed by the last barrier)
+      const int q1 = (i + 1) * Br;
+      sm90::load_tile_swizzled<Br, D, NT>(sQ + (st ^ 1) * Tr::kTileStream, Q, ldq, q1, T, tid);
+      sm90::load_tile_swizzled<Br, D, NT>(sdO + (st ^ 1) * Tr::kTileStream, dO, lddo, q1, T, tid);
+      load_row_stats<Br, NT>(sL + (st ^ 1) * Br, lse, q1, T, tid);
+      load_row_stats<Br, NT>(sDelta + (st ^ 1) * Br, dlt, q1, T, tid);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    sm90::fence_async_shared();  // cp.async wrote through the generic proxy; wgmma reads through the async one
+    __syncthreads();
+    const unsigned char* Qi = sQ + st * Tr::kTileStream;
+    const unsigned char* dOi = sdO + st * Tr::kTileStream;
+    const float* Li = sL + st * Br;
+    const float* Di = sDelta + st * Br;
+    const int q0 = i * Br;
+
+    // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, (64 keys, Br queries) per warpgroup, in one commit group.
+    float s[Br / 8][4], dp[Br / 8][4];
+    sm90::wgmma_fence();
+    wgmma_abt_ss<D>(s, sKw, Tr::kPanelOwn, Qi, Tr::kPanelStream);
+    wgmma_abt_ss<D>(dp, sVw, Tr::kPanelOwn, dOi, Tr::kPanelStream);
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+
+    exp2_scaled_minus_col<Br>(s, scale_log2, Li, lane);  // Pᵀ = exp(S·scale − lse)
+    const bool need_mask = q0 + Br > T || (causal && key0 + kRowsPerWarp - 1 > q0);  // uniform per warp
+    if (need_mask)  // masked entries exactly 0
+      mask_tile<Br>(s, key0, q0, lane, [=](int k, int q) { return q >= T || (causal && k > q); }, 0.0f);
+    uint32_t pf[Br / 16][4];
+    acc_to_a<Br>(pf, s);
+    sm90::wgmma_fence();
+    wgmma_ab_rs<D>(dv, pf, dOi, Tr::kPanelStream);  // dV += Pᵀ dO
+    sm90::wgmma_commit();
+
+    softmax_grad_col_bf16p<Br>(dp, pf, Di, lane);  // dSᵀ = Pᵀ ∘ (dPᵀ − delta), without the scale
+    uint32_t dsf[Br / 16][4];
+    acc_to_a<Br>(dsf, dp);
+    sm90::wgmma_fence();
+    wgmma_ab_rs<D>(dk, dsf, Qi, Tr::kPanelStream);  // dK += dSᵀ Q
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+    __syncthreads();  // stage st is overwritten by the next prefetch
+  }
+
+  // dK = scale · Σ dSᵀ Q: the softmax scale applied once, in fp32.
+  const float fk[2] = {p.scale, p.scale}, fv[2] = {1.0f, 1.0f};
+  store_rows<D>(dK, int(p.dk_row_stride), dk, fk, key0, T, lane);
+  store_rows<D>(dV, int(p.dv_row_stride), dv, fv, key0, T, lane);
+}
+
+// dQ for one block of 128 queries: one block per (head, batch, query block), heaviest causal
+// blocks first. Warpgroup g owns queries q0 + 64g … + 63; K and V tiles stream double-buffered,
+// and dQ accumulates in fp32 registers in key-tile order: deterministic, no atomics.
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_dq_sm90a_kernel(const FlashAttentionParams p,
+                                                                             const float* __restrict__ delta) {
+  constexpr int D = Tr::kD, Br = Tr::kOwn, Bc = Tr::kStream, NT = Tr::kThreads;
+  extern __shared__ __align__(16) unsigned char smem[];
+  unsigned char* sQ = sm90::align_to_swizzle_atom(smem);
+  unsigned char* sdO = sQ + Tr::kTileOwn;
+  unsigned char* sK = sdO + Tr::kTileOwn;  // (stage) tiles of kTileStream bytes
+  unsigned char* sV = sK + kStages * Tr::kTileStream;
+
+  const int T = int(p.T), H = int(p.H);
+  const bool causal = p.causal;
+  const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid & 31;
+  const int qb = causal ? int(gridDim.z) - 1 - int(blockIdx.z) : int(blockIdx.z);  // heaviest first
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int q0 = qb * Br;
+  const int ldq = int(p.q_row_stride), ldk = int(p.k_row_stride), ldv = int(p.v_row_stride);
+  const int lddo = int(p.do_row_stride);
+  const int64_t bt = int64_t(b) * T;
+  const int hd = h * D;
+  const tg::bf16* Q = p.q + bt * ldq + hd;
+  const tg::bf16* K = p.k + bt * ldk + hd;
+  const tg::bf16* V = p.v + bt * ldv + hd;
+  const tg::bf16* dO = p.dout + bt * lddo + hd;
+  tg::bf16* dQ = p.dq + bt * p.dq_row_stride + hd;
+
+  const int q_last = min(q0 + Br, T) - 1;
+  const int n_kb = causal ? q_last / Bc + 1 : (T + Bc - 1) / Bc;
+
+  sm90::load_tile_swizzled<Br, D, NT>(sQ, Q, ldq, q0, T, tid);
+  sm90::load_tile_swizzled<Br, D, NT>(sdO, dO, lddo, q0, T, tid);
+  sm90::load_tile_swizzled<Bc, D, NT>(sK, K, ldk, 0, T, tid);
+  sm90::load_tile_swizzled<Bc, D, NT>(sV, V, ldv, 0, T, tid);
+  cp_async_commit();
+
+  const float scale_log2 = p.scale * kLog2e;
+  const int row0 = q0 + 64 * wg + 16 * warp;  // this warp's first query row
+  // This lane's rows g and g+8: lse (log2 units) and delta, 0 past T (those rows are never stored).
+  float lse2[2], dlt[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = row0 + (lane >> 2) + 8 * i;
+    const int64_t at = (int64_t(b) * H + h) * T + row;
+    lse2[i] = row < T ? p.lse[at] * kLog2e : 0.0f;
+    dlt[i] = row < T ? delta[at] : 0.0f;
+  }
+  const unsigned char* sQw = sQ + 64 * wg * sm90::kSwizzleRowBytes;  // the warpgroup's rows, in each panel
+  const unsigned char* sdOw = sdO + 64 * wg * sm90::kSwizzleRowBytes;
+  float dq[D / 8][4];  // (16, D) per warp: the warpgroup's (64, D) accumulator
+  zero(dq);
+
+  for (int j = 0; j < n_kb; ++j) {
+    const int st = j & 1;
+    if (j + 1 < n_kb) {  // prefetch key tile j+1 into the other stage (freed by the last barrier)
+      sm90::load_tile_swizzled<Bc, D, NT>(sK + (st ^ 1) * Tr::kTileStream, K, ldk, (j + 1) * Bc, T, tid);
+      sm90::load_tile_swizzled<Bc, D, NT>(sV + (st ^ 1) * Tr::kTileStream, V, ldv, (j + 1) * Bc, T, tid);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    sm90::fence_async_shared();
+    __syncthreads();
+    const unsigned char* Kj = sK + st * Tr::kTileStream;
+    const unsigned char* Vj = sV + st * Tr::kTileStream;
+    const int k0 = j * Bc;
+
+    // S = Q Kᵀ and dP = dO Vᵀ, (64 queries, Bc keys) per warpgroup, in one commit group.
+    float s[Bc / 8][4], dp[Bc / 8][4];
+    sm90::wgmma_fence();
+    wgmma_abt_ss<D>(s, sQw, Tr::kPanelOwn, Kj, Tr::kPanelStream);
+    wgmma_abt_ss<D>(dp, sdOw, Tr::kPanelOwn, Vj, Tr::kPanelStream);
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+
+    exp2_scaled_minus_row<Bc>(s, scale_log2, lse2);  // P
+    const bool need_mask = k0 + Bc > T || (causal && k0 + Bc - 1 > row0);  // uniform per warp
+    if (need_mask)
+      mask_tile<Bc>(s, row0, k0, lane, [=](int q, int k) { return k >= T || (causal && k > q); }, 0.0f);
+    softmax_grad_row<Bc>(dp, s, dlt);  // dS = P ∘ (dP − delta), without the scale
+    uint32_t dsf[Bc / 16][4];
+    acc_to_a<Bc>(dsf, dp);
+    sm90::wgmma_fence();
+    wgmma_ab_rs<D>(dq, dsf, Kj, Tr::kPanelStream);  // dQ += dS K
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+    __syncthreads();  // stage st is overwritten by the next prefetch
+  }
+
+  const float fq[2] = {p.scale, p.scale};
+  store_rows<D>(dQ, int(p.dq_row_stride), dq, fq, row0, T, lane);
+}
+
+}  // namespace flash
+
+// ───────────────────────────── launchers ─────────────────────────────
+
+namespace {
+
+// Grid (head, batch, tile) with the tile index slowest, as every attention kernel here launches.
+template <class Tr, typename Kernel>
+void launch_bwd_sm90a_kernel(Kernel kernel, const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
+  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tr::kSmemBytes)));
+  const dim3 grid(unsigned(p.H), unsigned(p.B), unsigned((p.T + Tr::kOwn - 1) / Tr::kOwn));
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, delta);
+  TG_CUDA_CHECK(cudaGetLastError());
+}
+
+// Why this shape: a warpgroup's 64 owned rows are wgmma's M; 64-row streamed tiles are the N of
+// the SS products and keep Sᵀ and dPᵀ (or S and dP) at 32 registers each beside the fp32 dK, dV
+// (2 × D/2 registers) — ptxas dK/dV 199 (d 64) / 254 (d 128), dQ 149 / 207, 0 spills, 1 block of
+// 256 threads per SM (65 / 129 KiB smem). Measured on the H200 (2026-11-30, docs/BENCHMARKS.md,
+// fourth session), T = 8192 causal: d 64 250 TF/s, d 128 335 (the mma.sync backward: 235, 221).
+template <int D>
+void launch_bwd_sm90a(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
+  using Tr = flash::BwdSm90aTraits<D>;
+  launch_bwd_sm90a_kernel<Tr>(flash::flash_bwd_dkdv_sm90a_kernel<Tr>, p, delta, stream);
+  launch_bwd_sm90a_kernel<Tr>(flash::flash_bwd_dq_sm90a_kernel<Tr>, p, delta, stream);
+}
+
+}  // namespace
+
+namespace flash {
+
+void flash_bwd_sm90a(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
+  if (p.D == 64)
+    launch_bwd_sm90a<64>(p, delta, stream);
+  else
+    launch_bwd_sm90a<128>(p, delta, stream);
+}
+
+}  // namespace flash
+
+}  // namespace tg::cuda
