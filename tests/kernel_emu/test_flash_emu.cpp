@@ -149,7 +149,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FlashEmulated, ::testing::ValuesIn(cases()), ca
 template <int D>
 void forward_sm90a(const FlashAttentionParams& p_in) {
   const FlashAttentionParams p = flash::with_resolved_row_strides(p_in);
-  using Tr = flash::FwdSm90aTraits<D>;
+  using Tr = typename flash::FwdSm90aConfig<D>::type;
   emu_launch({unsigned(p.H), unsigned(p.B), unsigned((p.T + Tr::kBr - 1) / Tr::kBr)}, Tr::kThreads, Tr::kSmemBytes,
              [&] { flash::flash_fwd_sm90a_kernel<Tr>(p); });
 }
@@ -162,10 +162,12 @@ void backward_sm90a(const FlashAttentionParams& p_in) {
   emu_launch({unsigned((rows * (D / 8) + 255) / 256), 1, 1}, 256, 0, [&] {
     flash::flash_bwd_delta_kernel<D>(p.o, p.o_row_stride, p.dout, p.do_row_stride, ws.delta, rows, int(p.T), int(p.H));
   });
-  using Tr = flash::BwdSm90aTraits<D>;
-  const EmuDim3 grid{unsigned(p.H), unsigned(p.B), unsigned((p.T + Tr::kOwn - 1) / Tr::kOwn)};
-  emu_launch(grid, Tr::kThreads, Tr::kSmemBytes, [&] { flash::flash_bwd_dkdv_sm90a_kernel<Tr>(p, ws.delta); });
-  emu_launch(grid, Tr::kThreads, Tr::kSmemBytes, [&] { flash::flash_bwd_dq_sm90a_kernel<Tr>(p, ws.delta); });
+  using Dkdv = typename flash::DkdvSm90aConfig<D>::type;
+  using Dq = typename flash::DqSm90aConfig<D>::type;
+  emu_launch({unsigned(p.H), unsigned(p.B), unsigned((p.T + Dkdv::kOwn - 1) / Dkdv::kOwn)}, Dkdv::kThreads,
+             Dkdv::kSmemBytes, [&] { flash::flash_bwd_dkdv_sm90a_kernel<Dkdv>(p, ws.delta); });
+  emu_launch({unsigned(p.H), unsigned(p.B), unsigned((p.T + Dq::kOwn - 1) / Dq::kOwn)}, Dq::kThreads,
+             Dq::kSmemBytes, [&] { flash::flash_bwd_dq_sm90a_kernel<Dq>(p, ws.delta); });
 }
 
 struct Sm90aCase {

@@ -30,8 +30,9 @@ enum class FlashDq { kRecompute, kAtomic };
 // Which kernels run. kAuto (default) picks the fastest this GPU has: on compute capability 9.0
 // (H100/H200) the wgmma kernels (flash_fwd_sm90a.cu, flash_bwd_sm90a.cu, built for sm_90a),
 // elsewhere the mma.sync ones (flash_fwd.cu, flash_bwd.cu; sm_80 and later). The explicit choices
-// are for tests and benchmarks; kWgmma on another GPU is std::invalid_argument. The opt-in atomic
-// dQ exists only as mma.sync kernels, which kAuto then takes (kWgmma with kAtomic is rejected).
+// are for tests and benchmarks; kWgmma on another GPU is std::invalid_argument. The wgmma
+// backward is always the deterministic one: FlashDq::kAtomic only changes the mma.sync kernels
+// (on the H200 the deterministic wgmma backward is faster than the atomic mma.sync one).
 enum class FlashKernels { kAuto, kMmaSync, kWgmma };
 
 struct FlashAttentionParams {

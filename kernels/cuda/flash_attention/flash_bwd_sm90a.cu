@@ -1,8 +1,8 @@
 // FlashAttention backward on Hopper's warpgroup MMA (sm_90a; built for that architecture alone,
 // see CMakeLists.txt): flash_bwd.cu's deterministic algorithm — delta = rowsum(dO ∘ O), then dK/dV
 // parallel over key blocks and dQ parallel over query blocks, each recomputing P = exp(S·scale −
-// lse) from the forward's lse, no atomics — with every product on wgmma (wgmma.cuh). Each of two
-// warpgroups owns 64 rows of the block's on-chip tensors and every product is one of the two forms
+// lse) from the forward's lse, no atomics — with every product on wgmma (wgmma.cuh). Each
+// warpgroup owns 64 rows of the block's on-chip tensors and every product is one of the two forms
 // the forward already uses:
 //   Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, S = Q Kᵀ, dP = dO Vᵀ   both operands K-major in smem (SS);
 //   dV += Pᵀ dO, dK += dSᵀ Q, dQ += dS K           A from registers (the accumulator repacked,
@@ -27,14 +27,15 @@ namespace tg::cuda {
 
 namespace flash {
 
-// Both backward kernels: a block owns kOwn = 128 rows of two tensors (dK/dV: K_j, V_j; dQ: Q_i,
-// dO_i), warpgroup g rows [64g, 64g + 64), and streams tiles of kStream = 64 rows of two others
+// Both backward kernels: a block owns kOwn = 64 · Warpgroups rows of two tensors (dK/dV: K_j, V_j;
+// dQ: Q_i, dO_i), warpgroup g rows [64g, 64g + 64), and streams tiles of kStream = 64 rows of two others
 // (dK/dV: Q_i, dO_i with their lse and delta; dQ: K_j, V_j). A streamed tile is the N of the SS
 // products (m64n64) and the K of the RS ones (4 k-steps of 16).
-template <int D_>
+template <int D_, int Warpgroups = 2, int MinBlocks = 1>
 struct BwdSm90aTraits {
   static constexpr int kD = D_;
-  static constexpr int kWarpgroups = 2;
+  static constexpr int kWarpgroups = Warpgroups;
+  static constexpr int kMinBlocks = MinBlocks;  // blocks per SM the registers must allow
   static constexpr int kThreads = 128 * kWarpgroups;
   static constexpr int kOwn = 64 * kWarpgroups;
   static constexpr int kStream = 64;
@@ -47,7 +48,25 @@ struct BwdSm90aTraits {
                                        size_t(2 * kStages * kStream) * sizeof(float) + sm90::kSwizzleAtomBytes;
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
   static_assert(kSmemBytes <= 227 * 1024, "exceeds Hopper's per-block shared memory");
+  static_assert(kMinBlocks * kSmemBytes <= 228 * 1024, "MinBlocks blocks must fit an SM's shared memory");
 };
+
+// Block shapes per head dim, each measured against the others on the H200 with `tilegrad bench
+// attention` (2026-11-30, docs/BENCHMARKS.md, fourth session; backward TF/s at T = 8192 causal).
+// One warpgroup per block and several blocks per SM beat two warpgroups per block: the two
+// warpgroups of a block move in lockstep (a __syncthreads per tile), so their exp2 and softmax
+// phases coincide and the tensor cores wait; independent blocks drift out of phase and cover
+// each other — at the price of loading each streamed tile once per 64 owned rows, not 128.
+//   d 64:  dK/dV 1 warpgroup × 3 blocks per SM (168 registers), dQ 1 × 3 (148), 0 spills,
+//          49.5 KiB smem each: 357 (dQ 1 × 2: 351; both 1 × 2: 315; both 2 × 1: 251).
+//   d 128: dK/dV 1 × 2 (255 registers), dQ 1 × 2 (224), 0 spills, 97.5 KiB each: 378 (both
+//          1 × 1, which the registers also fit twice per SM: 373; dQ 2 × 1: 349; both 2 × 1: 335).
+template <int D> struct DkdvSm90aConfig;
+template <> struct DkdvSm90aConfig<64> { using type = BwdSm90aTraits<64, 1, 3>; };
+template <> struct DkdvSm90aConfig<128> { using type = BwdSm90aTraits<128, 1, 2>; };
+template <int D> struct DqSm90aConfig;
+template <> struct DqSm90aConfig<64> { using type = BwdSm90aTraits<64, 1, 3>; };
+template <> struct DqSm90aConfig<128> { using type = BwdSm90aTraits<128, 1, 2>; };
 
 // acc (64 × N per warpgroup, N = 64) = A Bᵀ over the D columns of two K-major swizzled tiles:
 // A the warpgroup's 64 rows (panels panel_a bytes apart), B the streamed tile's N rows (panels
@@ -79,12 +98,12 @@ __device__ __forceinline__ void wgmma_ab_rs(float (&acc)[D / 8][4], const uint32
   }
 }
 
-// dK, dV for one block of 128 keys: one block per (head, batch, key block). Warpgroup g owns keys
+// dK, dV for one block of kOwn keys: one block per (head, batch, key block). Warpgroup g owns keys
 // k0 + 64g … + 63 and works transposed (rows = keys, columns = queries), as flash_bwd.cu's dK/dV
 // kernel does: Sᵀ = K Qᵀ lands as the A operand of dV += Pᵀ dO, dSᵀ as that of dK += dSᵀ Q. The
 // dV product runs while dSᵀ is formed.
 template <class Tr>
-__global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_dkdv_sm90a_kernel(const FlashAttentionParams p,
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_bwd_dkdv_sm90a_kernel(const FlashAttentionParams p,
                                                                                const float* __restrict__ delta) {
   constexpr int D = Tr::kD, Bc = Tr::kOwn, Br = Tr::kStream, NT = Tr::kThreads;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -186,11 +205,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_dkdv_sm90a_kernel(c
   store_rows<D>(dV, int(p.dv_row_stride), dv, fv, key0, T, lane);
 }
 
-// dQ for one block of 128 queries: one block per (head, batch, query block), heaviest causal
+// dQ for one block of kOwn queries: one block per (head, batch, query block), heaviest causal
 // blocks first. Warpgroup g owns queries q0 + 64g … + 63; K and V tiles stream double-buffered,
 // and dQ accumulates in fp32 registers in key-tile order: deterministic, no atomics.
 template <class Tr>
-__global__ void __launch_bounds__(Tr::kThreads, 1) flash_bwd_dq_sm90a_kernel(const FlashAttentionParams p,
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_bwd_dq_sm90a_kernel(const FlashAttentionParams p,
                                                                              const float* __restrict__ delta) {
   constexpr int D = Tr::kD, Br = Tr::kOwn, Bc = Tr::kStream, NT = Tr::kThreads;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -295,16 +314,13 @@ void launch_bwd_sm90a_kernel(Kernel kernel, const FlashAttentionParams& p, const
   TG_CUDA_CHECK(cudaGetLastError());
 }
 
-// Why this shape: a warpgroup's 64 owned rows are wgmma's M; 64-row streamed tiles are the N of
-// the SS products and keep Sᵀ and dPᵀ (or S and dP) at 32 registers each beside the fp32 dK, dV
-// (2 × D/2 registers) — ptxas dK/dV 199 (d 64) / 254 (d 128), dQ 149 / 207, 0 spills, 1 block of
-// 256 threads per SM (65 / 129 KiB smem). Measured on the H200 (2026-11-30, docs/BENCHMARKS.md,
-// fourth session), T = 8192 causal: d 64 250 TF/s, d 128 335 (the mma.sync backward: 235, 221).
+// Block shapes: DkdvSm90aConfig, DqSm90aConfig (above), with the measurements that chose them.
 template <int D>
 void launch_bwd_sm90a(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
-  using Tr = flash::BwdSm90aTraits<D>;
-  launch_bwd_sm90a_kernel<Tr>(flash::flash_bwd_dkdv_sm90a_kernel<Tr>, p, delta, stream);
-  launch_bwd_sm90a_kernel<Tr>(flash::flash_bwd_dq_sm90a_kernel<Tr>, p, delta, stream);
+  using Dkdv = typename flash::DkdvSm90aConfig<D>::type;
+  using Dq = typename flash::DqSm90aConfig<D>::type;
+  launch_bwd_sm90a_kernel<Dkdv>(flash::flash_bwd_dkdv_sm90a_kernel<Dkdv>, p, delta, stream);
+  launch_bwd_sm90a_kernel<Dq>(flash::flash_bwd_dq_sm90a_kernel<Dq>, p, delta, stream);
 }
 
 }  // namespace

@@ -212,12 +212,10 @@ bool use_wgmma(const FlashAttentionParams& p, const char* fn) {
     case FlashKernels::kWgmma:
       require(device_is_sm90(), fn,
               "FlashKernels::kWgmma needs compute capability 9.0 (H100/H200): its kernels are sm_90a code");
-      require(p.dq_mode == FlashDq::kRecompute, fn,
-              "FlashKernels::kWgmma has no atomic-dQ backward: use FlashDq::kRecompute, or kAuto/kMmaSync");
       return true;
     case FlashKernels::kAuto:
     default:
-      return p.dq_mode == FlashDq::kRecompute && device_is_sm90();
+      return device_is_sm90();
   }
 }
 

@@ -2,7 +2,7 @@
 // CMakeLists.txt): the first kernel of docs/flash-attention.md's sm_90a plan. The algorithm and
 // its helpers are flash_fwd.cu's — online softmax in log2 units, heaviest causal tiles first,
 // mask only where a tile reaches past T or straddles the diagonal — with the two products moved
-// from warp-level mma.sync to wgmma (wgmma.cuh): each of two warpgroups owns 64 query rows and
+// from warp-level mma.sync to wgmma (wgmma.cuh): each warpgroup of a block owns 64 query rows and
 // forms S = Q Kᵀ from shared memory (Q and K K-major) and O += P V with P from registers (the
 // S accumulator repacked, as the layouts coincide) and V MN-major. Tiles are 128-byte swizzled
 // 64-column panels, loaded by all threads with cp.async, K and V double-buffered.
@@ -28,10 +28,11 @@ namespace tg::cuda {
 
 namespace flash {
 
-template <int D_>
+template <int D_, int Warpgroups = 2, int MinBlocks = 1>
 struct FwdSm90aTraits {
   static constexpr int kD = D_;
-  static constexpr int kWarpgroups = 2;           // each owns 64 query rows
+  static constexpr int kWarpgroups = Warpgroups;  // each owns 64 query rows
+  static constexpr int kMinBlocks = MinBlocks;    // blocks per SM the registers must allow
   static constexpr int kThreads = 128 * kWarpgroups;
   static constexpr int kBr = 64 * kWarpgroups;    // query rows per block
   static constexpr int kBc = 64;                  // keys per streamed tile: S is one m64n64 per warpgroup
@@ -41,10 +42,25 @@ struct FwdSm90aTraits {
   // Q, then K and V double-buffered, plus the slack that aligns them to a swizzle atom.
   static constexpr size_t kSmemBytes = size_t(kTileQ + 2 * kStages * kTileKV + sm90::kSwizzleAtomBytes);
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
+  static_assert(kMinBlocks * kSmemBytes <= 228 * 1024, "MinBlocks blocks must fit an SM's shared memory");
 };
 
+// Block shapes per head dim, each measured against the others on the H200 with `tilegrad bench
+// attention` (2026-11-30, docs/BENCHMARKS.md, fourth session; TF/s at T = 8192 causal):
+//   d 64:  2 warpgroups, 1 block per SM (115 registers, 0 spills, 49 KiB): 361. Two blocks per
+//          SM: 364, the same; 1 warpgroup × 1–3 blocks: 375 here but 10–20 % lower non-causal
+//          and at T = 1k.
+//   d 128: 2 warpgroups, 2 blocks per SM (__launch_bounds__ caps the registers at 128: 44 bytes
+//          of spills; 97 KiB each): 466, against 335 with 1 block per SM (167 registers, no
+//          spills) and 360–369 with 1 warpgroup × 1–3 blocks. The two warpgroups of a block move
+//          in lockstep (a __syncthreads per tile), so their softmax phases coincide; a second,
+//          independent block is what keeps the tensor cores fed while one block exponentiates.
+template <int D> struct FwdSm90aConfig;
+template <> struct FwdSm90aConfig<64> { using type = FwdSm90aTraits<64, 2, 1>; };
+template <> struct FwdSm90aConfig<128> { using type = FwdSm90aTraits<128, 2, 2>; };
+
 template <class Tr>
-__global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90a_kernel(const FlashAttentionParams p) {
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_sm90a_kernel(const FlashAttentionParams p) {
   constexpr int D = Tr::kD, Br = Tr::kBr, Bc = Tr::kBc, NT = Tr::kThreads;
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* sQ = sm90::align_to_swizzle_atom(smem);
@@ -157,14 +173,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) flash_fwd_sm90a_kernel(const 
 
 namespace {
 
-// Why this shape: wgmma's M is 64 rows per warpgroup, and two warpgroups per block share each
-// K/V tile (half the tile traffic per row of one) while one of them can run its softmax when the
-// other's wgmma runs. 64-key tiles keep S at 32 registers: ptxas 115 (d 64) / 167 (d 128), 0
-// spills, 49 / 97 KiB smem. Measured on the H200 (2026-11-30, docs/BENCHMARKS.md, fourth
-// session), T = 8192 causal: d 64 356 TF/s, d 128 333 (the mma.sync forward: 289, 312).
+// Block shapes: FwdSm90aConfig (above), with the measurements that chose them.
 template <int D>
 void launch_fwd_sm90a(const FlashAttentionParams& p, cudaStream_t stream) {
-  using Tr = flash::FwdSm90aTraits<D>;
+  using Tr = typename flash::FwdSm90aConfig<D>::type;
   auto kernel = flash::flash_fwd_sm90a_kernel<Tr>;
   TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tr::kSmemBytes)));
   const dim3 grid(unsigned(p.H), unsigned(p.B), unsigned((p.T + Tr::kBr - 1) / Tr::kBr));  // tile index slowest

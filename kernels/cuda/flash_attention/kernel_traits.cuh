@@ -47,8 +47,8 @@ inline FlashAttentionParams with_resolved_row_strides(FlashAttentionParams p) {
 // True when the current device has compute capability 9.0, where the sm_90a kernels run; the
 // answer is cached per device (flash_fwd.cu).
 bool device_is_sm90();
-// Whether a call with p.kernels and p.dq_mode takes the wgmma kernels; std::invalid_argument
-// (naming fn) for kWgmma on another GPU or with the atomic dQ.
+// Whether a call with p.kernels takes the wgmma kernels; std::invalid_argument (naming fn) for
+// kWgmma on another GPU.
 bool use_wgmma(const FlashAttentionParams& p, const char* fn);
 // The wgmma kernels' launchers (built for sm_90a alone), on parameters the public entry points
 // have checked and whose row strides are resolved: the forward, and the backward after delta.
