@@ -236,8 +236,13 @@ void flash_attention_forward(const FlashAttentionParams& p, cudaStream_t stream)
           "q, k, v, o must be 16-byte aligned (cp.async)");
   flash::require_row_strides(p, fn, /*backward=*/false);
   if (flash::use_wgmma(p, fn)) {
-    flash::flash_fwd_sm90a(flash::with_resolved_row_strides(p), stream);
-    return;
+    if (p.scale > 0.0f) {
+      flash::flash_fwd_sm90a(flash::with_resolved_row_strides(p), stream);
+      return;
+    }
+    require(p.kernels != FlashKernels::kWgmma, fn,
+            "the wgmma forward needs scale > 0 (it takes the row max of unscaled scores); kAuto runs the "
+            "mma.sync forward for other scales");
   }
   if (p.D == 64)
     flash_fwd_hdim64(p, stream);

@@ -401,6 +401,63 @@ __device__ __forceinline__ void exp2_row_sum(float (&s)[N / 8][4], const float (
   }
 }
 
+// ── Online softmax on raw scores (the sm_90a forward) ──
+// S = Q Kᵀ stays unscaled and the scale₂ = scale·log₂e multiply is folded into the exponent's
+// FFMA: for scale > 0 the row max of raw scores is the max of scaled ones, so the running max m
+// stays in raw units and exp2((s − m)·scale₂) = exp2(fma(s, scale₂, −m·scale₂)) — one
+// instruction per score fewer than scaling the tile first.
+
+// m ← max(m, row max of s) for this thread's rows g, g+8; alpha[i] = exp2((m_old − m_new)·scale₂),
+// the factor that re-bases what was accumulated against m_old (1 when the max did not move;
+// 0 when nothing was accumulated yet).
+template <int N>
+__device__ __forceinline__ void update_row_max_raw(float (&m)[2], float (&alpha)[2], const float (&s)[N / 8][4],
+                                                   float scale2) {
+  float m_new[2] = {m[0], m[1]};
+  row_max<N>(m_new, s);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    alpha[i] = m_new[i] == m[i] ? 1.0f : fast_exp2((m[i] - m_new[i]) * scale2);
+    m[i] = m_new[i];
+  }
+}
+
+// s ← exp2((s − m)·scale₂) in place (P relative to the running max); sum[i] = this thread's part
+// of row i's sum (the 4 lanes of a row are summed once, at the end).
+template <int N>
+__device__ __forceinline__ void exp2_rows_raw(float (&s)[N / 8][4], const float (&m)[2], float (&sum)[2],
+                                              float scale2) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float base = safe_max(m[i]) * scale2;
+    float acc = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < N / 8; ++nt) {
+      s[nt][2 * i] = fast_exp2(fmaf(s[nt][2 * i], scale2, -base));
+      s[nt][2 * i + 1] = fast_exp2(fmaf(s[nt][2 * i + 1], scale2, -base));
+      acc += s[nt][2 * i] + s[nt][2 * i + 1];
+    }
+    sum[i] = acc;
+  }
+}
+
+// o rows ×= alpha and l = l·alpha + sum; the multiplies over o are skipped by a warp-uniform
+// branch when no row of the warp moved its max (as in rescale).
+template <int D>
+__device__ __forceinline__ void rescale_accumulate(float (&o)[D / 8][4], float (&l)[2], const float (&alpha)[2],
+                                                   const float (&sum)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] = l[i] * alpha[i] + sum[i];
+    if (!__any_sync(0xffffffffu, alpha[i] != 1.0f)) continue;
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {
+      o[nt][2 * i] *= alpha[i];
+      o[nt][2 * i + 1] *= alpha[i];
+    }
+  }
+}
+
 // P = exp2(s·scale₂ − lse₂) with lse₂ per row (log2 units; rows g and g+8 of this thread): the
 // scale folded into one FFMA per score. Masked entries are zeroed afterwards (mask_tile, value 0).
 template <int N>
