@@ -31,7 +31,7 @@ namespace flash {
 // dQ: Q_i, dO_i), warpgroup g rows [64g, 64g + 64), and streams tiles of kStream = 64 rows of two others
 // (dK/dV: Q_i, dO_i with their lse and delta; dQ: K_j, V_j). A streamed tile is the N of the SS
 // products (m64n64) and the K of the RS ones (4 k-steps of 16).
-template <int D_, int Warpgroups = 2, int MinBlocks = 1>
+template <int D_, int Warpgroups, int MinBlocks>
 struct BwdSm90aTraits {
   static constexpr int kD = D_;
   static constexpr int kWarpgroups = Warpgroups;

@@ -30,7 +30,7 @@ namespace tg::cuda {
 
 namespace flash {
 
-template <int D_, int Warpgroups = 2, int MinBlocks = 1, bool Pipelined = false>
+template <int D_, int Warpgroups, int MinBlocks, bool Pipelined>
 struct FwdSm90aTraits {
   static constexpr int kD = D_;
   static constexpr int kWarpgroups = Warpgroups;  // each owns 64 query rows
@@ -45,7 +45,7 @@ struct FwdSm90aTraits {
   static constexpr int kPanels = kD / 64;         // 64-column swizzled panels per row
   static constexpr int kPanelQ = kBr * sm90::kSwizzleRowBytes, kPanelKV = kBc * sm90::kSwizzleRowBytes;
   static constexpr int kTileQ = kPanels * kPanelQ, kTileKV = kPanels * kPanelKV;  // bytes
-  // Q, then K and V double-buffered, plus the slack that aligns them to a swizzle atom.
+  // Q, then K and V in kKvStages stages each, plus the slack that aligns them to a swizzle atom.
   static constexpr size_t kSmemBytes = size_t(kTileQ + 2 * kKvStages * kTileKV + sm90::kSwizzleAtomBytes);
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
   static_assert(kMinBlocks * kSmemBytes <= 228 * 1024, "MinBlocks blocks must fit an SM's shared memory");
@@ -66,7 +66,7 @@ struct FwdSm90aTraits {
 //          a second, independent block is what keeps the tensor cores fed.
 template <int D> struct FwdSm90aConfig;
 template <> struct FwdSm90aConfig<64> { using type = FwdSm90aTraits<64, 2, 1, true>; };
-template <> struct FwdSm90aConfig<128> { using type = FwdSm90aTraits<128, 2, 2>; };
+template <> struct FwdSm90aConfig<128> { using type = FwdSm90aTraits<128, 2, 2, false>; };
 
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_sm90a_kernel(const FlashAttentionParams p) {
