@@ -26,10 +26,12 @@ if [ "$WHAT" = sanitize ] || [ "$WHAT" = all ]; then
 fi
 if [ "$WHAT" = attn ] || [ "$WHAT" = all ]; then
   # Registers, shared memory and spills of the attention kernels.
+  # (*_sm90a.cu use wgmma: they exist for sm_90a only.)
   for f in kernels/cuda/flash_attention/*.cu; do
-    nvcc -std=c++17 -O3 -gencode=arch=compute_90,code=sm_90 -Xptxas -v -I. -c "$f" -o /dev/null 2>&1 \
+    case "$f" in *_sm90a.cu) arch=90a ;; *) arch=90 ;; esac
+    nvcc -std=c++17 -O3 -gencode=arch=compute_$arch,code=sm_$arch -Xptxas -v -I. -c "$f" -o /dev/null 2>&1 \
       | grep -E "Compiling entry|registers|spill" ; done > "$OUT/ptxas.txt"
-  build-gpu/tilegrad bench attention --steps 20 2>&1 | tee "$OUT/bench_attention.log" | grep -v "^{"
+  build-gpu/tilegrad bench attention --steps 20 --compare 1 2>&1 | tee "$OUT/bench_attention.log" | grep -v "^{"
   if [ -f .bench/torch_attention.py ]; then
     PYTHONUNBUFFERED=1 timeout 300 python3 .bench/torch_attention.py > "$OUT/torch_attention.log" 2>&1
     grep "^|" "$OUT/torch_attention.log"
