@@ -352,6 +352,42 @@ TEST(FlashAttention, AutoPicksTheDevicesFamily) {
   }
 }
 
+// The wgmma forward takes the row max of unscaled scores, valid for scale > 0 only: any other
+// scale runs the mma.sync forward under kAuto (then the backward of the device's family) and
+// still meets the reference; asking for kWgmma is refused.
+TEST(FlashAttention, NonPositiveScaleMatchesReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
+  const Case c{2, 150, 2, 64, true, -0.125};
+  const Problem pr = make_problem(c);
+  const size_t n = pr.n;
+  DeviceBuffer<tg::bf16> q(n), k(n), v(n), dout(n), o(n), dq(n), dk(n), dv(n);
+  DeviceBuffer<float> lse(pr.n_lse);
+  DeviceBuffer<unsigned char> ws(tg::cuda::flash_attention_backward_workspace_bytes(c.B, c.T, c.H, c.D));
+  q.upload(pr.q.bits), k.upload(pr.k.bits), v.upload(pr.v.bits), dout.upload(pr.dout.bits);
+  o.poison(), lse.poison(), dq.poison(), dk.poison(), dv.poison();
+  tg::cuda::FlashAttentionParams p{};
+  p.q = q.ptr, p.k = k.ptr, p.v = v.ptr, p.o = o.ptr, p.lse = lse.ptr;
+  p.dout = dout.ptr, p.dq = dq.ptr, p.dk = dk.ptr, p.dv = dv.ptr, p.workspace = ws.ptr;
+  p.B = c.B, p.T = c.T, p.H = c.H, p.D = c.D, p.scale = float(pr.scale), p.causal = c.causal;
+  tg::cuda::flash_attention_forward(p, nullptr);
+  tg::cuda::flash_attention_backward(p, nullptr);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  const std::vector<double> got_o = to_double(o.download()), got_lse = to_double(lse.download());
+  ASSERT_EQ(count_nonfinite(got_o), 0u);
+  EXPECT_LE(rel_error(got_o, pr.ref.o), 2e-2) << "O";
+  EXPECT_LE(max_abs_diff(got_lse, pr.ref.lse), 1e-3) << "lse";
+  const std::vector<double> g[3] = {to_double(dq.download()), to_double(dk.download()), to_double(dv.download())};
+  const std::vector<double>* want[3] = {&pr.ref.dq, &pr.ref.dk, &pr.ref.dv};
+  for (int t = 0; t < 3; ++t) {
+    ASSERT_EQ(count_nonfinite(g[t]), 0u) << t;
+    EXPECT_LE(rel_error(g[t], *want[t]), 5e-2) << t;
+  }
+  if (device_is_sm90()) {
+    p.kernels = FlashKernels::kWgmma;
+    EXPECT_THROW(tg::cuda::flash_attention_forward(p, nullptr), std::invalid_argument);
+  }
+}
+
 // A row stride must be 0 (contiguous) or ≥ H·D and a multiple of 8 elements (16-byte rows).
 TEST(FlashAttention, InvalidRowStrideIsRejected) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";

@@ -132,13 +132,14 @@ std::vector<EmuCase> cases() {
       for (int64_t T : {1, 17, 129}) out.push_back({{1, T, 2, D, causal, 0.0}, FlashDq::kRecompute});
   for (int64_t D : {64, 128})
     for (bool causal : {false, true}) out.push_back({{1, 129, 2, D, causal, 0.0}, FlashDq::kAtomic});
+  out.push_back({{1, 129, 2, 64, true, -0.125}, FlashDq::kRecompute});  // scale < 0: what the wgmma forward leaves to this one
   return out;
 }
 
 std::string case_name(const ::testing::TestParamInfo<EmuCase>& info) {
   const Case& c = info.param.shape;
   return "T" + std::to_string(c.T) + "_D" + std::to_string(c.D) + (c.causal ? "_causal" : "_full") +
-         (info.param.dq_mode == FlashDq::kAtomic ? "_atomic_dq" : "");
+         (info.param.dq_mode == FlashDq::kAtomic ? "_atomic_dq" : "") + (c.scale < 0 ? "_negative_scale" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, FlashEmulated, ::testing::ValuesIn(cases()), case_name);
@@ -215,11 +216,14 @@ TEST_P(FlashSm90aEmulated, MatchesDoubleReference) {
     p.q_row_stride = p.k_row_stride = p.v_row_stride = int64_t(w);
     p.dq_row_stride = p.dk_row_stride = p.dv_row_stride = int64_t(w);
   }
+  // As flash_attention_forward dispatches: a scale ≤ 0 takes the mma.sync forward (the wgmma one
+  // keeps the row max of raw scores), the backward stays wgmma.
+  const bool mma_sync_forward = !(p.scale > 0.0f);
   if (c.D == 64) {
-    forward_sm90a<64>(p);
+    mma_sync_forward ? forward<64>(p) : forward_sm90a<64>(p);
     backward_sm90a<64>(p);
   } else {
-    forward_sm90a<128>(p);
+    mma_sync_forward ? forward<128>(p) : forward_sm90a<128>(p);
     backward_sm90a<128>(p);
   }
   if (GetParam().packed)
@@ -246,20 +250,23 @@ TEST_P(FlashSm90aEmulated, MatchesDoubleReference) {
 }
 
 // T = 1; a tail inside the first 64-key tile; one past a 128-row query block with a 64-key tail;
-// two whole query blocks (the causal diagonal of both warpgroups, the prefetch of every stage).
+// two whole query blocks (the causal diagonal of both warpgroups, the prefetch of every stage);
+// q, k, v packed; a negative scale (the mma.sync forward, then the wgmma backward).
 std::vector<Sm90aCase> sm90a_cases() {
   std::vector<Sm90aCase> out;
   for (int64_t D : {64, 128})
     for (bool causal : {false, true})
       for (int64_t T : {1, 17, 129, 256}) out.push_back({{1, T, 2, D, causal, 0.0}, false});
   for (int64_t D : {64, 128}) out.push_back({{2, 129, 3, D, true, 0.0}, true});
+  for (int64_t D : {64, 128}) out.push_back({{1, 129, 2, D, true, -0.125}, false});
   return out;
 }
 
 std::string sm90a_case_name(const ::testing::TestParamInfo<Sm90aCase>& info) {
   const Case& c = info.param.shape;
   return "B" + std::to_string(c.B) + "_T" + std::to_string(c.T) + "_H" + std::to_string(c.H) + "_D" +
-         std::to_string(c.D) + (c.causal ? "_causal" : "_full") + (info.param.packed ? "_packed" : "");
+         std::to_string(c.D) + (c.causal ? "_causal" : "_full") + (info.param.packed ? "_packed" : "") +
+         (c.scale < 0 ? "_negative_scale" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, FlashSm90aEmulated, ::testing::ValuesIn(sm90a_cases()), sm90a_case_name);
