@@ -321,6 +321,23 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FlashAttentionTest, ::testing::Combine(::testin
 INSTANTIATE_TEST_SUITE_P(Packed, FlashAttentionPackedTest,
                          ::testing::Combine(::testing::ValuesIn(packed_cases()), kBothFamilies), kernel_case_name);
 
+// A problem's inputs uploaded, its outputs allocated (not poisoned), and params pointing at them:
+// contiguous layout, default kernels and dQ mode, the workspace that mode needs.
+struct DeviceProblem {
+  DeviceBuffer<tg::bf16> q, k, v, dout, o, dq, dk, dv;
+  DeviceBuffer<float> lse;
+  DeviceBuffer<unsigned char> ws;
+  tg::cuda::FlashAttentionParams p{};
+  DeviceProblem(const Case& c, const Problem& pr)
+      : q(pr.n), k(pr.n), v(pr.n), dout(pr.n), o(pr.n), dq(pr.n), dk(pr.n), dv(pr.n), lse(pr.n_lse),
+        ws(tg::cuda::flash_attention_backward_workspace_bytes(c.B, c.T, c.H, c.D)) {
+    q.upload(pr.q.bits), k.upload(pr.k.bits), v.upload(pr.v.bits), dout.upload(pr.dout.bits);
+    p.q = q.ptr, p.k = k.ptr, p.v = v.ptr, p.o = o.ptr, p.lse = lse.ptr;
+    p.dout = dout.ptr, p.dq = dq.ptr, p.dk = dk.ptr, p.dv = dv.ptr, p.workspace = ws.ptr;
+    p.B = c.B, p.T = c.T, p.H = c.H, p.D = c.D, p.scale = float(pr.scale), p.causal = c.causal;
+  }
+};
+
 // kAuto is the device's fastest family: on 9.0 the wgmma kernels, elsewhere mma.sync — the same
 // bits as asking for that family by name, forward and backward.
 TEST(FlashAttention, AutoPicksTheDevicesFamily) {
@@ -328,20 +345,14 @@ TEST(FlashAttention, AutoPicksTheDevicesFamily) {
   const Case c{2, 200, 2, 64, true, 0.0};
   const Problem pr = make_problem(c);
   const size_t n = pr.n;
-  DeviceBuffer<tg::bf16> q(n), k(n), v(n), dout(n), o(n), dq(n), dk(n), dv(n);
-  DeviceBuffer<float> lse(pr.n_lse);
-  DeviceBuffer<unsigned char> ws(tg::cuda::flash_attention_backward_workspace_bytes(c.B, c.T, c.H, c.D));
-  q.upload(pr.q.bits), k.upload(pr.k.bits), v.upload(pr.v.bits), dout.upload(pr.dout.bits);
-  tg::cuda::FlashAttentionParams p{};
-  p.q = q.ptr, p.k = k.ptr, p.v = v.ptr, p.o = o.ptr, p.lse = lse.ptr;
-  p.dout = dout.ptr, p.dq = dq.ptr, p.dk = dk.ptr, p.dv = dv.ptr, p.workspace = ws.ptr;
-  p.B = c.B, p.T = c.T, p.H = c.H, p.D = c.D, p.scale = float(pr.scale), p.causal = c.causal;
+  DeviceProblem d(c, pr);
+  tg::cuda::FlashAttentionParams& p = d.p;
   auto run = [&](FlashKernels kernels) {
     p.kernels = kernels;
     tg::cuda::flash_attention_forward(p, nullptr);
     tg::cuda::flash_attention_backward(p, nullptr);
     CHECK_CUDA(cudaDeviceSynchronize());
-    return std::vector<std::vector<tg::bf16>>{o.download(), dq.download(), dk.download(), dv.download()};
+    return std::vector<std::vector<tg::bf16>>{d.o.download(), d.dq.download(), d.dk.download(), d.dv.download()};
   };
   const auto by_name = run(device_is_sm90() ? FlashKernels::kWgmma : FlashKernels::kMmaSync);
   const auto automatic = run(FlashKernels::kAuto);
@@ -359,24 +370,17 @@ TEST(FlashAttention, NonPositiveScaleMatchesReference) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
   const Case c{2, 150, 2, 64, true, -0.125};
   const Problem pr = make_problem(c);
-  const size_t n = pr.n;
-  DeviceBuffer<tg::bf16> q(n), k(n), v(n), dout(n), o(n), dq(n), dk(n), dv(n);
-  DeviceBuffer<float> lse(pr.n_lse);
-  DeviceBuffer<unsigned char> ws(tg::cuda::flash_attention_backward_workspace_bytes(c.B, c.T, c.H, c.D));
-  q.upload(pr.q.bits), k.upload(pr.k.bits), v.upload(pr.v.bits), dout.upload(pr.dout.bits);
-  o.poison(), lse.poison(), dq.poison(), dk.poison(), dv.poison();
-  tg::cuda::FlashAttentionParams p{};
-  p.q = q.ptr, p.k = k.ptr, p.v = v.ptr, p.o = o.ptr, p.lse = lse.ptr;
-  p.dout = dout.ptr, p.dq = dq.ptr, p.dk = dk.ptr, p.dv = dv.ptr, p.workspace = ws.ptr;
-  p.B = c.B, p.T = c.T, p.H = c.H, p.D = c.D, p.scale = float(pr.scale), p.causal = c.causal;
+  DeviceProblem d(c, pr);
+  tg::cuda::FlashAttentionParams& p = d.p;
+  d.o.poison(), d.lse.poison(), d.dq.poison(), d.dk.poison(), d.dv.poison();
   tg::cuda::flash_attention_forward(p, nullptr);
   tg::cuda::flash_attention_backward(p, nullptr);
   CHECK_CUDA(cudaDeviceSynchronize());
-  const std::vector<double> got_o = to_double(o.download()), got_lse = to_double(lse.download());
+  const std::vector<double> got_o = to_double(d.o.download()), got_lse = to_double(d.lse.download());
   ASSERT_EQ(count_nonfinite(got_o), 0u);
   EXPECT_LE(rel_error(got_o, pr.ref.o), 2e-2) << "O";
   EXPECT_LE(max_abs_diff(got_lse, pr.ref.lse), 1e-3) << "lse";
-  const std::vector<double> g[3] = {to_double(dq.download()), to_double(dk.download()), to_double(dv.download())};
+  const std::vector<double> g[3] = {to_double(d.dq.download()), to_double(d.dk.download()), to_double(d.dv.download())};
   const std::vector<double>* want[3] = {&pr.ref.dq, &pr.ref.dk, &pr.ref.dv};
   for (int t = 0; t < 3; ++t) {
     ASSERT_EQ(count_nonfinite(g[t]), 0u) << t;

@@ -28,6 +28,26 @@ namespace {
 using namespace tg::cuda;
 using namespace tg::testing::flash;
 
+// The GPU tests' bounds (tests/cuda/test_flash_attention.cpp): every output written (no NaN
+// left from the poison), O and dQ, dK, dV within the relative errors, lse within 1e-3.
+void expect_matches_reference(const std::vector<tg::bf16>& o, const std::vector<float>& lse,
+                              const std::vector<tg::bf16>& dq, const std::vector<tg::bf16>& dk,
+                              const std::vector<tg::bf16>& dv, const Reference& ref) {
+  const std::vector<double> O = to_double(o), L = to_double(lse);
+  ASSERT_EQ(count_nonfinite(O), 0u) << "O has NaN/inf (unwritten elements?)";
+  ASSERT_EQ(count_nonfinite(L), 0u) << "lse has NaN/inf";
+  EXPECT_LE(rel_error(O, ref.o), 2e-2) << "O";
+  EXPECT_LE(max_abs_diff(L, ref.lse), 1e-3) << "lse";
+  const char* names[3] = {"dQ", "dK", "dV"};
+  const std::vector<tg::bf16>* got[3] = {&dq, &dk, &dv};
+  const std::vector<double>* want[3] = {&ref.dq, &ref.dk, &ref.dv};
+  for (int t = 0; t < 3; ++t) {
+    const std::vector<double> g = to_double(*got[t]);
+    ASSERT_EQ(count_nonfinite(g), 0u) << names[t] << " has NaN/inf (unwritten elements?)";
+    EXPECT_LE(rel_error(g, *want[t]), 5e-2) << names[t];
+  }
+}
+
 // The launch sequences of flash_fwd.cu / flash_bwd.cu (launch_fwd, launch_bwd), block for block.
 template <int D>
 void forward(const FlashAttentionParams& p_in) {
@@ -107,20 +127,7 @@ TEST_P(FlashEmulated, MatchesDoubleReference) {
     backward<128>(p);
   }
 
-  // The GPU tests' bounds (tests/cuda/test_flash_attention.cpp).
-  const std::vector<double> O = to_double(o), L = to_double(lse);
-  ASSERT_EQ(count_nonfinite(O), 0u) << "O has NaN/inf (unwritten elements?)";
-  ASSERT_EQ(count_nonfinite(L), 0u) << "lse has NaN/inf";
-  EXPECT_LE(rel_error(O, ref.o), 2e-2) << "O";
-  EXPECT_LE(max_abs_diff(L, ref.lse), 1e-3) << "lse";
-  const char* names[3] = {"dQ", "dK", "dV"};
-  const std::vector<tg::bf16>* got[3] = {&dq, &dk, &dv};
-  const std::vector<double>* want[3] = {&ref.dq, &ref.dk, &ref.dv};
-  for (int t = 0; t < 3; ++t) {
-    const std::vector<double> g = to_double(*got[t]);
-    ASSERT_EQ(count_nonfinite(g), 0u) << names[t] << " has NaN/inf (unwritten elements?)";
-    EXPECT_LE(rel_error(g, *want[t]), 5e-2) << names[t];
-  }
+  expect_matches_reference(o, lse, dq, dk, dv, ref);
 }
 
 // One batch, two heads (the emulator runs a block of 128 threads as 128 std::threads): T = 1,
@@ -234,19 +241,7 @@ TEST_P(FlashSm90aEmulated, MatchesDoubleReference) {
         dv[r * hd + e] = dqkv[r * w + 2 * hd + e];
       }
 
-  const std::vector<double> O = to_double(o), L = to_double(lse);
-  ASSERT_EQ(count_nonfinite(O), 0u) << "O has NaN/inf (unwritten elements?)";
-  ASSERT_EQ(count_nonfinite(L), 0u) << "lse has NaN/inf";
-  EXPECT_LE(rel_error(O, ref.o), 2e-2) << "O";
-  EXPECT_LE(max_abs_diff(L, ref.lse), 1e-3) << "lse";
-  const char* names[3] = {"dQ", "dK", "dV"};
-  const std::vector<tg::bf16>* got[3] = {&dq, &dk, &dv};
-  const std::vector<double>* want[3] = {&ref.dq, &ref.dk, &ref.dv};
-  for (int t = 0; t < 3; ++t) {
-    const std::vector<double> g = to_double(*got[t]);
-    ASSERT_EQ(count_nonfinite(g), 0u) << names[t] << " has NaN/inf (unwritten elements?)";
-    EXPECT_LE(rel_error(g, *want[t]), 5e-2) << names[t];
-  }
+  expect_matches_reference(o, lse, dq, dk, dv, ref);
 }
 
 // T = 1; a tail inside the first 64-key tile; one past a 128-row query block with a 64-key tail;
