@@ -69,9 +69,11 @@ void backward(const FlashAttentionParams& p_in) {
   });
   using Dkdv = typename flash::DkdvConfig<D>::type;
   const EmuDim3 key_blocks{unsigned(p.H), unsigned(p.B), unsigned((p.T + Dkdv::kOwn - 1) / Dkdv::kOwn)};
+  const int accum_rows = int(Ws::accum_rows(p.T));
   if (p.dq_mode == FlashDq::kRecompute) {
-    emu_launch(key_blocks, Dkdv::kThreads, Dkdv::kSmemBytes,
-               [&] { flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kRecompute>(p, ws.delta, ws.dq_accum); });
+    emu_launch(key_blocks, Dkdv::kThreads, Dkdv::kSmemBytes, [&] {
+      flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kRecompute>(p, ws.delta, ws.dq_accum, accum_rows);
+    });
     using Dq = typename flash::DqConfig<D>::type;
     emu_launch({unsigned(p.H), unsigned(p.B), unsigned((p.T + Dq::kOwn - 1) / Dq::kOwn)}, Dq::kThreads,
                Dq::kSmemBytes, [&] { flash::flash_bwd_dq_kernel<Dq>(p, ws.delta); });
@@ -79,10 +81,10 @@ void backward(const FlashAttentionParams& p_in) {
   }
   std::memset(ws.dq_accum, 0, Ws::accum_bytes(p.B, p.T, p.H));
   emu_launch(key_blocks, Dkdv::kThreads, Dkdv::kSmemDkdvBytes,
-             [&] { flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kAtomic>(p, ws.delta, ws.dq_accum); });
+             [&] { flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kAtomic>(p, ws.delta, ws.dq_accum, accum_rows); });
   emu_launch({row_blocks, 1, 1}, 256, 0, [&] {
-    flash::flash_bwd_dq_convert_kernel<D>(ws.dq_accum, Ws::n_qb(p.T) * Ws::kBr, p.dq, p.dq_row_stride, rows,
-                                          int(p.T), int(p.H), p.scale);
+    flash::flash_bwd_dq_convert_kernel<D>(ws.dq_accum, accum_rows, p.dq, p.dq_row_stride, rows, int(p.T), int(p.H),
+                                          p.scale);
   });
 }
 
@@ -165,26 +167,48 @@ void forward_sm90a(const FlashAttentionParams& p_in) {
 template <int D>
 void backward_sm90a(const FlashAttentionParams& p_in) {
   const FlashAttentionParams p = flash::with_resolved_row_strides(p_in);
-  const flash::BwdWorkspace<D> ws(p);
+  using Ws = flash::BwdWorkspace<D>;
+  const Ws ws(p);
   const int64_t rows = p.B * p.T * p.H;
-  emu_launch({unsigned((rows * (D / 8) + 255) / 256), 1, 1}, 256, 0, [&] {
+  const unsigned row_blocks = unsigned((rows * (D / 8) + 255) / 256);
+  emu_launch({row_blocks, 1, 1}, 256, 0, [&] {
     flash::flash_bwd_delta_kernel<D>(p.o, p.o_row_stride, p.dout, p.do_row_stride, ws.delta, rows, int(p.T), int(p.H));
   });
   using Dkdv = typename flash::DkdvSm90aConfig<D>::type;
   using Dq = typename flash::DqSm90aConfig<D>::type;
-  emu_launch({unsigned(p.H), unsigned(p.B), unsigned((p.T + Dkdv::kOwn - 1) / Dkdv::kOwn)}, Dkdv::kThreads,
-             Dkdv::kSmemBytes, [&] { flash::flash_bwd_dkdv_sm90a_kernel<Dkdv>(p, ws.delta); });
-  emu_launch({unsigned(p.H), unsigned(p.B), unsigned((p.T + Dq::kOwn - 1) / Dq::kOwn)}, Dq::kThreads,
-             Dq::kSmemBytes, [&] { flash::flash_bwd_dq_sm90a_kernel<Dq>(p, ws.delta); });
+  const EmuDim3 key_blocks{unsigned(p.H), unsigned(p.B), unsigned((p.T + Dkdv::kOwn - 1) / Dkdv::kOwn)};
+  const int accum_rows = int(Ws::accum_rows(p.T));
+  if constexpr (flash::kSm90aAtomicDq<D>) {
+    if (p.dq_mode == FlashDq::kAtomic) {
+      using Atomic = typename flash::DkdvAtomicSm90aConfig<D>::type;
+      std::memset(ws.dq_accum, 0, Ws::accum_bytes(p.B, p.T, p.H));
+      emu_launch({unsigned(p.H), unsigned(p.B), unsigned((p.T + Atomic::kOwn - 1) / Atomic::kOwn)}, Atomic::kThreads,
+                 Atomic::kSmemAtomicBytes, [&] {
+                   flash::flash_bwd_dkdv_sm90a_kernel<Atomic, FlashDq::kAtomic>(p, ws.delta, ws.dq_accum, accum_rows);
+                 });
+      emu_launch({row_blocks, 1, 1}, 256, 0, [&] {
+        flash::flash_bwd_dq_convert_kernel<D>(ws.dq_accum, accum_rows, p.dq, p.dq_row_stride, rows, int(p.T),
+                                              int(p.H), p.scale);
+      });
+      return;
+    }
+  }
+  emu_launch(key_blocks, Dkdv::kThreads, Dkdv::kSmemBytes, [&] {
+    flash::flash_bwd_dkdv_sm90a_kernel<Dkdv, FlashDq::kRecompute>(p, ws.delta, nullptr, 0);
+  });
+  emu_launch({unsigned(p.H), unsigned(p.B), unsigned((p.T + Dq::kOwn - 1) / Dq::kOwn)}, Dq::kThreads, Dq::kSmemBytes,
+             [&] { flash::flash_bwd_dq_sm90a_kernel<Dq>(p, ws.delta); });
 }
 
 struct Sm90aCase {
   Case shape;
   bool packed;  // q, k, v read from one (B, T, 3·H·D) qkv buffer, as the model passes them
+  FlashDq dq_mode = FlashDq::kRecompute;
 };
 void PrintTo(const Sm90aCase& e, std::ostream* os) {
   *os << "B" << e.shape.B << " T" << e.shape.T << " H" << e.shape.H << " D" << e.shape.D
-      << (e.shape.causal ? " causal" : " full") << (e.packed ? " packed qkv" : "");
+      << (e.shape.causal ? " causal" : " full") << (e.packed ? " packed qkv" : "")
+      << (e.dq_mode == FlashDq::kAtomic ? " atomic dQ" : "");
 }
 
 class FlashSm90aEmulated : public ::testing::TestWithParam<Sm90aCase> {};
@@ -199,13 +223,15 @@ TEST_P(FlashSm90aEmulated, MatchesDoubleReference) {
   const tg::bf16 nan_bf16{0xFFFF};  // poison: every output element must be written
   std::vector<tg::bf16> o(n, nan_bf16);
   std::vector<float> lse(n_lse, NAN);
-  const size_t ws_bytes = c.D == 64 ? flash::BwdWorkspace<64>::bytes(c.B, c.T, c.H, FlashDq::kRecompute)
-                                    : flash::BwdWorkspace<128>::bytes(c.B, c.T, c.H, FlashDq::kRecompute);
+  const FlashDq dq_mode = GetParam().dq_mode;
+  const size_t ws_bytes = c.D == 64 ? flash::BwdWorkspace<64>::bytes(c.B, c.T, c.H, dq_mode)
+                                    : flash::BwdWorkspace<128>::bytes(c.B, c.T, c.H, dq_mode);
   std::vector<float> workspace(ws_bytes / sizeof(float) + 4, NAN);
   FlashAttentionParams p{};
   p.q = q.bits.data(), p.k = k.bits.data(), p.v = v.bits.data(), p.o = o.data(), p.lse = lse.data();
   p.dout = dout.bits.data(), p.workspace = workspace.data();
   p.B = c.B, p.T = c.T, p.H = c.H, p.D = c.D, p.scale = float(scale), p.causal = c.causal;
+  p.dq_mode = dq_mode;
   const size_t hd = size_t(c.H * c.D), rows = size_t(c.B * c.T), w = 3 * hd;
   // Contiguous dq, dk, dv, or (packed) one (B, T, 3·H·D) d(qkv) buffer beside a packed qkv input.
   std::vector<tg::bf16> dq(n, nan_bf16), dk(n, nan_bf16), dv(n, nan_bf16);
@@ -246,13 +272,17 @@ TEST_P(FlashSm90aEmulated, MatchesDoubleReference) {
 
 // T = 1; a tail inside the first 64-key tile; one past a 128-row query block with a 64-key tail;
 // two whole query blocks (the causal diagonal of both warpgroups, the prefetch of every stage);
-// q, k, v packed; a negative scale (the mma.sync forward, then the wgmma backward).
+// q, k, v packed; a negative scale (the mma.sync forward, then the wgmma backward); the atomic dQ
+// at d 128 (its tail tile, several key blocks adding into one query tile, packed d(qkv)).
 std::vector<Sm90aCase> sm90a_cases() {
   std::vector<Sm90aCase> out;
   for (int64_t D : {64, 128})
     for (bool causal : {false, true})
       for (int64_t T : {1, 17, 129, 256}) out.push_back({{1, T, 2, D, causal, 0.0}, false});
   for (int64_t D : {64, 128}) out.push_back({{2, 129, 3, D, true, 0.0}, true});
+  for (bool causal : {false, true})  // (d 64 runs the deterministic kernels in both modes)
+    for (int64_t T : {129, 256}) out.push_back({{1, T, 2, 128, causal, 0.0}, false, FlashDq::kAtomic});
+  out.push_back({{2, 129, 3, 128, true, 0.0}, true, FlashDq::kAtomic});
   for (int64_t D : {64, 128}) out.push_back({{1, 129, 2, D, true, -0.125}, false});
   return out;
 }
@@ -261,7 +291,7 @@ std::string sm90a_case_name(const ::testing::TestParamInfo<Sm90aCase>& info) {
   const Case& c = info.param.shape;
   return "B" + std::to_string(c.B) + "_T" + std::to_string(c.T) + "_H" + std::to_string(c.H) + "_D" +
          std::to_string(c.D) + (c.causal ? "_causal" : "_full") + (info.param.packed ? "_packed" : "") +
-         (c.scale < 0 ? "_negative_scale" : "");
+         (c.scale < 0 ? "_negative_scale" : "") + (info.param.dq_mode == FlashDq::kAtomic ? "_atomic_dq" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, FlashSm90aEmulated, ::testing::ValuesIn(sm90a_cases()), sm90a_case_name);

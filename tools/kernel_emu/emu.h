@@ -246,6 +246,24 @@ struct EmuPending {
 inline thread_local std::vector<EmuPending> emu_wgmma_pending;   // issued, in order
 inline thread_local std::vector<size_t> emu_wgmma_group_ends;    // committed groups: end index in pending
 
+// The bulk copy engine's reduction, performed at once (blocks run one at a time, so nothing else
+// adds to dst meanwhile); its completion waits have nothing left to wait for.
+inline void bulk_reduce_add_f32(float* dst, const void* src, uint32_t bytes) {
+  const unsigned char* s = static_cast<const unsigned char*>(src);
+  for (uint32_t i = 0; i < bytes / 4; ++i) {
+    float v;
+    std::memcpy(&v, s + 4 * i, 4);
+    dst[i] += v;
+  }
+}
+inline void bulk_commit() {}
+inline uint64_t opaque_u64(uint64_t x) { return x; }
+inline uint32_t opaque_u32(uint32_t x) { return x; }
+template <int N>
+inline void bulk_wait_read() {}
+template <int N>
+inline void bulk_wait() {}
+
 inline void wgmma_fence() {}
 inline void fence_async_shared() {}
 inline void wgmma_commit() { emu_wgmma_group_ends.push_back(emu_wgmma_pending.size()); }
@@ -284,10 +302,11 @@ inline void emu_wgmma(float* d, AOf a_of, uint64_t desc_b, int trans_b, bool acc
   emu_wgmma_pending.push_back({d, std::move(out)});
 }
 
-template <int kTransB>
+template <int kTransB, int kTransA = 0>
 inline void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
   const EmuDescriptor a = emu_decode(desc_a);
-  emu_wgmma<64>(d, [&](int row, int k) { return emu_k_major(a, row, k); }, desc_b, kTransB, accumulate);
+  emu_wgmma<64>(d, [&](int row, int k) { return kTransA ? emu_mn_major(a, k, row) : emu_k_major(a, row, k); },
+                desc_b, kTransB, accumulate);
 }
 
 // The register-A forms: the warpgroup's threads exchange their fragments first.

@@ -16,7 +16,8 @@ PRIMITIVES = {"smem_addr", "cp_async_16", "cp_async_4", "cp_async_commit", "cp_a
               "ldmatrix_x4_trans", "mma_16x8x16", "pack_bf16x2", "fast_exp2", "red_add_f32x2",
               # wgmma.cuh
               "wgmma_fence", "wgmma_commit", "wgmma_wait", "fence_async_shared", "wgmma_m64n64k16_ss",
-              "wgmma_m64n64k16_rs", "wgmma_m64n128k16_rs"}
+              "wgmma_m64n64k16_rs", "wgmma_m64n128k16_rs", "bulk_reduce_add_f32", "bulk_commit",
+              "bulk_wait_read", "bulk_wait", "opaque_u64", "opaque_u32"}
 DEFINITION = re.compile(r"^__device__ __forceinline__ \S+ (\w+)\(")
 LAUNCHERS = "// ───────────────────────────── launchers"
 

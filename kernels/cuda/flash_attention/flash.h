@@ -21,8 +21,11 @@ namespace tg::cuda {
 //              registers, summing over j in a fixed order: deterministic, 7 matmuls per
 //              (query tile, key tile) pair.
 //   kAtomic    the dK/dV kernel, which already holds dS, adds dS_ij K_j into an fp32 buffer
-//              with unordered atomics: 5 matmuls per pair, but the rounding, and so the last
-//              bits of dQ, depend on the order the GPU happens to run them. Opt-in.
+//              with unordered atomics (mma.sync: vector red.global; wgmma: the bulk copy
+//              engine's reductions): 5 matmuls per pair, but the rounding, and so the last bits
+//              of dQ, depend on the order the GPU happens to run them. Opt-in. On compute
+//              capability 9.0 at head dim 64 the deterministic wgmma kernels are the faster and
+//              serve this mode too (flash_bwd_sm90a.cu, DkdvAtomicSm90aConfig).
 // (A third way, the same adds admitted in key-block order by per-tile semaphores, was built and
 // measured slower than kRecompute: docs/BENCHMARKS.md.)
 enum class FlashDq { kRecompute, kAtomic };
@@ -30,9 +33,7 @@ enum class FlashDq { kRecompute, kAtomic };
 // Which kernels run. kAuto (default) picks the fastest this GPU has: on compute capability 9.0
 // (H100/H200) the wgmma kernels (flash_fwd_sm90a.cu, flash_bwd_sm90a.cu, built for sm_90a),
 // elsewhere the mma.sync ones (flash_fwd.cu, flash_bwd.cu; sm_80 and later). The explicit choices
-// are for tests and benchmarks; kWgmma on another GPU is std::invalid_argument. The wgmma
-// backward is always the deterministic one: FlashDq::kAtomic only changes the mma.sync kernels
-// (on the H200 the deterministic wgmma backward is faster than the atomic mma.sync one).
+// are for tests and benchmarks; kWgmma on another GPU is std::invalid_argument.
 enum class FlashKernels { kAuto, kMmaSync, kWgmma };
 
 struct FlashAttentionParams {

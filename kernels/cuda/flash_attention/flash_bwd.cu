@@ -65,7 +65,8 @@ __global__ void flash_bwd_delta_kernel(const tg::bf16* __restrict__ o, int64_t l
 template <class Tr, FlashDq Mode>
 __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dkdv_kernel(const FlashAttentionParams p,
                                                                        const float* __restrict__ delta,
-                                                                       float* __restrict__ dq_accum) {
+                                                                       float* __restrict__ dq_accum,
+                                                                       int accum_rows) {
   constexpr int D = Tr::kD, Bc = Tr::kOwn, Br = Tr::kStream, LDS = Tr::kLds, NT = Tr::kThreads, R = Tr::kRowBlocks;
   constexpr bool kFormDq = Mode == FlashDq::kAtomic;
   static_assert(Tr::kDkdvAccRegs + 32 <= 255, "dK, dV, Sᵀ, dPᵀ plus ~32 working registers must fit 255");
@@ -100,7 +101,7 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dkdv_kernel(const Flas
   // Causal: query blocks ending before k0 only see keys in their future, never visited.
   const int i_begin = causal ? k0 / Br : 0;
   const int n_qb = (T + Br - 1) / Br;
-  float* dQacc = dq_accum + (int64_t(b) * H + h) * int64_t(n_qb) * Br * D;  // this head's n_qb·Br rows
+  float* dQacc = dq_accum + (int64_t(b) * H + h) * accum_rows * D;  // this head's rows: ≥ n_qb·Br
 
   load_tile<Bc, D, LDS, NT>(sK, K, ldk, k0, T, tid);
   load_tile<Bc, D, LDS, NT>(sV, V, ldv, k0, T, tid);
@@ -177,9 +178,9 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dkdv_kernel(const Flas
 #pragma unroll
       for (int r = 0; r < QR; ++r) zero(dq[r]);
       mma_ab_smem_at_rows<QR, DQC, Bc>(dq, sdSt, Tr::kLdsDs, sK + c0, LDS, lane);  // dS K
-      float* dst = dQacc + int64_t(q0) * D + c0;
+      float* dst = dQacc + int64_t(q0) * D;
 #pragma unroll
-      for (int r = 0; r < QR; ++r) accumulate_rows_f32<DQC>(dst, D, dq[r], r * kRowsPerWarp, lane);
+      for (int r = 0; r < QR; ++r) accumulate_rows_f32<DQC>(dst, D, dq[r], r * kRowsPerWarp, c0, lane);
     }
     __syncthreads();  // stage st (and the dSᵀ tile) is overwritten next
   }
@@ -206,7 +207,9 @@ __global__ void flash_bwd_dq_convert_kernel(const float* __restrict__ dq_accum, 
   const int64_t bt = row / H;
   const int h = int(row - bt * H);
   const int64_t t = bt % T, b = bt / T;
-  const float4* src = reinterpret_cast<const float4*>(dq_accum + ((b * H + h) * t_pad + t) * D + part * 8);
+  // Chunk `part` of row t sits at part ^ (t % 8) (dq_accum_offset's layout).
+  const float4* src =
+      reinterpret_cast<const float4*>(dq_accum + ((b * H + h) * t_pad + t) * D + ((part ^ int(t & 7)) * 8));
   const float4 x = src[0], y = src[1];
   uint4 out;
   out.x = pack_bf16x2(x.x * scale, x.y * scale);
@@ -324,16 +327,18 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dq_kernel(const FlashA
 }
 
 // The backward's scratch, carved out of p.workspace in this order (each part 256-byte aligned):
-// delta (B, H, T) fp32; with kAtomic, the dQ accumulator (B, H, n_qb·Br, D) fp32, padded to
-// whole query tiles of the dK/dV kernel so that its adds need no bounds test.
+// delta (B, H, T) fp32; with kAtomic, the dQ accumulator (B, H, accum_rows(T), D) fp32, T padded
+// to whole query tiles of both families' dK/dV kernels (32 rows mma.sync, 64 wgmma) so that
+// their adds need no bounds test.
 template <int D>
 struct BwdWorkspace {
-  static constexpr int kBr = flash::DkdvConfig<D>::type::kStream;
+  static constexpr int kPadRows = 64;
+  static_assert(kPadRows % flash::DkdvConfig<D>::type::kStream == 0, "whole mma.sync query tiles");
   static size_t round_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
-  static int64_t n_qb(int64_t T) { return (T + kBr - 1) / kBr; }
+  static int64_t accum_rows(int64_t T) { return (T + kPadRows - 1) / kPadRows * kPadRows; }
   static size_t delta_bytes(int64_t B, int64_t T, int64_t H) { return round_up(size_t(B * H * T) * sizeof(float)); }
   static size_t accum_bytes(int64_t B, int64_t T, int64_t H) {
-    return round_up(size_t(B * H) * size_t(n_qb(T) * kBr) * D * sizeof(float));
+    return round_up(size_t(B * H) * size_t(accum_rows(T)) * D * sizeof(float));
   }
   static size_t bytes(int64_t B, int64_t T, int64_t H, FlashDq mode) {
     return delta_bytes(B, T, H) + (mode == FlashDq::kAtomic ? accum_bytes(B, T, H) : 0);
@@ -378,25 +383,32 @@ void launch_bwd(const FlashAttentionParams& p_in, cudaStream_t stream) {
                                                                         ws.delta, rows, int(p.T), int(p.H));
   TG_CUDA_CHECK(cudaGetLastError());
 
-  if (wgmma) {
-    flash::flash_bwd_sm90a(p, ws.delta, stream);
-    return;
-  }
+  // On compute capability 9.0 kAtomic has a kernel of its own at d 128 only; at d 64 the
+  // deterministic wgmma kernels are the faster and serve both modes (flash_bwd_sm90a.cu).
+  const bool atomic_dq = p.dq_mode == FlashDq::kAtomic && (!wgmma || flash::sm90a_has_atomic_dq(p.D));
+  const int accum_rows = int(Ws::accum_rows(p.T));
+  if (atomic_dq)  // every key block adds
+    TG_CUDA_CHECK(cudaMemsetAsync(ws.dq_accum, 0, Ws::accum_bytes(p.B, p.T, p.H), stream));
   using Dkdv = typename flash::DkdvConfig<D>::type;
-  if (p.dq_mode == FlashDq::kRecompute) {
+  if (wgmma) {
+    FlashAttentionParams pw = p;
+    pw.dq_mode = atomic_dq ? FlashDq::kAtomic : FlashDq::kRecompute;
+    flash::flash_bwd_sm90a(pw, ws.delta, ws.dq_accum, accum_rows, stream);
+  } else if (p.dq_mode == FlashDq::kRecompute) {
     launch_bwd_kernel<Dkdv>(flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kRecompute>, Dkdv::kSmemBytes, p, stream,
-                            static_cast<const float*>(ws.delta), ws.dq_accum);
+                            static_cast<const float*>(ws.delta), ws.dq_accum, accum_rows);
     using Dq = typename flash::DqConfig<D>::type;
     launch_bwd_kernel<Dq>(flash::flash_bwd_dq_kernel<Dq>, Dq::kSmemBytes, p, stream,
                           static_cast<const float*>(ws.delta));
-    return;
+  } else {
+    launch_bwd_kernel<Dkdv>(flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kAtomic>, Dkdv::kSmemDkdvBytes, p, stream,
+                            static_cast<const float*>(ws.delta), ws.dq_accum, accum_rows);
   }
-  TG_CUDA_CHECK(cudaMemsetAsync(ws.dq_accum, 0, Ws::accum_bytes(p.B, p.T, p.H), stream));  // every key block adds
-  launch_bwd_kernel<Dkdv>(flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kAtomic>, Dkdv::kSmemDkdvBytes, p, stream,
-                          static_cast<const float*>(ws.delta), ws.dq_accum);
-  flash::flash_bwd_dq_convert_kernel<D><<<row_blocks, kThreads, 0, stream>>>(
-      ws.dq_accum, Ws::n_qb(p.T) * Ws::kBr, p.dq, p.dq_row_stride, rows, int(p.T), int(p.H), p.scale);
-  TG_CUDA_CHECK(cudaGetLastError());
+  if (atomic_dq) {
+    flash::flash_bwd_dq_convert_kernel<D><<<row_blocks, kThreads, 0, stream>>>(
+        ws.dq_accum, accum_rows, p.dq, p.dq_row_stride, rows, int(p.T), int(p.H), p.scale);
+    TG_CUDA_CHECK(cudaGetLastError());
+  }
 }
 
 // Why these block sizes (reasoned first, then measured on the H200 with `tilegrad bench attention`

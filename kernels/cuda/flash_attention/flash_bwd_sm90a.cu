@@ -8,8 +8,9 @@
 //   dV += Pᵀ dO, dK += dSᵀ Q, dQ += dS K           A from registers (the accumulator repacked,
 //                                                  as the layouts coincide), B MN-major (RS).
 // Tiles are 128-byte swizzled 64-column panels loaded by all threads with cp.async, the streamed
-// ones double-buffered. The atomic-dQ mode exists only among flash_bwd.cu's mma.sync kernels: on
-// compute capability 9.0 this deterministic backward serves both modes (it is the faster one).
+// ones double-buffered. FlashDq::kAtomic (opt-in) at d 128 runs the dK/dV kernel alone, forming dQ
+// too and adding it into an fp32 buffer with the bulk copy engine's reductions: 5 products per
+// tile pair (see DkdvAtomicSm90aConfig for why d 64 does not).
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -45,11 +46,18 @@ struct BwdSm90aTraits {
   static constexpr int kTileOwn = kPanels * kPanelOwn, kTileStream = kPanels * kPanelStream;  // bytes
   // Two owned tiles, two streamed tensors double-buffered, the streamed rows' lse and delta
   // (dK/dV only; the dQ kernel keeps its rows' statistics in registers), swizzle-atom slack.
-  static constexpr size_t kSmemBytes = size_t(2 * kTileOwn + 2 * kStages * kTileStream) +
-                                       size_t(2 * kStages * kStream) * sizeof(float) + sm90::kSwizzleAtomBytes;
+  static constexpr size_t kStatsBytes = size_t(2 * kStages * kStream) * sizeof(float);
+  static constexpr size_t kSmemBytes = size_t(2 * kTileOwn + 2 * kStages * kTileStream) + kStatsBytes +
+                                       sm90::kSwizzleAtomBytes;
+  // The dK/dV kernel forming dQ too (FlashDq::kAtomic) keeps the pair's dSᵀ (kOwn keys × kStream
+  // queries, one swizzled panel) after the statistics, which end on a swizzle atom.
+  static constexpr int kTileDs = kOwn * sm90::kSwizzleRowBytes;
+  static constexpr size_t kSmemAtomicBytes = kSmemBytes + kTileDs;
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
   static_assert(kSmemBytes <= 227 * 1024, "exceeds Hopper's per-block shared memory");
-  static_assert(kMinBlocks * kSmemBytes <= 228 * 1024, "MinBlocks blocks must fit an SM's shared memory");
+  static_assert(kMinBlocks * kSmemAtomicBytes <= 228 * 1024, "MinBlocks blocks must fit an SM's shared memory");
+  static_assert(kStatsBytes % sm90::kSwizzleAtomBytes == 0, "the dS tile after the statistics must stay aligned");
+  static_assert(kStream == 64, "the dS tile is one 64-column panel");
 };
 
 // Block shapes per head dim, each measured against the others on the H200 with `tilegrad bench
@@ -65,6 +73,19 @@ struct BwdSm90aTraits {
 template <int D> struct DkdvSm90aConfig;
 template <> struct DkdvSm90aConfig<64> { using type = BwdSm90aTraits<64, 1, 3>; };
 template <> struct DkdvSm90aConfig<128> { using type = BwdSm90aTraits<128, 1, 2>; };
+// FlashDq::kAtomic's dK/dV kernel, which forms dQ too (5 products per tile pair, not 7), at d 128
+// only. Its bound is the L2's rate of fp32 reductions: each block adds a (64 queries, D) dQ tile
+// per streamed query tile, 32 KiB at d 128, and at ~2 TB/s of them (measured: the same ~2 TB/s
+// at both head dims) one warpgroup per block (64 keys) ran 0.76-0.95× the deterministic pair at
+// T ≥ 4k. Two warpgroups (128 keys; 253 registers, 0 spills, 1 block per SM, 147 KiB smem) halve
+// the traffic per FLOP: 1.03-1.18× the deterministic pair at T ≥ 4k (d 128, 2026-11-30,
+// docs/BENCHMARKS.md). At d 64 the dQ tile per key is the same and two warpgroups would leave one
+// block of 8 warps per SM (measured 0.70× for the deterministic pair in that shape); one
+// warpgroup ran 0.62-1.04× the deterministic pair, so d 64 keeps the deterministic kernels in
+// both modes.
+template <int D> constexpr bool kSm90aAtomicDq = D == 128;
+template <int D> struct DkdvAtomicSm90aConfig;
+template <> struct DkdvAtomicSm90aConfig<128> { using type = BwdSm90aTraits<128, 2, 1>; };
 template <int D> struct DqSm90aConfig;
 template <> struct DqSm90aConfig<64> { using type = BwdSm90aTraits<64, 1, 3>; };
 template <> struct DqSm90aConfig<128> { using type = BwdSm90aTraits<128, 1, 2>; };
@@ -103,10 +124,26 @@ __device__ __forceinline__ void wgmma_ab_rs(float (&acc)[D / 8][4], const uint32
 // k0 + 64g … + 63 and works transposed (rows = keys, columns = queries), as flash_bwd.cu's dK/dV
 // kernel does: Sᵀ = K Qᵀ lands as the A operand of dV += Pᵀ dO, dSᵀ as that of dK += dSᵀ Q. The
 // dV product runs while dSᵀ is formed.
-template <class Tr>
+//
+// With Mode kAtomic the block also forms its keys' share of dQ, 5 products per tile pair instead
+// of the 7 of the two deterministic kernels: dSᵀ goes to a swizzled smem tile, dQ_i = dS K_j runs
+// as an SS product with A read transposed from it (imm-trans-a) and B = K_j MN-major, is staged
+// in fp32 in the smem of the spent Q_i, dO_i tiles and added into the fp32 buffer dq_accum
+// (accum_rows rows per head, zeroed by the launcher, a multiple of 64 ≥ T; dq_accum_offset's
+// layout) by two bulk reductions (cp.reduce.async.bulk) of 32 contiguous rows each. Unordered
+// across blocks; dQ is left unscaled for flash_bwd.cu's convert kernel. (Per-warp red.global
+// vector adds straight from the registers, the mma.sync kernel's way, measured 264.7 TF/s at d
+// 128, T 8192 causal, against 377.9 for the deterministic kernels: docs/BENCHMARKS.md.)
+template <class Tr, FlashDq Mode>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_bwd_dkdv_sm90a_kernel(const FlashAttentionParams p,
-                                                                               const float* __restrict__ delta) {
+                                                                               const float* __restrict__ delta,
+                                                                               float* __restrict__ dq_accum,
+                                                                               int accum_rows) {
   constexpr int D = Tr::kD, Bc = Tr::kOwn, Br = Tr::kStream, NT = Tr::kThreads;
+  constexpr bool kFormDq = Mode == FlashDq::kAtomic;
+  // kAtomic: warpgroup g forms the dQ columns [g·kDqCols, (g + 1)·kDqCols) over all Bc keys.
+  constexpr int kDqCols = D / Tr::kWarpgroups;
+  static_assert(!kFormDq || kDqCols == 64, "dQ columns per warpgroup: one m64n64 product");
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* sK = sm90::align_to_swizzle_atom(smem);
   unsigned char* sV = sK + Tr::kTileOwn;
@@ -114,6 +151,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_bwd_dkdv_s
   unsigned char* sdO = sQ + kStages * Tr::kTileStream;
   float* sL = reinterpret_cast<float*>(sdO + kStages * Tr::kTileStream);  // (stage, Br) lse
   float* sDelta = sL + kStages * Br;                                        // (stage, Br) delta
+  unsigned char* sdSt = reinterpret_cast<unsigned char*>(sDelta + kStages * Br);  // (Bc, Br) dSᵀ, kFormDq only
 
   const int T = int(p.T), H = int(p.H);
   const bool causal = p.causal;
@@ -132,6 +170,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_bwd_dkdv_s
   tg::bf16* dV = p.dv + bt * p.dv_row_stride + hd;
   const float* lse = p.lse + (int64_t(b) * H + h) * T;  // (T,)
   const float* dlt = delta + (int64_t(b) * H + h) * T;   // (T,)
+  float* dQacc = kFormDq ? dq_accum + (int64_t(b) * H + h) * accum_rows * D : nullptr;  // (accum_rows, D)
 
   // Causal: query tiles ending before k0 only see keys in their future, never visited.
   const int i_begin = causal ? k0 / Br : 0;
@@ -153,9 +192,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_bwd_dkdv_s
   zero(dk);
   zero(dv);
 
-  for (int i = i_begin; i < n_qb; ++i) {
-    const int st = (i - i_begin) & 1;
-    if (i + 1 < n_qb) {  // prefetch query tile i+1 into the other stage (freed by the last barrier)
+  // Query tile i+1 into stage st ^ 1, once nothing reads that stage any more.
+  auto prefetch = [&](int i, int st) {
+    if (i + 1 < n_qb) {
       const int q1 = (i + 1) * Br;
       sm90::load_tile_swizzled<Br, D, NT>(sQ + (st ^ 1) * Tr::kTileStream, Q, ldq, q1, T, tid);
       sm90::load_tile_swizzled<Br, D, NT>(sdO + (st ^ 1) * Tr::kTileStream, dO, lddo, q1, T, tid);
@@ -163,9 +202,25 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_bwd_dkdv_s
       load_row_stats<Br, NT>(sDelta + (st ^ 1) * Br, dlt, q1, T, tid);
     }
     cp_async_commit();
-    cp_async_wait<1>();
-    sm90::fence_async_shared();  // cp.async wrote through the generic proxy; wgmma reads through the async one
-    __syncthreads();
+  };
+
+  for (int i = i_begin; i < n_qb; ++i) {
+    const int st = (i - i_begin) & 1;
+    if constexpr (!kFormDq) {
+      prefetch(i, st);  // stage st ^ 1 freed by the barrier ending the last iteration
+      cp_async_wait<1>();
+      sm90::fence_async_shared();  // cp.async wrote through the generic proxy; wgmma reads through the async one
+      __syncthreads();
+    } else {
+      // Stage st ^ 1 also holds the last iteration's staged dQ: the prefetch waits for the bulk
+      // copy engine to have read it, and for every warp (this barrier replaces the one that
+      // ends an iteration of the other mode, so the read has had a whole tile pair to finish).
+      cp_async_wait<0>();
+      sm90::fence_async_shared();
+      if (tid == 0) sm90::bulk_wait_read<0>();
+      __syncthreads();
+      prefetch(i, st);
+    }
     const unsigned char* Qi = sQ + st * Tr::kTileStream;
     const unsigned char* dOi = sdO + st * Tr::kTileStream;
     const float* Li = sL + st * Br;
@@ -193,12 +248,57 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_bwd_dkdv_s
     softmax_grad_col_bf16p<Br>(dp, pf, Di, lane);  // dSᵀ = Pᵀ ∘ (dPᵀ − delta), without the scale
     uint32_t dsf[Br / 16][4];
     acc_to_a<Br>(dsf, dp);
+    if constexpr (kFormDq) sm90::store_a_frags_swizzled(sdSt + 64 * wg * sm90::kSwizzleRowBytes, dsf, 16 * warp, lane);
     sm90::wgmma_fence();
     wgmma_ab_rs<D>(dk, dsf, Qi, Tr::kPanelStream);  // dK += dSᵀ Q
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();
-    __syncthreads();  // stage st is overwritten by the next prefetch
+    if constexpr (kFormDq) {
+      sm90::fence_async_shared();  // dSᵀ written by st.shared, read by wgmma
+      __syncthreads();  // every warp's dSᵀ rows are in, and every warp is done with Q_i and dO_i
+      // dQ_i (64 queries, D) = dS K_j over the block's Bc keys, warpgroup g its kDqCols columns
+      // (k-steps of 16 keys are 16 rows of both tiles: 2048 bytes), staged in fp32 in the
+      // dq_accum layout where Q_i and dO_i were (rows 0-31, 32-63: 32·D floats each, warp w of
+      // each warpgroup the rows 16w … 16w + 15), then added to dq_accum by the bulk copy engine in
+      // two reductions. With two warpgroups the block adds once per 128 keys, not 64: half the
+      // reduction traffic, which bounds this mode (docs/flash-attention.md).
+      float* stage_lo = reinterpret_cast<float*>(sQ + st * Tr::kTileStream);
+      float* stage_hi = reinterpret_cast<float*>(sdO + st * Tr::kTileStream);
+      static_assert(32 * D * sizeof(float) == Tr::kTileStream, "half a dQ tile in fp32 fills one streamed tile");
+      // Row r of this warp's half at rows + r·D; the pair (c, c + 1) of it at rows + r·D + ((c
+      // & ~7) ^ 8·(r % 8)) + (c & 7) (dq_accum_offset), r % 8 being lane / 4 for both of a lane's rows.
+      float* rows = (warp < 2 ? stage_lo : stage_hi) + (16 * (warp % 2) + (lane >> 2)) * D + frag_col(lane, 0, 0);
+      const uint32_t chunk_xor = sm90::opaque_u32((lane >> 2) * 8);
+      const uint64_t desc_ds = sm90::opaque_u64(sm90::mn_major_descriptor(sdSt, Tr::kTileDs));
+      const uint64_t desc_k =
+          sm90::opaque_u64(sm90::mn_major_descriptor(sK + (wg * kDqCols / 64) * Tr::kPanelOwn, Tr::kPanelOwn));
+      float dq[kDqCols / 8][4];
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < Bc / 16; ++kk)  // descriptors count 16-byte units from bit 0
+        sm90::wgmma_m64n64k16_ss<1, 1>(sm90::flat(dq), desc_ds + kk * 2048 / 16, desc_k + kk * 2048 / 16, kk > 0);
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+#pragma unroll
+        for (int nt = 0; nt < kDqCols / 8; ++nt)
+          *reinterpret_cast<float2*>(rows + 8 * e * D + ((wg * kDqCols + 8 * nt) ^ chunk_xor)) =
+              make_float2(dq[nt][2 * e], dq[nt][2 * e + 1]);
+      sm90::fence_async_shared();  // the staged rows, written by st.shared, read by the bulk copy engine
+      __syncthreads();
+      if (tid == 0) {  // read before the next iteration's prefetch into this stage (its first barrier)
+        sm90::bulk_reduce_add_f32(dQacc + int64_t(q0) * D, stage_lo, Tr::kTileStream);
+        sm90::bulk_reduce_add_f32(dQacc + int64_t(q0 + 32) * D, stage_hi, Tr::kTileStream);
+        sm90::bulk_commit();
+      }
+    } else {
+      __syncthreads();  // stage st is overwritten by the next prefetch
+    }
   }
+
+  if constexpr (kFormDq)
+    if (tid == 0) sm90::bulk_wait<0>();  // the last dQ reductions done before the block exits
 
   // dK = scale · Σ dSᵀ Q: the softmax scale applied once, in fp32.
   const float fk[2] = {p.scale, p.scale}, fv[2] = {1.0f, 1.0f};
@@ -307,32 +407,46 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_bwd_dq_sm9
 namespace {
 
 // Grid (head, batch, tile) with the tile index slowest, as every attention kernel here launches.
-template <class Tr, typename Kernel>
-void launch_bwd_sm90a_kernel(Kernel kernel, const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
-  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tr::kSmemBytes)));
+template <class Tr, typename Kernel, typename... Args>
+void launch_bwd_sm90a_kernel(Kernel kernel, size_t smem_bytes, const FlashAttentionParams& p, cudaStream_t stream,
+                             Args... args) {
+  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
   const dim3 grid(unsigned(p.H), unsigned(p.B), unsigned((p.T + Tr::kOwn - 1) / Tr::kOwn));
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, delta);
+  kernel<<<grid, Tr::kThreads, smem_bytes, stream>>>(p, args...);
   TG_CUDA_CHECK(cudaGetLastError());
 }
 
 // Block shapes: DkdvSm90aConfig, DqSm90aConfig (above), with the measurements that chose them.
 template <int D>
-void launch_bwd_sm90a(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
+void launch_bwd_sm90a(const FlashAttentionParams& p, const float* delta, float* dq_accum, int accum_rows,
+                      cudaStream_t stream) {
   using Dkdv = typename flash::DkdvSm90aConfig<D>::type;
+  if constexpr (flash::kSm90aAtomicDq<D>) {
+    if (p.dq_mode == FlashDq::kAtomic) {
+      using Atomic = typename flash::DkdvAtomicSm90aConfig<D>::type;
+      launch_bwd_sm90a_kernel<Atomic>(flash::flash_bwd_dkdv_sm90a_kernel<Atomic, FlashDq::kAtomic>,
+                                      Atomic::kSmemAtomicBytes, p, stream, delta, dq_accum, accum_rows);
+      return;
+    }
+  }
   using Dq = typename flash::DqSm90aConfig<D>::type;
-  launch_bwd_sm90a_kernel<Dkdv>(flash::flash_bwd_dkdv_sm90a_kernel<Dkdv>, p, delta, stream);
-  launch_bwd_sm90a_kernel<Dq>(flash::flash_bwd_dq_sm90a_kernel<Dq>, p, delta, stream);
+  launch_bwd_sm90a_kernel<Dkdv>(flash::flash_bwd_dkdv_sm90a_kernel<Dkdv, FlashDq::kRecompute>, Dkdv::kSmemBytes, p,
+                                stream, delta, static_cast<float*>(nullptr), 0);
+  launch_bwd_sm90a_kernel<Dq>(flash::flash_bwd_dq_sm90a_kernel<Dq>, Dq::kSmemBytes, p, stream, delta);
 }
 
 }  // namespace
 
 namespace flash {
 
-void flash_bwd_sm90a(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
+bool sm90a_has_atomic_dq(int64_t D) { return D == 128 ? kSm90aAtomicDq<128> : kSm90aAtomicDq<64>; }
+
+void flash_bwd_sm90a(const FlashAttentionParams& p, const float* delta, float* dq_accum, int accum_rows,
+                     cudaStream_t stream) {
   if (p.D == 64)
-    launch_bwd_sm90a<64>(p, delta, stream);
+    launch_bwd_sm90a<64>(p, delta, dq_accum, accum_rows, stream);
   else
-    launch_bwd_sm90a<128>(p, delta, stream);
+    launch_bwd_sm90a<128>(p, delta, dq_accum, accum_rows, stream);
 }
 
 }  // namespace flash

@@ -515,16 +515,28 @@ __device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
 }
 
-// dst rows [row0, row0 + 16) (fp32, row stride ld) += acc (16 rows × N) of a warp, as vector
-// reductions. The caller guarantees the rows exist (the dQ buffer is padded to whole tiles).
+// The fp32 dQ accumulator's layout: rows of ld floats whose 8-float (32-byte) chunks are permuted
+// per row, chunk c stored at c ^ (row % 8). A warp's accumulator fragment covers 8 rows × 4
+// column pairs per n-tile; unpermuted, those 8 rows (ld a multiple of 32 floats) share 8 banks
+// when staged in shared memory (8-way conflicts), permuted they spread over all 32. Offset of
+// the column pair (col, col + 1), col even, of `row`. (row % 8 is the same in any tile frame
+// whose origin is a multiple of 8 rows.)
+__device__ __forceinline__ int dq_accum_offset(int row, int col, int ld) {
+  return row * ld + ((((col >> 3) ^ (row & 7)) << 3) | (col & 7));
+}
+
+// Rows [row0, row0 + 16) of the dQ accumulator at dst (fp32, dq_accum_offset's layout, row stride
+// ld), columns [col0, col0 + N), += acc (16 rows × N) of a warp, as vector reductions. The caller
+// guarantees the rows exist (the dQ buffer is padded to whole tiles).
 template <int N>
 __device__ __forceinline__ void accumulate_rows_f32(float* dst, int ld, const float (&acc)[N / 8][4], int row0,
-                                                    int lane) {
+                                                    int col0, int lane) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    float* out = dst + (row0 + (lane >> 2) + 8 * i) * ld;
+    const int row = row0 + (lane >> 2) + 8 * i;
 #pragma unroll
-    for (int nt = 0; nt < N / 8; ++nt) red_add_f32x2(out + frag_col(lane, nt, 0), acc[nt][2 * i], acc[nt][2 * i + 1]);
+    for (int nt = 0; nt < N / 8; ++nt)
+      red_add_f32x2(dst + dq_accum_offset(row, col0 + frag_col(lane, nt, 0), ld), acc[nt][2 * i], acc[nt][2 * i + 1]);
   }
 }
 

@@ -74,21 +74,54 @@ __device__ __forceinline__ void fence_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// x, hidden from the optimiser: a loop-invariant value laundered through this at the top of a loop
+// body is recomputed there instead of hoisted. At 255 registers, ptxas hoists the 8 descriptors
+// and 16 swizzled offsets of the dQ product out of the backward's main loop and spills them.
+__device__ __forceinline__ uint64_t opaque_u64(uint64_t x) {
+  asm volatile("mov.b64 %0, %0;\n" : "+l"(x));
+  return x;
+}
+__device__ __forceinline__ uint32_t opaque_u32(uint32_t x) {
+  asm volatile("mov.b32 %0, %0;\n" : "+r"(x));
+  return x;
+}
+
+// The bulk copy engine, shared → global with reduction: dst[0 .. bytes/4) += src[...] (fp32), one
+// instruction for a whole contiguous range, performed at L2 (both addresses 16-byte aligned,
+// bytes a multiple of 16). Completion is tracked per thread in bulk groups: after
+// bulk_wait_read<N>() at most N groups may still be reading their shared source (which may then
+// be overwritten); after bulk_wait<N>() at most N are still writing.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, const void* src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+               "r"(static_cast<uint32_t>(__cvta_generic_to_shared(src))), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 // d (64 × 64 fp32) = A·B (+ d when accumulate): A (64 × 16) and B (16 × 64) from descriptors,
-// imm-trans-b as given (0: B K-major, i.e. the rows of Bᵀ; 1: B MN-major).
-template <int kTransB>
+// imm-trans-b as given (0: B K-major, i.e. the rows of Bᵀ; 1: B MN-major), likewise imm-trans-a
+// (0: A K-major, rows are M; 1: A MN-major, rows are K — a tile stored transposed).
+template <int kTransB, int kTransA = 0>
 __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
                                                    bool accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
-      "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, %35;\n}\n"
+      "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %36, %35;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
         "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));
+      : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB), "n"(kTransA));
 }
 
 // The same with A (64 × 16 bf16) from registers, 4 words per thread in mma.sync's A layout.
@@ -143,6 +176,23 @@ __device__ __forceinline__ void load_tile_swizzled(unsigned char* dst, const tg:
   load_rows_async<ROWS, D, THREADS>(
       [=](int r, int col) { return dst + (col / 64) * ROWS * kSwizzleRowBytes + swizzled_offset(r, col % 64); },
       src, ld, t0, T, tid);
+}
+
+// The warp's 16 × 64 tile held as A fragments (bf16, 4 k-steps; tile.cuh's store_a_frags layout)
+// → rows [row0, row0 + 16) (row0 a multiple of 8) of a 64-column swizzled tile at dst. Each lane
+// stores bf16x2 words; the 8 rows of one store hit 8 distinct 16-byte chunks (the swizzle), so no
+// bank conflicts. Both of a lane's rows are lane/4 mod 8, so one XOR term serves all 16 stores
+// (opaque: recomputed per call, not hoisted as 16 offsets).
+__device__ __forceinline__ void store_a_frags_swizzled(unsigned char* dst, const uint32_t (&a)[4][4], int row0,
+                                                       int lane) {
+  unsigned char* base = dst + (row0 + (lane >> 2)) * kSwizzleRowBytes + 4 * (lane & 3);
+  const uint32_t chunk_xor = opaque_u32(16 * (lane >> 2));
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)  // a[kk][e]: row + 8·(e % 2), 16-byte chunk 2kk + e / 2
+      *reinterpret_cast<uint32_t*>(base + 8 * kSwizzleRowBytes * (e & 1) + ((32 * kk + 16 * (e >> 1)) ^ chunk_xor)) =
+          a[kk][e];
 }
 
 // The first byte of `smem` at or after it on a 1024-byte boundary: the swizzle works on absolute
