@@ -31,32 +31,33 @@ namespace flash {
 
 // Both backward kernels: a block owns kOwn = 64 · Warpgroups rows of two tensors (dK/dV: K_j, V_j;
 // dQ: Q_i, dO_i), warpgroup g rows [64g, 64g + 64), and streams tiles of kStream = 64 rows of two others
-// (dK/dV: Q_i, dO_i with their lse and delta; dQ: K_j, V_j). A streamed tile is the N of the SS
-// products (m64n64) and the K of the RS ones (4 k-steps of 16).
-template <int D_, int Warpgroups, int MinBlocks>
+// (dK/dV: Q_i, dO_i with their lse and delta; dQ: K_j, V_j) through Stages buffers. A streamed
+// tile is the N of the SS products (m64n64) and the K of the RS ones (4 k-steps of 16).
+template <int D_, int Warpgroups, int MinBlocks, int Stages = kStages>
 struct BwdSm90aTraits {
   static constexpr int kD = D_;
   static constexpr int kWarpgroups = Warpgroups;
   static constexpr int kMinBlocks = MinBlocks;  // blocks per SM the registers must allow
+  static constexpr int kStreamStages = Stages;   // buffers of the streamed tiles
   static constexpr int kThreads = 128 * kWarpgroups;
   static constexpr int kOwn = 64 * kWarpgroups;
   static constexpr int kStream = 64;
   static constexpr int kPanels = kD / 64;  // 64-column swizzled panels per row
   static constexpr int kPanelOwn = kOwn * sm90::kSwizzleRowBytes, kPanelStream = kStream * sm90::kSwizzleRowBytes;
   static constexpr int kTileOwn = kPanels * kPanelOwn, kTileStream = kPanels * kPanelStream;  // bytes
-  // Two owned tiles, two streamed tensors double-buffered, the streamed rows' lse and delta
+  // Two owned tiles, two streamed tensors in Stages buffers, the streamed rows' lse and delta
   // (dK/dV only; the dQ kernel keeps its rows' statistics in registers), swizzle-atom slack.
-  static constexpr size_t kStatsBytes = size_t(2 * kStages * kStream) * sizeof(float);
-  static constexpr size_t kSmemBytes = size_t(2 * kTileOwn + 2 * kStages * kTileStream) + kStatsBytes +
+  static constexpr size_t kStatsBytes = size_t(2 * kStreamStages * kStream) * sizeof(float);
+  static constexpr size_t kSmemBytes = size_t(2 * kTileOwn + 2 * kStreamStages * kTileStream) + kStatsBytes +
                                        sm90::kSwizzleAtomBytes;
   // The dK/dV kernel forming dQ too (FlashDq::kAtomic) keeps the pair's dSᵀ (kOwn keys × kStream
-  // queries, one swizzled panel) after the statistics, which end on a swizzle atom.
+  // queries, one swizzled panel) between the streamed tiles and the statistics.
   static constexpr int kTileDs = kOwn * sm90::kSwizzleRowBytes;
   static constexpr size_t kSmemAtomicBytes = kSmemBytes + kTileDs;
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
   static_assert(kSmemBytes <= 227 * 1024, "exceeds Hopper's per-block shared memory");
   static_assert(kMinBlocks * kSmemAtomicBytes <= 228 * 1024, "MinBlocks blocks must fit an SM's shared memory");
-  static_assert(kStatsBytes % sm90::kSwizzleAtomBytes == 0, "the dS tile after the statistics must stay aligned");
+  static_assert(kStreamStages == 2 || kStreamStages == 3, "double or triple buffering");
   static_assert(kStream == 64, "the dS tile is one 64-column panel");
 };
 
@@ -85,7 +86,7 @@ template <> struct DkdvSm90aConfig<128> { using type = BwdSm90aTraits<128, 1, 2>
 // both modes.
 template <int D> constexpr bool kSm90aAtomicDq = D == 128;
 template <int D> struct DkdvAtomicSm90aConfig;
-template <> struct DkdvAtomicSm90aConfig<128> { using type = BwdSm90aTraits<128, 2, 1>; };
+template <> struct DkdvAtomicSm90aConfig<128> { using type = BwdSm90aTraits<128, 2, 1, 3>; };
 template <int D> struct DqSm90aConfig;
 template <> struct DqSm90aConfig<64> { using type = BwdSm90aTraits<64, 1, 3>; };
 template <> struct DqSm90aConfig<128> { using type = BwdSm90aTraits<128, 1, 2>; };
@@ -147,11 +148,12 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_bwd_dkdv_s
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* sK = sm90::align_to_swizzle_atom(smem);
   unsigned char* sV = sK + Tr::kTileOwn;
+  constexpr int S = Tr::kStreamStages;
   unsigned char* sQ = sV + Tr::kTileOwn;                  // (stage) tiles of kTileStream bytes
-  unsigned char* sdO = sQ + kStages * Tr::kTileStream;
-  float* sL = reinterpret_cast<float*>(sdO + kStages * Tr::kTileStream);  // (stage, Br) lse
-  float* sDelta = sL + kStages * Br;                                        // (stage, Br) delta
-  unsigned char* sdSt = reinterpret_cast<unsigned char*>(sDelta + kStages * Br);  // (Bc, Br) dSᵀ, kFormDq only
+  unsigned char* sdO = sQ + S * Tr::kTileStream;
+  unsigned char* sdSt = sdO + S * Tr::kTileStream;        // (Bc, Br) dSᵀ, kFormDq only
+  float* sL = reinterpret_cast<float*>(sdSt + (kFormDq ? Tr::kTileDs : 0));  // (stage, Br) lse
+  float* sDelta = sL + S * Br;                                                // (stage, Br) delta
 
   const int T = int(p.T), H = int(p.H);
   const bool causal = p.causal;
@@ -192,35 +194,39 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_bwd_dkdv_s
   zero(dk);
   zero(dv);
 
-  // Query tile i+1 into stage st ^ 1, once nothing reads that stage any more.
-  auto prefetch = [&](int i, int st) {
-    if (i + 1 < n_qb) {
-      const int q1 = (i + 1) * Br;
-      sm90::load_tile_swizzled<Br, D, NT>(sQ + (st ^ 1) * Tr::kTileStream, Q, ldq, q1, T, tid);
-      sm90::load_tile_swizzled<Br, D, NT>(sdO + (st ^ 1) * Tr::kTileStream, dO, lddo, q1, T, tid);
-      load_row_stats<Br, NT>(sL + (st ^ 1) * Br, lse, q1, T, tid);
-      load_row_stats<Br, NT>(sDelta + (st ^ 1) * Br, dlt, q1, T, tid);
+  // Query tile t into its stage (t − i_begin) mod S, once nothing reads that stage any more; one
+  // cp.async group per call, empty past the last tile.
+  auto stage_of = [&](int t) { return int(unsigned(t - i_begin) % S); };
+  auto prefetch = [&](int t) {
+    if (t < n_qb) {
+      const int q1 = t * Br, st1 = stage_of(t);
+      sm90::load_tile_swizzled<Br, D, NT>(sQ + st1 * Tr::kTileStream, Q, ldq, q1, T, tid);
+      sm90::load_tile_swizzled<Br, D, NT>(sdO + st1 * Tr::kTileStream, dO, lddo, q1, T, tid);
+      load_row_stats<Br, NT>(sL + st1 * Br, lse, q1, T, tid);
+      load_row_stats<Br, NT>(sDelta + st1 * Br, dlt, q1, T, tid);
     }
     cp_async_commit();
   };
+  // kAtomic stages each tile's dQ where its Q_i, dO_i were and adds it with the bulk copy engine
+  // (half a tile each from stage_lo and stage_hi): issued one iteration later, after the barrier
+  // that shows every warp's part staged, and read before that stage takes tile i + 2 (S = 3).
+  auto add_staged_dq = [&](int t) {
+    const int st1 = stage_of(t);
+    sm90::bulk_reduce_add_f32(dQacc + int64_t(t * Br) * D, sQ + st1 * Tr::kTileStream, Tr::kTileStream);
+    sm90::bulk_reduce_add_f32(dQacc + int64_t(t * Br + 32) * D, sdO + st1 * Tr::kTileStream, Tr::kTileStream);
+    sm90::bulk_commit();
+  };
+  static_assert(!kFormDq || S == 3, "kAtomic: tile i + 2 loads while tile i - 1's dQ is read out");
+  if constexpr (kFormDq) prefetch(i_begin + 1);
 
   for (int i = i_begin; i < n_qb; ++i) {
-    const int st = (i - i_begin) & 1;
-    if constexpr (!kFormDq) {
-      prefetch(i, st);  // stage st ^ 1 freed by the barrier ending the last iteration
-      cp_async_wait<1>();
-      sm90::fence_async_shared();  // cp.async wrote through the generic proxy; wgmma reads through the async one
-      __syncthreads();
-    } else {
-      // Stage st ^ 1 also holds the last iteration's staged dQ: the prefetch waits for the bulk
-      // copy engine to have read it, and for every warp (this barrier replaces the one that
-      // ends an iteration of the other mode, so the read has had a whole tile pair to finish).
-      cp_async_wait<0>();
-      sm90::fence_async_shared();
-      if (tid == 0) sm90::bulk_wait_read<0>();
-      __syncthreads();
-      prefetch(i, st);
-    }
+    const int st = stage_of(i);
+    if constexpr (!kFormDq) prefetch(i + 1);  // its stage freed by the barrier ending the last iteration
+    cp_async_wait<1>();          // tile i landed (tile i + 1 may still be in flight)
+    sm90::fence_async_shared();  // cp.async wrote through the generic proxy; wgmma reads through the async one
+    __syncthreads();             // kAtomic: also, tile i − 1's dQ is staged by every warp
+    if constexpr (kFormDq)
+      if (tid == 0 && i > i_begin) add_staged_dq(i - 1);
     const unsigned char* Qi = sQ + st * Tr::kTileStream;
     const unsigned char* dOi = sdO + st * Tr::kTileStream;
     const float* Li = sL + st * Br;
@@ -253,18 +259,22 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_bwd_dkdv_s
     wgmma_ab_rs<D>(dk, dsf, Qi, Tr::kPanelStream);  // dK += dSᵀ Q
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();
-    if constexpr (kFormDq) {
-      sm90::fence_async_shared();  // dSᵀ written by st.shared, read by wgmma
-      __syncthreads();  // every warp's dSᵀ rows are in, and every warp is done with Q_i and dO_i
+    if constexpr (!kFormDq) {
+      __syncthreads();  // stage st is overwritten by the next prefetch
+    } else {
+      if (tid == 0) sm90::bulk_wait_read<0>();  // tile i − 1's staged dQ read out: its stage is free
+      sm90::fence_async_shared();               // dSᵀ written by st.shared, read by wgmma
+      __syncthreads();  // every warp's dSᵀ rows are in, every warp is done with Q_i and dO_i
+      prefetch(i + 2);  // into tile i − 1's stage
       // dQ_i (64 queries, D) = dS K_j over the block's Bc keys, warpgroup g its kDqCols columns
       // (k-steps of 16 keys are 16 rows of both tiles: 2048 bytes), staged in fp32 in the
       // dq_accum layout where Q_i and dO_i were (rows 0-31, 32-63: 32·D floats each, warp w of
-      // each warpgroup the rows 16w … 16w + 15), then added to dq_accum by the bulk copy engine in
-      // two reductions. With two warpgroups the block adds once per 128 keys, not 64: half the
-      // reduction traffic, which bounds this mode (docs/flash-attention.md).
+      // each warpgroup the rows 16w … 16w + 15), added by add_staged_dq at the next iteration.
+      // With two warpgroups the block adds once per 128 keys, not 64: half the reduction
+      // traffic, which bounds this mode (docs/flash-attention.md).
+      static_assert(32 * D * sizeof(float) == Tr::kTileStream, "half a dQ tile in fp32 fills one streamed tile");
       float* stage_lo = reinterpret_cast<float*>(sQ + st * Tr::kTileStream);
       float* stage_hi = reinterpret_cast<float*>(sdO + st * Tr::kTileStream);
-      static_assert(32 * D * sizeof(float) == Tr::kTileStream, "half a dQ tile in fp32 fills one streamed tile");
       // Row r of this warp's half at rows + r·D; the pair (c, c + 1) of it at rows + r·D + ((c
       // & ~7) ^ 8·(r % 8)) + (c & 7) (dq_accum_offset), r % 8 being lane / 4 for both of a lane's rows.
       float* rows = (warp < 2 ? stage_lo : stage_hi) + (16 * (warp % 2) + (lane >> 2)) * D + frag_col(lane, 0, 0);
@@ -286,19 +296,16 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_bwd_dkdv_s
           *reinterpret_cast<float2*>(rows + 8 * e * D + ((wg * kDqCols + 8 * nt) ^ chunk_xor)) =
               make_float2(dq[nt][2 * e], dq[nt][2 * e + 1]);
       sm90::fence_async_shared();  // the staged rows, written by st.shared, read by the bulk copy engine
-      __syncthreads();
-      if (tid == 0) {  // read before the next iteration's prefetch into this stage (its first barrier)
-        sm90::bulk_reduce_add_f32(dQacc + int64_t(q0) * D, stage_lo, Tr::kTileStream);
-        sm90::bulk_reduce_add_f32(dQacc + int64_t(q0 + 32) * D, stage_hi, Tr::kTileStream);
-        sm90::bulk_commit();
-      }
-    } else {
-      __syncthreads();  // stage st is overwritten by the next prefetch
     }
   }
 
-  if constexpr (kFormDq)
-    if (tid == 0) sm90::bulk_wait<0>();  // the last dQ reductions done before the block exits
+  if constexpr (kFormDq) {
+    __syncthreads();  // the last tile's dQ staged by every warp
+    if (tid == 0) {
+      add_staged_dq(n_qb - 1);
+      sm90::bulk_wait<0>();  // every reduction done before the block exits
+    }
+  }
 
   // dK = scale · Σ dSᵀ Q: the softmax scale applied once, in fp32.
   const float fk[2] = {p.scale, p.scale}, fv[2] = {1.0f, 1.0f};
@@ -313,11 +320,12 @@ template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_bwd_dq_sm90a_kernel(const FlashAttentionParams p,
                                                                              const float* __restrict__ delta) {
   constexpr int D = Tr::kD, Br = Tr::kOwn, Bc = Tr::kStream, NT = Tr::kThreads;
+  static_assert(Tr::kStreamStages == 2, "key tiles double-buffered (stage j & 1)");
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* sQ = sm90::align_to_swizzle_atom(smem);
   unsigned char* sdO = sQ + Tr::kTileOwn;
   unsigned char* sK = sdO + Tr::kTileOwn;  // (stage) tiles of kTileStream bytes
-  unsigned char* sV = sK + kStages * Tr::kTileStream;
+  unsigned char* sV = sK + Tr::kStreamStages * Tr::kTileStream;
 
   const int T = int(p.T), H = int(p.H);
   const bool causal = p.causal;
