@@ -75,15 +75,18 @@ template <int D> struct DkdvSm90aConfig;
 template <> struct DkdvSm90aConfig<64> { using type = BwdSm90aTraits<64, 1, 3>; };
 template <> struct DkdvSm90aConfig<128> { using type = BwdSm90aTraits<128, 1, 2>; };
 // FlashDq::kAtomic's dK/dV kernel, which forms dQ too (5 products per tile pair, not 7), at d 128
-// only. Its bound is the L2's rate of fp32 reductions: each block adds a (64 queries, D) dQ tile
-// per streamed query tile, 32 KiB at d 128, and at ~2 TB/s of them (measured: the same ~2 TB/s
-// at both head dims) one warpgroup per block (64 keys) ran 0.76-0.95× the deterministic pair at
-// T ≥ 4k. Two warpgroups (128 keys; 253 registers, 0 spills, 1 block per SM, 147 KiB smem) halve
-// the traffic per FLOP: 1.03-1.18× the deterministic pair at T ≥ 4k (d 128, 2026-11-30,
-// docs/BENCHMARKS.md). At d 64 the dQ tile per key is the same and two warpgroups would leave one
-// block of 8 warps per SM (measured 0.70× for the deterministic pair in that shape); one
-// warpgroup ran 0.62-1.04× the deterministic pair, so d 64 keeps the deterministic kernels in
-// both modes.
+// only; measured on the H200 (2026-11-30, docs/BENCHMARKS.md, fifth session), backward TF/s
+// against the deterministic pair's in the same call. Each block adds a (64 queries, D) fp32 dQ
+// tile per streamed query tile, and the L2 reduces them at ~2 TB/s (the same rate at both head
+// dims): one warpgroup per block (64 keys) ran 0.55-0.99× at T ≥ 4k, bound by it. Two
+// warpgroups (128 keys) halve the traffic per FLOP: 1.01-1.18×; with three Q/dO stages, so that
+// tile i's staged dQ is added at the next tile's first barrier and read out before its stage
+// takes tile i + 2 (two barriers per tile, not three): 1.17-1.32× (d 128 causal 8k 452-464 vs
+// 368-378; 255 registers, 0 spills, 178.5 KiB smem, one block per SM). d 64 keeps the
+// deterministic kernels in both modes: one warpgroup per block ran 0.62-1.04×; two (each
+// warpgroup an m64n32 half of dQ, three stages: 199 registers, one block per SM) 0.89-0.94× at
+// causal T ≤ 16k — GPT-2's 1k causal 0.90× — though 1.05-1.26× at 32k; two blocks per SM spill
+// (128 registers) and ran 0.53-0.68×.
 template <int D> constexpr bool kSm90aAtomicDq = D == 128;
 template <int D> struct DkdvAtomicSm90aConfig;
 template <> struct DkdvAtomicSm90aConfig<128> { using type = BwdSm90aTraits<128, 2, 1, 3>; };
