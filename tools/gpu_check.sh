@@ -17,9 +17,11 @@ if [ "$WHAT" = tests ] || [ "$WHAT" = all ]; then
   grep -E "\(Failed\)|\(Timeout\)|\(SEGFAULT\)|Exception" "$OUT/ctest.log" | head -40
 fi
 if [ "$WHAT" = sanitize ] || [ "$WHAT" = all ]; then
-  # memcheck and racecheck on small attention cases (the fused kernels use shared memory heavily).
-  F='Shapes/FlashAttentionTest.MatchesDoubleReference/B2_T1*:Shapes/FlashAttentionTest.MatchesDoubleReference/B2_T129*'
-  for tool in memcheck racecheck; do
+  # memcheck, racecheck and synccheck on small attention cases, both kernel families and both dQ
+  # modes (the fused kernels use shared memory heavily; the atomic wgmma one hands it to the bulk
+  # copy engine), packed qkv included.
+  F='Shapes/FlashAttentionTest.MatchesDoubleReference/B2_T1_*:Shapes/FlashAttentionTest.MatchesDoubleReference/B2_T129_*:Packed/*'
+  for tool in memcheck racecheck synccheck; do
     compute-sanitizer --tool $tool --error-exitcode 9 build-gpu/test_cuda --gtest_filter="$F" > "$OUT/sanitizer_$tool.log" 2>&1
     echo "compute-sanitizer $tool: exit $? ($(grep -cE '^\[       OK' "$OUT/sanitizer_$tool.log") tests OK; $(grep -m1 -E 'ERROR SUMMARY' "$OUT/sanitizer_$tool.log"))"
   done
