@@ -49,12 +49,34 @@ void expect_matches_reference(const std::vector<tg::bf16>& o, const std::vector<
 }
 
 // The launch sequences of flash_fwd.cu / flash_bwd.cu (launch_fwd, launch_bwd), block for block.
+
+// Grid (head, batch, tiles of `tile_rows`), as every attention launcher builds it.
+EmuDim3 tile_grid(const FlashAttentionParams& p, int tile_rows) {
+  return {unsigned(p.H), unsigned(p.B), unsigned((p.T + tile_rows - 1) / tile_rows)};
+}
+
+// The row-wise passes around the tile kernels: delta before, the atomic mode's dQ convert after.
+template <int D>
+void delta_pass(const FlashAttentionParams& p, const flash::BwdWorkspace<D>& ws) {
+  const int64_t rows = p.B * p.T * p.H;
+  emu_launch({unsigned((rows * (D / 8) + 255) / 256), 1, 1}, 256, 0, [&] {
+    flash::flash_bwd_delta_kernel<D>(p.o, p.o_row_stride, p.dout, p.do_row_stride, ws.delta, rows, int(p.T), int(p.H));
+  });
+}
+template <int D>
+void dq_convert_pass(const FlashAttentionParams& p, const flash::BwdWorkspace<D>& ws) {
+  const int64_t rows = p.B * p.T * p.H;
+  emu_launch({unsigned((rows * (D / 8) + 255) / 256), 1, 1}, 256, 0, [&] {
+    flash::flash_bwd_dq_convert_kernel<D>(ws.dq_accum, flash::BwdWorkspace<D>::accum_rows(p.T), p.dq,
+                                          p.dq_row_stride, rows, int(p.T), int(p.H), p.scale);
+  });
+}
+
 template <int D>
 void forward(const FlashAttentionParams& p_in) {
   const FlashAttentionParams p = flash::with_resolved_row_strides(p_in);
   using Tr = typename flash::FwdConfig<D>::type;
-  emu_launch({unsigned(p.H), unsigned(p.B), unsigned((p.T + Tr::kBr - 1) / Tr::kBr)}, Tr::kThreads, Tr::kSmemBytes,
-             [&] { flash::flash_fwd_kernel<Tr>(p); });
+  emu_launch(tile_grid(p, Tr::kBr), Tr::kThreads, Tr::kSmemBytes, [&] { flash::flash_fwd_kernel<Tr>(p); });
 }
 
 template <int D>
@@ -62,30 +84,22 @@ void backward(const FlashAttentionParams& p_in) {
   const FlashAttentionParams p = flash::with_resolved_row_strides(p_in);
   using Ws = flash::BwdWorkspace<D>;
   const Ws ws(p);
-  const int64_t rows = p.B * p.T * p.H;
-  const unsigned row_blocks = unsigned((rows * (D / 8) + 255) / 256);
-  emu_launch({row_blocks, 1, 1}, 256, 0, [&] {
-    flash::flash_bwd_delta_kernel<D>(p.o, p.o_row_stride, p.dout, p.do_row_stride, ws.delta, rows, int(p.T), int(p.H));
-  });
+  delta_pass<D>(p, ws);
   using Dkdv = typename flash::DkdvConfig<D>::type;
-  const EmuDim3 key_blocks{unsigned(p.H), unsigned(p.B), unsigned((p.T + Dkdv::kOwn - 1) / Dkdv::kOwn)};
   const int accum_rows = int(Ws::accum_rows(p.T));
   if (p.dq_mode == FlashDq::kRecompute) {
-    emu_launch(key_blocks, Dkdv::kThreads, Dkdv::kSmemBytes, [&] {
+    emu_launch(tile_grid(p, Dkdv::kOwn), Dkdv::kThreads, Dkdv::kSmemBytes, [&] {
       flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kRecompute>(p, ws.delta, ws.dq_accum, accum_rows);
     });
     using Dq = typename flash::DqConfig<D>::type;
-    emu_launch({unsigned(p.H), unsigned(p.B), unsigned((p.T + Dq::kOwn - 1) / Dq::kOwn)}, Dq::kThreads,
-               Dq::kSmemBytes, [&] { flash::flash_bwd_dq_kernel<Dq>(p, ws.delta); });
+    emu_launch(tile_grid(p, Dq::kOwn), Dq::kThreads, Dq::kSmemBytes,
+               [&] { flash::flash_bwd_dq_kernel<Dq>(p, ws.delta); });
     return;
   }
   std::memset(ws.dq_accum, 0, Ws::accum_bytes(p.B, p.T, p.H));
-  emu_launch(key_blocks, Dkdv::kThreads, Dkdv::kSmemDkdvBytes,
+  emu_launch(tile_grid(p, Dkdv::kOwn), Dkdv::kThreads, Dkdv::kSmemDkdvBytes,
              [&] { flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kAtomic>(p, ws.delta, ws.dq_accum, accum_rows); });
-  emu_launch({row_blocks, 1, 1}, 256, 0, [&] {
-    flash::flash_bwd_dq_convert_kernel<D>(ws.dq_accum, accum_rows, p.dq, p.dq_row_stride, rows, int(p.T), int(p.H),
-                                          p.scale);
-  });
+  dq_convert_pass<D>(p, ws);
 }
 
 struct EmuCase {
@@ -160,8 +174,7 @@ template <int D>
 void forward_sm90a(const FlashAttentionParams& p_in) {
   const FlashAttentionParams p = flash::with_resolved_row_strides(p_in);
   using Tr = typename flash::FwdSm90aConfig<D>::type;
-  emu_launch({unsigned(p.H), unsigned(p.B), unsigned((p.T + Tr::kBr - 1) / Tr::kBr)}, Tr::kThreads, Tr::kSmemBytes,
-             [&] { flash::flash_fwd_sm90a_kernel<Tr>(p); });
+  emu_launch(tile_grid(p, Tr::kBr), Tr::kThreads, Tr::kSmemBytes, [&] { flash::flash_fwd_sm90a_kernel<Tr>(p); });
 }
 
 template <int D>
@@ -169,34 +182,25 @@ void backward_sm90a(const FlashAttentionParams& p_in) {
   const FlashAttentionParams p = flash::with_resolved_row_strides(p_in);
   using Ws = flash::BwdWorkspace<D>;
   const Ws ws(p);
-  const int64_t rows = p.B * p.T * p.H;
-  const unsigned row_blocks = unsigned((rows * (D / 8) + 255) / 256);
-  emu_launch({row_blocks, 1, 1}, 256, 0, [&] {
-    flash::flash_bwd_delta_kernel<D>(p.o, p.o_row_stride, p.dout, p.do_row_stride, ws.delta, rows, int(p.T), int(p.H));
-  });
-  using Dkdv = typename flash::DkdvSm90aConfig<D>::type;
-  using Dq = typename flash::DqSm90aConfig<D>::type;
-  const EmuDim3 key_blocks{unsigned(p.H), unsigned(p.B), unsigned((p.T + Dkdv::kOwn - 1) / Dkdv::kOwn)};
-  const int accum_rows = int(Ws::accum_rows(p.T));
+  delta_pass<D>(p, ws);
   if constexpr (flash::kSm90aAtomicDq<D>) {
     if (p.dq_mode == FlashDq::kAtomic) {
       using Atomic = typename flash::DkdvAtomicSm90aConfig<D>::type;
+      const int accum_rows = int(Ws::accum_rows(p.T));
       std::memset(ws.dq_accum, 0, Ws::accum_bytes(p.B, p.T, p.H));
-      emu_launch({unsigned(p.H), unsigned(p.B), unsigned((p.T + Atomic::kOwn - 1) / Atomic::kOwn)}, Atomic::kThreads,
-                 Atomic::kSmemAtomicBytes, [&] {
-                   flash::flash_bwd_dkdv_sm90a_kernel<Atomic, FlashDq::kAtomic>(p, ws.delta, ws.dq_accum, accum_rows);
-                 });
-      emu_launch({row_blocks, 1, 1}, 256, 0, [&] {
-        flash::flash_bwd_dq_convert_kernel<D>(ws.dq_accum, accum_rows, p.dq, p.dq_row_stride, rows, int(p.T),
-                                              int(p.H), p.scale);
+      emu_launch(tile_grid(p, Atomic::kOwn), Atomic::kThreads, Atomic::kSmemAtomicBytes, [&] {
+        flash::flash_bwd_dkdv_sm90a_kernel<Atomic, FlashDq::kAtomic>(p, ws.delta, ws.dq_accum, accum_rows);
       });
+      dq_convert_pass<D>(p, ws);
       return;
     }
   }
-  emu_launch(key_blocks, Dkdv::kThreads, Dkdv::kSmemBytes, [&] {
+  using Dkdv = typename flash::DkdvSm90aConfig<D>::type;
+  using Dq = typename flash::DqSm90aConfig<D>::type;
+  emu_launch(tile_grid(p, Dkdv::kOwn), Dkdv::kThreads, Dkdv::kSmemBytes, [&] {
     flash::flash_bwd_dkdv_sm90a_kernel<Dkdv, FlashDq::kRecompute>(p, ws.delta, nullptr, 0);
   });
-  emu_launch({unsigned(p.H), unsigned(p.B), unsigned((p.T + Dq::kOwn - 1) / Dq::kOwn)}, Dq::kThreads, Dq::kSmemBytes,
+  emu_launch(tile_grid(p, Dq::kOwn), Dq::kThreads, Dq::kSmemBytes,
              [&] { flash::flash_bwd_dq_sm90a_kernel<Dq>(p, ws.delta); });
 }
 

@@ -14,6 +14,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/flash_attention/flash.h"
 #include "kernels/cuda/flash_attention/kernel_traits.cuh"
+#include "kernels/cuda/flash_attention/launch.cuh"
 #include "kernels/cuda/flash_attention/tile.cuh"
 
 namespace tg::cuda {
@@ -359,17 +360,6 @@ struct BwdWorkspace {
 
 namespace {
 
-template <class Tr, typename Kernel, typename... Args>
-void launch_bwd_kernel(Kernel kernel, size_t smem_bytes, const FlashAttentionParams& p, cudaStream_t stream,
-                       Args... args) {
-  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
-  // (head, batch, tile): blocks start in launch order, x fastest, so with the tile index slowest
-  // every head's heaviest causal tile starts before any lighter one (see flash_fwd_kernel).
-  const dim3 grid(unsigned(p.H), unsigned(p.B), unsigned((p.T + Tr::kOwn - 1) / Tr::kOwn));
-  kernel<<<grid, Tr::kThreads, smem_bytes, stream>>>(p, args...);
-  TG_CUDA_CHECK(cudaGetLastError());
-}
-
 template <int D>
 void launch_bwd(const FlashAttentionParams& p_in, cudaStream_t stream) {
   const FlashAttentionParams p = flash::with_resolved_row_strides(p_in);  // 0 strides → H·D
@@ -395,14 +385,14 @@ void launch_bwd(const FlashAttentionParams& p_in, cudaStream_t stream) {
     pw.dq_mode = atomic_dq ? FlashDq::kAtomic : FlashDq::kRecompute;
     flash::flash_bwd_sm90a(pw, ws.delta, ws.dq_accum, accum_rows, stream);
   } else if (p.dq_mode == FlashDq::kRecompute) {
-    launch_bwd_kernel<Dkdv>(flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kRecompute>, Dkdv::kSmemBytes, p, stream,
-                            static_cast<const float*>(ws.delta), ws.dq_accum, accum_rows);
     using Dq = typename flash::DqConfig<D>::type;
-    launch_bwd_kernel<Dq>(flash::flash_bwd_dq_kernel<Dq>, Dq::kSmemBytes, p, stream,
-                          static_cast<const float*>(ws.delta));
+    flash::launch_tile_kernel<Dkdv>(flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kRecompute>, Dkdv::kSmemBytes, p,
+                                    stream, static_cast<const float*>(ws.delta), ws.dq_accum, accum_rows);
+    flash::launch_tile_kernel<Dq>(flash::flash_bwd_dq_kernel<Dq>, Dq::kSmemBytes, p, stream,
+                                  static_cast<const float*>(ws.delta));
   } else {
-    launch_bwd_kernel<Dkdv>(flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kAtomic>, Dkdv::kSmemDkdvBytes, p, stream,
-                            static_cast<const float*>(ws.delta), ws.dq_accum, accum_rows);
+    flash::launch_tile_kernel<Dkdv>(flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kAtomic>, Dkdv::kSmemDkdvBytes, p,
+                                    stream, static_cast<const float*>(ws.delta), ws.dq_accum, accum_rows);
   }
   if (atomic_dq) {
     flash::flash_bwd_dq_convert_kernel<D><<<row_blocks, kThreads, 0, stream>>>(

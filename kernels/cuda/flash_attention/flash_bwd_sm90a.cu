@@ -20,6 +20,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/flash_attention/flash.h"
 #include "kernels/cuda/flash_attention/kernel_traits.cuh"
+#include "kernels/cuda/flash_attention/launch.cuh"
 #include "kernels/cuda/flash_attention/tile.cuh"
 #include "kernels/cuda/flash_attention/wgmma.cuh"
 
@@ -417,16 +418,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_bwd_dq_sm9
 
 namespace {
 
-// Grid (head, batch, tile) with the tile index slowest, as every attention kernel here launches.
-template <class Tr, typename Kernel, typename... Args>
-void launch_bwd_sm90a_kernel(Kernel kernel, size_t smem_bytes, const FlashAttentionParams& p, cudaStream_t stream,
-                             Args... args) {
-  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
-  const dim3 grid(unsigned(p.H), unsigned(p.B), unsigned((p.T + Tr::kOwn - 1) / Tr::kOwn));
-  kernel<<<grid, Tr::kThreads, smem_bytes, stream>>>(p, args...);
-  TG_CUDA_CHECK(cudaGetLastError());
-}
-
 // Block shapes: DkdvSm90aConfig, DqSm90aConfig (above), with the measurements that chose them.
 template <int D>
 void launch_bwd_sm90a(const FlashAttentionParams& p, const float* delta, float* dq_accum, int accum_rows,
@@ -435,15 +426,15 @@ void launch_bwd_sm90a(const FlashAttentionParams& p, const float* delta, float* 
   if constexpr (flash::kSm90aAtomicDq<D>) {
     if (p.dq_mode == FlashDq::kAtomic) {
       using Atomic = typename flash::DkdvAtomicSm90aConfig<D>::type;
-      launch_bwd_sm90a_kernel<Atomic>(flash::flash_bwd_dkdv_sm90a_kernel<Atomic, FlashDq::kAtomic>,
-                                      Atomic::kSmemAtomicBytes, p, stream, delta, dq_accum, accum_rows);
+      flash::launch_tile_kernel<Atomic>(flash::flash_bwd_dkdv_sm90a_kernel<Atomic, FlashDq::kAtomic>,
+                                        Atomic::kSmemAtomicBytes, p, stream, delta, dq_accum, accum_rows);
       return;
     }
   }
   using Dq = typename flash::DqSm90aConfig<D>::type;
-  launch_bwd_sm90a_kernel<Dkdv>(flash::flash_bwd_dkdv_sm90a_kernel<Dkdv, FlashDq::kRecompute>, Dkdv::kSmemBytes, p,
-                                stream, delta, static_cast<float*>(nullptr), 0);
-  launch_bwd_sm90a_kernel<Dq>(flash::flash_bwd_dq_sm90a_kernel<Dq>, Dq::kSmemBytes, p, stream, delta);
+  flash::launch_tile_kernel<Dkdv>(flash::flash_bwd_dkdv_sm90a_kernel<Dkdv, FlashDq::kRecompute>, Dkdv::kSmemBytes,
+                                  p, stream, delta, static_cast<float*>(nullptr), 0);
+  flash::launch_tile_kernel<Dq>(flash::flash_bwd_dq_sm90a_kernel<Dq>, Dq::kSmemBytes, p, stream, delta);
 }
 
 }  // namespace
