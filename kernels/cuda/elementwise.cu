@@ -260,6 +260,23 @@ int64_t sum_rows_chunks(int64_t rows, int64_t cols) {
   return std::clamp<int64_t>(want, 1, std::max<int64_t>(1, rows / kSumMinRows));
 }
 
+// The block's per-warp column sums (acc: this lane's V columns) folded over the warps in a fixed
+// order through shared memory, one partial per column of the block's 32·V, row chunk blockIdx.y.
+template <int V>
+__device__ __forceinline__ void fold_column_sums(float (&fold)[kSumWarps][32 * V], const float (&acc)[V], int warp,
+                                                 int lane, int64_t c0, int64_t cols, float* __restrict__ partial) {
+#pragma unroll
+  for (int k = 0; k < V; ++k) fold[warp][lane * V + k] = acc[k];
+  __syncthreads();
+  for (int i = threadIdx.x; i < 32 * V; i += kSumWarps * 32) {
+    if (c0 + i >= cols) break;
+    float s = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kSumWarps; ++w) s += fold[w][i];
+    partial[int64_t(blockIdx.y) * cols + c0 + i] = s;
+  }
+}
+
 template <int V, typename T>
 __global__ void __launch_bounds__(kSumWarps * 32)
     column_partial_sum_kernel(const T* __restrict__ x, float* __restrict__ partial, int64_t rows, int64_t cols,
@@ -279,16 +296,7 @@ __global__ void __launch_bounds__(kSumWarps * 32)
       for (int k = 0; k < V; ++k) acc[k] += f[k];
     }
   }
-#pragma unroll
-  for (int k = 0; k < V; ++k) fold[warp][lane * V + k] = acc[k];
-  __syncthreads();
-  for (int i = threadIdx.x; i < 32 * V; i += kSumWarps * 32) {
-    if (c0 + i >= cols) break;
-    float s = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kSumWarps; ++w) s += fold[w][i];
-    partial[int64_t(blockIdx.y) * cols + c0 + i] = s;
-  }
+  fold_column_sums<V>(fold, acc, warp, lane, c0, cols, partial);
 }
 
 // column_partial_sum_kernel fused with the GELU backward that produces its input: each lane
@@ -322,16 +330,7 @@ __global__ void __launch_bounds__(kSumWarps * 32)
       for (int k = 0; k < V; ++k) acc[k] += fx[k];
     }
   }
-#pragma unroll
-  for (int k = 0; k < V; ++k) fold[warp][lane * V + k] = acc[k];
-  __syncthreads();
-  for (int i = threadIdx.x; i < 32 * V; i += kSumWarps * 32) {
-    if (c0 + i >= cols) break;
-    float s = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kSumWarps; ++w) s += fold[w][i];
-    partial[int64_t(blockIdx.y) * cols + c0 + i] = s;
-  }
+  fold_column_sums<V>(fold, acc, warp, lane, c0, cols, partial);
 }
 
 size_t sum_rows_scratch_floats(int64_t rows, int64_t cols) {
