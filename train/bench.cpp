@@ -125,6 +125,7 @@ int bench_attention(const cli::Args& a) {
   // The kernels flash attention takes on this GPU (FlashKernels::kAuto: wgmma on an H100/H200);
   // --compare 1 also times the portable mma.sync kernels (fwd/bwd mma.sync TF/s) on the same inputs.
   const bool compare = a.get_int("compare", 0) != 0;
+  const bool backward = a.get_int("backward", 1) != 0;  // 0: the forward alone (backward columns 0)
   std::printf("%-4s %-6s %-7s %-9s %-9s %-9s %-9s %-10s%s\n", "d", "T", "causal", "fwd ms", "bwd ms", "fwd TF/s",
               "bwd TF/s", "atomic TF/s", compare ? " mma.sync fwd / bwd TF/s" : "");
   const int64_t only_d = a.get_int("head-dim", 0);  // 0: both
@@ -149,10 +150,14 @@ int bench_attention(const cli::Args& a) {
         p.B = B, p.T = T, p.H = H, p.D = D, p.scale = float(1.0 / std::sqrt(double(D))), p.causal = causal;
         auto fwd = [&] { cuda::flash_attention_forward(p, detail::cuda_stream()); };
         auto bwd = [&] { cuda::flash_attention_backward(p, detail::cuda_stream()); };
-        for (int64_t i = 0; i < warmup; ++i) fwd(), bwd();
-        const double tf = median_seconds(runs, dev, fwd), tb = median_seconds(runs, dev, bwd);
+        for (int64_t i = 0; i < warmup; ++i) {
+          fwd();
+          if (backward) bwd();
+        }
+        const double tf = median_seconds(runs, dev, fwd);
+        const double tb = backward ? median_seconds(runs, dev, bwd) : INFINITY;
         p.dq_mode = cuda::FlashDq::kAtomic;
-        const double tb_atomic = median_seconds(runs, dev, bwd);
+        const double tb_atomic = backward ? median_seconds(runs, dev, bwd) : INFINITY;
         p.dq_mode = cuda::FlashDq::kRecompute;
         double tf_mma = 0, tb_mma = 0;
         if (compare) {

@@ -168,7 +168,8 @@ std::vector<cli::Command> commands() {
         {"--warmup", "N", "untimed steps first", "5"},
         {"--max-t", "T", "attention: the longest sequence", "32768"},
         {"--head-dim", "D", "attention: only this head dim (64 or 128; 0 = both)", "0"},
-        {"--compare", "0|1", "attention: 1 also times the portable mma.sync kernels beside the default (wgmma on H100/H200)", "0"}},
+        {"--compare", "0|1", "attention: 1 also times the portable mma.sync kernels beside the default (wgmma on H100/H200)", "0"},
+        {"--backward", "0|1", "attention: 0 times the forward alone (the backward columns read 0)", "1"}},
        [](const cli::Args& a) {
          if (a.positional[0] == "train") {
            TG_CHECK(a.positional.size() == 2, "tilegrad bench train: needs a CONFIG");

@@ -1,9 +1,8 @@
-// A one-warpgroup sm_90a kernel that loads tiles with the tensor copy engine (TMA) the way a
-// producer warp of the attention kernels would (tests/cuda/test_tma.cpp checks them on the CPU):
-// a 2-D tensor map over a strided bf16 matrix built through the driver's cuTensorMapEncodeTiled
-// (reached with cudaGetDriverEntryPointByVersion, so nothing links libcuda), the 128-byte swizzle
-// of kernels/cuda/flash_attention/wgmma.cuh, rows past the end zero-filled, completion counted
-// in bytes on an mbarrier, and the barrier's phase flipping from one load to the next.
+// A one-warpgroup sm_90a kernel that loads tiles with the tensor copy engine (TMA) the way the
+// attention kernels' producer does (tests/cuda/test_tma.cpp checks them on the CPU): a tensor
+// map over a strided bf16 matrix from kernels/cuda/tma.h, the 128-byte swizzle of
+// kernels/cuda/flash_attention/wgmma.cuh, rows past the end zero-filled, completion counted in
+// bytes on an mbarrier, and the barrier's phase flipping from one load to the next.
 #pragma once
 #include <cstdint>
 
@@ -14,7 +13,7 @@ namespace tg::testing {
 // shared tile, one after the other on one mbarrier, and writes each as it sits in shared memory,
 // unswizzled with wgmma.cuh's swizzled_offset, to out[t] (64 × 64 row-major, device memory).
 // Returns false (and runs nothing) where the device is not compute capability 9.0; throws
-// std::runtime_error if the driver has no cuTensorMapEncodeTiled or rejects the map.
+// std::runtime_error if the driver has no cuTensorMapEncodeTiled or rejects the map (tma.h).
 bool run_tma_probe(const uint16_t* src, int rows, int cols, int row_stride, const int (&row0)[2],
                    const int (&col0)[2], uint16_t* out0, uint16_t* out1);
 

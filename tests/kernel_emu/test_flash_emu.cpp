@@ -170,11 +170,13 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FlashEmulated, ::testing::ValuesIn(cases()), ca
 // The sm_90a kernels (flash_fwd_sm90a.cu, flash_bwd_sm90a.cu: wgmma, swizzled tiles, two
 // warpgroups) against the same reference and bounds, with wgmma emulated as
 // tests/cuda/test_wgmma.cpp found it on the H200; the launch sequences of their launchers.
+// The forward: a producer thread on TMA and mbarriers, consumers taking turns.
 template <int D>
 void forward_sm90a(const FlashAttentionParams& p_in) {
   const FlashAttentionParams p = flash::with_resolved_row_strides(p_in);
   using Tr = typename flash::FwdSm90aConfig<D>::type;
-  emu_launch(tile_grid(p, Tr::kBr), Tr::kThreads, Tr::kSmemBytes, [&] { flash::flash_fwd_sm90a_kernel<Tr>(p); });
+  const flash::FwdTmaMaps maps = flash::fwd_tma_maps<Tr>(p);
+  emu_launch(tile_grid(p, Tr::kBr), Tr::kThreads, Tr::kSmemBytes, [&] { flash::flash_fwd_sm90a_kernel<Tr>(p, maps); });
 }
 
 template <int D>
@@ -276,6 +278,8 @@ TEST_P(FlashSm90aEmulated, MatchesDoubleReference) {
 
 // T = 1; a tail inside the first 64-key tile; one past a 128-row query block with a 64-key tail;
 // two whole query blocks (the causal diagonal of both warpgroups, the prefetch of every stage);
+// T = 600 (the warp-specialised forward's stages each filled, released and refilled, the
+// consumers' turns over 5 tiles, a tail);
 // q, k, v packed; a negative scale (the mma.sync forward, then the wgmma backward); the atomic dQ
 // at d 128 (its tail tile, several key blocks adding into one query tile, packed d(qkv)).
 std::vector<Sm90aCase> sm90a_cases() {
@@ -284,6 +288,8 @@ std::vector<Sm90aCase> sm90a_cases() {
     for (bool causal : {false, true})
       for (int64_t T : {1, 17, 129, 256}) out.push_back({{1, T, 2, D, causal, 0.0}, false});
   for (int64_t D : {64, 128}) out.push_back({{2, 129, 3, D, true, 0.0}, true});
+  for (int64_t D : {64, 128})  // 5 tiles of 128 keys: every K/V stage of the forward reused
+    for (bool causal : {false, true}) out.push_back({{1, 600, 1, D, causal, 0.0}, false});
   for (bool causal : {false, true})  // (d 64 runs the deterministic kernels in both modes)
     for (int64_t T : {129, 256}) out.push_back({{1, T, 2, 128, causal, 0.0}, false, FlashDq::kAtomic});
   out.push_back({{2, 129, 3, 128, true, 0.0}, true, FlashDq::kAtomic});

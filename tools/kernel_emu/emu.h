@@ -15,6 +15,11 @@
 #pragma once
 #include <algorithm>
 #include <barrier>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <map>
+#include <mutex>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -35,12 +40,20 @@ using std::min;
 #define __launch_bounds__(...)
 #define __restrict__
 #define __align__(n) alignas(n)
+#define __grid_constant__
 
 struct EmuDim3 {
   unsigned x = 1, y = 1, z = 1;
 };
 inline thread_local EmuDim3 threadIdx, blockIdx;
 inline EmuDim3 gridDim, blockDim;
+
+struct CUtensorMap {  // tma.h's map, emulated: what tma_load_3d needs (elements, 3-D, 64-column boxes)
+  const unsigned char* base;
+  uint64_t dims[3];
+  uint64_t row_stride, z_stride;  // elements
+  uint32_t box_rows;
+};
 
 struct float2 {
   float x, y;
@@ -70,8 +83,24 @@ struct EmuWarpSlots {  // what the lanes of one warp exchange in a collective
 struct EmuWarpgroupSlots {  // the A fragments the 128 threads of a warpgroup hand to a wgmma
   uint32_t a[128][4];
 };
+// An mbarrier (PTX "mbarrier"): a phase completes when its pending arrivals and its announced
+// transaction bytes have both reached zero; the phase bit then flips and the arrivals re-arm.
+struct EmuMbarrier {
+  int count = 0, pending = 0;
+  int64_t tx = 0;
+  uint32_t phase = 0;
+};
+struct EmuNamedBarrier {  // bar.sync / bar.arrive: a generation completes when `threads` have arrived
+  int arrived = 0;
+  uint64_t generation = 0;
+};
 struct EmuBlock {
   std::unique_ptr<std::barrier<>> block_barrier;
+  // The asynchronous barriers: one lock and condition for all of them (blocks are small).
+  std::mutex async_mutex;
+  std::condition_variable async_cv;
+  std::map<uint32_t, EmuMbarrier> mbarriers;  // by shared-memory offset
+  EmuNamedBarrier named[16];
   std::vector<std::unique_ptr<std::barrier<>>> warp_barrier;
   std::vector<EmuWarpSlots> slots;
   std::vector<std::unique_ptr<std::barrier<>>> warpgroup_barrier;  // blocks of a multiple of 128 threads
@@ -302,6 +331,12 @@ inline void emu_wgmma(float* d, AOf a_of, uint64_t desc_b, int trans_b, bool acc
   emu_wgmma_pending.push_back({d, std::move(out)});
 }
 
+template <int kTransB>
+inline void wgmma_m64n128k16_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  const EmuDescriptor a = emu_decode(desc_a);
+  emu_wgmma<128>(d, [&](int row, int k) { return emu_k_major(a, row, k); }, desc_b, kTransB, accumulate);
+}
+
 template <int kTransB, int kTransA = 0>
 inline void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
   const EmuDescriptor a = emu_decode(desc_a);
@@ -332,9 +367,114 @@ inline void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t
   emu_wgmma_rs<128, kTransB>(d, a, desc_b, accumulate);
 }
 
+// ── TMA, mbarriers, named barriers (warp specialisation) ──
+// Waits are real waits on the other emulated threads; one that lasts a minute is a deadlock in
+// the kernel's protocol (a missing arrival, a wrong parity) and aborts with the barrier named.
+inline uint32_t emu_offset(const void* p) { return uint32_t(static_cast<const unsigned char*>(p) - emu_smem); }
+template <typename Ready>
+inline void emu_wait_until(std::unique_lock<std::mutex>& lock, Ready ready, const char* what, uint32_t at) {
+  if (!g_emu_block->async_cv.wait_for(lock, std::chrono::seconds(60), ready)) {
+    std::fprintf(stderr, "kernel_emu: %s at shared offset %u never completed (thread %u): deadlock\n", what, at,
+                 threadIdx.x);
+    std::abort();
+  }
+}
+inline void emu_mbarrier_complete_if_done(EmuMbarrier& m) {
+  if (m.pending == 0 && m.tx == 0) {
+    m.phase ^= 1u;
+    m.pending = m.count;
+    g_emu_block->async_cv.notify_all();
+  }
+}
+inline void mbarrier_init(uint64_t* bar, uint32_t count) {
+  std::lock_guard<std::mutex> lock(g_emu_block->async_mutex);
+  EmuMbarrier& m = g_emu_block->mbarriers[emu_offset(bar)];
+  m = EmuMbarrier{int(count), int(count), 0, 0};
+}
+inline void fence_barrier_init() {}
+inline void mbarrier_arrive(uint64_t* bar) {
+  std::lock_guard<std::mutex> lock(g_emu_block->async_mutex);
+  auto it = g_emu_block->mbarriers.find(emu_offset(bar));
+  if (it == g_emu_block->mbarriers.end()) std::abort();  // never initialised
+  --it->second.pending;
+  emu_mbarrier_complete_if_done(it->second);
+}
+inline void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  std::lock_guard<std::mutex> lock(g_emu_block->async_mutex);
+  auto it = g_emu_block->mbarriers.find(emu_offset(bar));
+  if (it == g_emu_block->mbarriers.end()) std::abort();
+  it->second.tx += bytes;
+  --it->second.pending;
+  emu_mbarrier_complete_if_done(it->second);
+}
+inline void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+  std::unique_lock<std::mutex> lock(g_emu_block->async_mutex);
+  auto it = g_emu_block->mbarriers.find(emu_offset(bar));
+  if (it == g_emu_block->mbarriers.end()) std::abort();
+  EmuMbarrier& m = it->second;
+  // The phase of parity `parity` has completed when the current phase's parity differs from it.
+  emu_wait_until(lock, [&] { return (m.phase & 1u) != parity; }, "an mbarrier wait", emu_offset(bar));
+}
+// The copy is made at once (the data is in place before the barrier can complete); its bytes
+// then count down the barrier's transaction count. Elements out of range are zero; the 128-byte
+// swizzle is applied to the destination's shared-memory offset, as the hardware applies it to the
+// address (tiles are 1024-byte aligned relative to the emulated shared memory).
+inline void tma_load_3d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, uint64_t* bar) {
+  const uint32_t base = emu_offset(dst);
+  uint32_t bytes = 0;
+  for (uint32_t y = 0; y < map->box_rows; ++y)
+    for (uint32_t x = 0; x < 64; ++x, bytes += 2) {
+      const int64_t c = int64_t(c0) + x, r = int64_t(c1) + y;
+      uint16_t v = 0;
+      if (c >= 0 && r >= 0 && c2 >= 0 && uint64_t(c) < map->dims[0] && uint64_t(r) < map->dims[1] &&
+          uint64_t(c2) < map->dims[2])
+        std::memcpy(&v, map->base + 2 * (uint64_t(c2) * map->z_stride + uint64_t(r) * map->row_stride + uint64_t(c)),
+                    2);
+      const uint32_t a = base + y * 128 + 2 * x;
+      std::memcpy(emu_smem + (a ^ (((a >> 7) & 7u) << 4)), &v, 2);
+    }
+  std::lock_guard<std::mutex> lock(g_emu_block->async_mutex);
+  auto it = g_emu_block->mbarriers.find(emu_offset(bar));
+  if (it == g_emu_block->mbarriers.end()) std::abort();
+  it->second.tx -= bytes;
+  emu_mbarrier_complete_if_done(it->second);
+}
+// bar.arrive / bar.sync count warps: the emulated lanes of a warp meet first and its lane 0 counts
+// the warp's 32 arrivals, as the hardware does.
+inline void emu_named_arrive(int id, int threads, bool wait) {
+  EmuNamedBarrier& nb = g_emu_block->named[id];
+  uint64_t gen;
+  {
+    std::lock_guard<std::mutex> lock(g_emu_block->async_mutex);
+    gen = nb.generation;  // read by every lane before lane 0 can complete the generation
+  }
+  emu_warp_barrier();
+  std::unique_lock<std::mutex> lock(g_emu_block->async_mutex);
+  if (emu_lane() == 0) {
+    nb.arrived += 32;
+    if (nb.arrived == threads) {
+      nb.arrived = 0;
+      ++nb.generation;
+      g_emu_block->async_cv.notify_all();
+    }
+  }
+  if (wait) emu_wait_until(lock, [&] { return nb.generation != gen; }, "a named barrier", uint32_t(id));
+}
+inline void named_barrier_sync(int id, int threads) { emu_named_arrive(id, threads, true); }
+inline void named_barrier_arrive(int id, int threads) { emu_named_arrive(id, threads, false); }
+template <int N>
+inline void setmaxnreg_dec() {}
+template <int N>
+inline void setmaxnreg_inc() {}
+
 }  // namespace tg::cuda::flash::sm90
 
 namespace tg::cuda {
+// tma.h's encoder: the emulated map keeps the geometry tma_load_3d reads.
+inline CUtensorMap make_bf16_tensor_map(const void* base, uint64_t cols, uint64_t rows, uint64_t depth,
+                                        uint64_t row_stride, uint64_t z_stride, uint32_t box_rows) {
+  return CUtensorMap{static_cast<const unsigned char*>(base), {cols, rows, depth}, row_stride, z_stride, box_rows};
+}
 template <int V, typename T>
 inline void load_vec(const T* p, float (&f)[V]) {
   for (int k = 0; k < V; ++k) f[k] = tg::bf16_to_float(p[k]);

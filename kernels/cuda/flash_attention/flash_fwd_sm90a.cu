@@ -1,17 +1,23 @@
-// FlashAttention forward on Hopper's warpgroup MMA (sm_90a; built for that architecture alone, see
-// CMakeLists.txt). The algorithm is flash_fwd.cu's — online softmax in log2 units, heaviest causal
-// tiles first, mask only where a tile reaches past T or straddles the diagonal — with the two
-// products moved from warp-level mma.sync to wgmma (wgmma.cuh): each warpgroup of a block owns 64
-// query rows and forms S = Q Kᵀ from shared memory (Q and K K-major) and O += P V with P from
-// registers (the S accumulator repacked, as the layouts coincide) and V MN-major. Tiles are
-// 128-byte swizzled 64-column panels, loaded by all threads with cp.async. Two refinements over
-// flash_fwd.cu: the scale is folded into the exponent's FFMA (tile.cuh, "raw scores"), and the
-// pipelined shape issues S for tile j+1 before P_j V_j and runs tile j+1's softmax while that
-// product does (FlashAttention-3's intra-warpgroup overlap), with a third K/V stage.
+// FlashAttention forward on Hopper (sm_90a; built for that architecture alone, see
+// CMakeLists.txt): FlashAttention-3's structure. The algorithm is flash_fwd.cu's — online softmax
+// in log2 units, heaviest causal tiles first, mask only where a tile reaches past T or straddles
+// the diagonal — on Hopper's three engines:
+//   - the tensor copy engine (TMA, tma.h): one producer thread loads Q once and streams K and V
+//     tiles of 128 keys into stage buffers, 128-byte swizzled 64-column panels, each stage with
+//     a "full" mbarrier that the copies' bytes complete and an "empty" one the consumers
+//     complete when they are done with it;
+//   - warpgroup MMA (wgmma.cuh): each consumer warpgroup owns 64 query rows and forms
+//     S = Q Kᵀ from shared memory (Q and K K-major) and O += P V with P from registers (the S
+//     accumulator repacked, as the layouts coincide) and V MN-major;
+//   - warp specialisation: the producer warpgroup gives its registers to the consumers
+//     (setmaxnreg), and the consumers take turns at the tensor cores (named barriers), so one
+//     warpgroup's softmax runs while another's products do.
+// Within a consumer the loop is pipelined: S for tile j is issued with P_{j−1} V_{j−1}, and tile
+// j's softmax runs while the second product does; the scale is folded into the exponent's FFMA
+// (tile.cuh, "raw scores").
 //
 // flash_attention_forward runs it on compute capability 9.0 (FlashKernels::kAuto) for scale > 0;
-// flash_fwd.cu's kernel is the fallback elsewhere and the tests' second opinion. Next
-// (docs/flash-attention.md): TMA loads from a producer warpgroup, 128-key tiles.
+// flash_fwd.cu's kernel is the fallback elsewhere and the tests' second opinion.
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -23,6 +29,7 @@
 #include "kernels/cuda/flash_attention/kernel_traits.cuh"
 #include "kernels/cuda/flash_attention/tile.cuh"
 #include "kernels/cuda/flash_attention/wgmma.cuh"
+#include "kernels/cuda/tma.h"
 
 namespace tg::cuda {
 
@@ -30,95 +37,155 @@ namespace tg::cuda {
 
 namespace flash {
 
-template <int D_, int Warpgroups, int MinBlocks, bool Pipelined>
+// One producer warpgroup and Consumers warpgroups of 64 query rows each; Bc keys per K/V tile,
+// Stages stage buffers. The producer keeps 24–32 registers per thread and gives the rest to the
+// consumers. The consumers take turns: named barriers pass the right to issue a tile's two
+// products around the ring of consumer warpgroups, so one warpgroup's softmax overlaps the
+// others' products rather than coinciding with them (FlashAttention-3's ping-pong).
+template <int D_, int Consumers, int Bc_, int Stages>
 struct FwdSm90aTraits {
   static constexpr int kD = D_;
-  static constexpr int kWarpgroups = Warpgroups;  // each owns 64 query rows
-  static constexpr int kMinBlocks = MinBlocks;    // blocks per SM the registers must allow
-  // Pipelined: S for tile j+1 is issued before P_j V_j, and tile j+1's softmax runs while that
-  // product does; K/V then need 3 stages (tile j+2 loads while j and j+1 are in use).
-  static constexpr bool kPipelined = Pipelined;
-  static constexpr int kKvStages = kPipelined ? 3 : kStages;
-  static constexpr int kThreads = 128 * kWarpgroups;
-  static constexpr int kBr = 64 * kWarpgroups;    // query rows per block
-  static constexpr int kBc = 64;                  // keys per streamed tile: S is one m64n64 per warpgroup
-  static constexpr int kPanels = kD / 64;         // 64-column swizzled panels per row
+  static constexpr int kConsumers = Consumers;            // warpgroups of 64 query rows
+  static constexpr int kThreads = 128 * (Consumers + 1);  // warpgroup 0 is the producer
+  static constexpr int kBr = 64 * Consumers;              // query rows per block
+  static constexpr int kBc = Bc_;                         // keys per tile: S is m64 n Bc per warpgroup
+  static constexpr int kStages = Stages;                  // K/V stage buffers
+  static constexpr int kPanels = kD / 64;
   static constexpr int kPanelQ = kBr * sm90::kSwizzleRowBytes, kPanelKV = kBc * sm90::kSwizzleRowBytes;
   static constexpr int kTileQ = kPanels * kPanelQ, kTileKV = kPanels * kPanelKV;  // bytes
-  // Q, then K and V in kKvStages stages each, plus the slack that aligns them to a swizzle atom.
-  static constexpr size_t kSmemBytes = size_t(kTileQ + 2 * kKvStages * kTileKV + sm90::kSwizzleAtomBytes);
+  // Registers per thread after the hand-over; 128 × (producer + Consumers × consumer) ≤ 64 Ki.
+  static constexpr int kProducerRegs = Consumers == 2 ? 24 : 32;
+  static constexpr int kConsumerRegs = Consumers == 2 ? 240 : 160;
+  static constexpr int kBarrierBytes = 8 * (1 + 4 * kStages);  // the mbarriers, after the tiles
+  static constexpr size_t kSmemBytes = size_t(kTileQ + 2 * kStages * kTileKV + kBarrierBytes + sm90::kSwizzleAtomBytes);
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
-  static_assert(kMinBlocks * kSmemBytes <= 228 * 1024, "MinBlocks blocks must fit an SM's shared memory");
+  static_assert(kBc == 64 || kBc == 128, "S is one m64n64 or m64n128 product per warpgroup");
+  static_assert(Consumers == 2 || Consumers == 3, "the register split is written for 2 or 3 consumers");
+  static_assert(128 * (kProducerRegs + Consumers * kConsumerRegs) <= 65536, "the register file");
+  static_assert(kSmemBytes <= 227 * 1024, "one block's shared memory");
 };
 
-// Block shapes per head dim, each measured against the others on the H200 with `tilegrad bench
-// attention` (2026-11-30, docs/BENCHMARKS.md, fourth session; TF/s at T = 8192 causal):
-//   d 64:  2 warpgroups, 1 block per SM, pipelined (117 registers, 0 spills, 65 KiB): 400, and
-//          5–10 % over the unpipelined kernel at every T (366 here); two blocks per SM: 396
-//          pipelined, 375 not; 1 warpgroup × 1–3 blocks: 375 but 10–20 % lower non-causal.
-//          At d 64 a tile's exp2/softmax work is as long as its wgmmas, so hiding it under the
-//          P V product pays.
-//   d 128: 2 warpgroups, 2 blocks per SM, not pipelined (__launch_bounds__ caps the registers
-//          at 128: 32 bytes of spills; 97 KiB each): 477, against 335–349 with 1 block per SM
-//          (161 registers), 388 pipelined with 1 block (171; two pipelined blocks do not fit
-//          the shared memory) and 360–369 with 1 warpgroup × 1–3 blocks. The two warpgroups of a
-//          block move in lockstep (a __syncthreads per tile), so their softmax phases coincide;
-//          a second, independent block is what keeps the tensor cores fed.
+// The tensor maps of q, k, v (tma.h): (H·D columns, T rows, B sequences), boxes of 64 columns ×
+// kBr rows (q) or kBc rows (k, v), so a box never reads past its own sequence.
+struct FwdTmaMaps {
+  CUtensorMap q, k, v;
+};
+template <class Tr>
+FwdTmaMaps fwd_tma_maps(const FlashAttentionParams& p) {  // p's row strides resolved
+  const uint64_t cols = uint64_t(p.H * p.D), T = uint64_t(p.T), B = uint64_t(p.B);
+  const uint64_t ldq = uint64_t(p.q_row_stride), ldk = uint64_t(p.k_row_stride), ldv = uint64_t(p.v_row_stride);
+  return {make_bf16_tensor_map(p.q, cols, T, B, ldq, T * ldq, Tr::kBr),
+          make_bf16_tensor_map(p.k, cols, T, B, ldk, T * ldk, Tr::kBc),
+          make_bf16_tensor_map(p.v, cols, T, B, ldv, T * ldv, Tr::kBc)};
+}
+
+// Block shapes per head dim, measured on the H200 with `tilegrad bench attention --backward 0`
+// (2026-11-30, sixth session, docs/BENCHMARKS.md; TF/s at T = 8192 causal / non-causal):
+//   d 128: 2 consumers × 128-key tiles, 2 stages (168 registers at launch, 240 per consumer
+//          thread after the hand-over, 0 spills, 161 KiB): 611 / 622, against 475–483 / 481–489
+//          for the fifth session's kernel (all threads loading with cp.async, 64-key tiles, two
+//          blocks of 2 warpgroups per SM in lockstep). 3 stages: the same within the run-to-run
+//          spread (±5 %). 64-key tiles (4 stages): 536 / 551 (S as two m64n64 products per Q read).
+//   d 64:  3 consumers (192 query rows) × 128-key tiles, 2 stages (160 registers per consumer,
+//          89 KiB): 500 / 538, against 397–400 / 400–401 for the fifth session's kernel; 2
+//          consumers: 437–447; 2 consumers × 64-key tiles: 357; 3 stages: the same as 2. At
+//          d 64 the softmax is as long as a tile's products, so a third consumer keeps the tensor
+//          cores busy while two of them exponentiate. At T = 1024 causal (16 × 1024 tokens,
+//          1 block per SM, most blocks a few tiles long) it is 232 against the old kernel's 265:
+//          a block's start (barriers, Q's load, the first tile) is not hidden under another
+//          block's tail — a persistent scheduler is the remedy (docs/flash-attention.md).
 template <int D> struct FwdSm90aConfig;
-template <> struct FwdSm90aConfig<64> { using type = FwdSm90aTraits<64, 2, 1, true>; };
-template <> struct FwdSm90aConfig<128> { using type = FwdSm90aTraits<128, 2, 2, false>; };
+template <> struct FwdSm90aConfig<64> { using type = FwdSm90aTraits<64, 3, 128, 2>; };
+template <> struct FwdSm90aConfig<128> { using type = FwdSm90aTraits<128, 2, 128, 2>; };
 
 template <class Tr>
-__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_sm90a_kernel(const FlashAttentionParams p) {
-  constexpr int D = Tr::kD, Br = Tr::kBr, Bc = Tr::kBc, NT = Tr::kThreads, NS = Tr::kKvStages;
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    flash_fwd_sm90a_kernel(const FlashAttentionParams p, const __grid_constant__ FwdTmaMaps maps) {
+  constexpr int D = Tr::kD, Br = Tr::kBr, Bc = Tr::kBc, NS = Tr::kStages, C = Tr::kConsumers;
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* sQ = sm90::align_to_swizzle_atom(smem);
   unsigned char* sK = sQ + Tr::kTileQ;  // (stage) tiles of Tr::kTileKV bytes
   unsigned char* sV = sK + NS * Tr::kTileKV;
+  // The mbarriers, after the tiles: Q's, then per stage K full / empty and V full / empty.
+  uint64_t* const q_full = reinterpret_cast<uint64_t*>(sV + NS * Tr::kTileKV);
+  uint64_t *const k_full = q_full + 1, *const k_empty = k_full + NS, *const v_full = k_empty + NS,
+                  *const v_empty = v_full + NS;
 
   const int T = int(p.T), H = int(p.H);
   const bool causal = p.causal;
-  const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid & 31;
+  const int tid = threadIdx.x, wg = tid / 128;
   const int qb = causal ? int(gridDim.z) - 1 - int(blockIdx.z) : int(blockIdx.z);  // heaviest first
   const int h = blockIdx.x, b = blockIdx.y;
   const int q0 = qb * Br;
-  const int ldq = int(p.q_row_stride), ldk = int(p.k_row_stride), ldv = int(p.v_row_stride);
-  const int ldo = int(p.o_row_stride);
-  const int64_t bt = int64_t(b) * T;
-  const int hd = h * D;
-  const tg::bf16* Q = p.q + bt * ldq + hd;
-  const tg::bf16* K = p.k + bt * ldk + hd;
-  const tg::bf16* V = p.v + bt * ldv + hd;
-  tg::bf16* O = p.o + bt * ldo + hd;
-
   const int q_last = min(q0 + Br, T) - 1;
   const int n_kb = causal ? q_last / Bc + 1 : (T + Bc - 1) / Bc;
-  const float scale2 = p.scale * kLog2e;  // > 0: the launcher sends other scales to flash_fwd.cu
-  const int row0 = q0 + 64 * wg + 16 * warp;  // this warp's first query row
-  const unsigned char* sQw = sQ + 64 * wg * sm90::kSwizzleRowBytes;  // the warpgroup's rows, in each panel
 
-  // K/V tile j into stage j % NS.
-  auto load_kv = [&](int j) {
-    const int st = j % NS;
-    sm90::load_tile_swizzled<Bc, D, NT>(sK + st * Tr::kTileKV, K, ldk, j * Bc, T, tid);
-    sm90::load_tile_swizzled<Bc, D, NT>(sV + st * Tr::kTileKV, V, ldv, j * Bc, T, tid);
+  if (tid == 0) {
+    sm90::mbarrier_init(q_full, 1);
+    for (int st = 0; st < NS; ++st) {
+      sm90::mbarrier_init(&k_full[st], 1);
+      sm90::mbarrier_init(&v_full[st], 1);
+      sm90::mbarrier_init(&k_empty[st], 4 * C);  // one arrival per consumer warp
+      sm90::mbarrier_init(&v_empty[st], 4 * C);
+    }
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // The producer: Q, then K_j and V_j into stage j % NS once its previous tile is released.
+    sm90::setmaxnreg_dec<Tr::kProducerRegs>();
+    if (tid == 0) {
+      const int col = h * D;
+      sm90::mbarrier_arrive_expect_tx(q_full, Tr::kTileQ);
+      for (int pn = 0; pn < Tr::kPanels; ++pn) sm90::tma_load_3d(sQ + pn * Tr::kPanelQ, &maps.q, col + 64 * pn, q0, b, q_full);
+      for (int j = 0; j < n_kb; ++j) {
+        const int st = j % NS;
+        const uint32_t use = uint32_t(j / NS);  // the stage's use count: its barriers' phase
+        if (use > 0) sm90::mbarrier_wait(&k_empty[st], (use - 1) & 1);
+        sm90::mbarrier_arrive_expect_tx(&k_full[st], Tr::kTileKV);
+        for (int pn = 0; pn < Tr::kPanels; ++pn)
+          sm90::tma_load_3d(sK + st * Tr::kTileKV + pn * Tr::kPanelKV, &maps.k, col + 64 * pn, j * Bc, b, &k_full[st]);
+        if (use > 0) sm90::mbarrier_wait(&v_empty[st], (use - 1) & 1);
+        sm90::mbarrier_arrive_expect_tx(&v_full[st], Tr::kTileKV);
+        for (int pn = 0; pn < Tr::kPanels; ++pn)
+          sm90::tma_load_3d(sV + st * Tr::kTileKV + pn * Tr::kPanelKV, &maps.v, col + 64 * pn, j * Bc, b, &v_full[st]);
+      }
+    }
+    return;
+  }
+
+  // A consumer warpgroup: rows [q0 + 64c, +64) of the block's query tile.
+  sm90::setmaxnreg_inc<Tr::kConsumerRegs>();
+  const int c = wg - 1, warp = (tid % 128) / 32, lane = tid & 31;
+  const float scale2 = p.scale * kLog2e;  // > 0: the launcher sends other scales to flash_fwd.cu
+  const int row0 = q0 + 64 * c + 16 * warp;  // this warp's first query row
+  const unsigned char* sQw = sQ + 64 * c * sm90::kSwizzleRowBytes;
+  // The turn to issue products passes around the ring: this warpgroup waits on barrier 1 + c
+  // (its 128 threads and the previous warpgroup's arrival) and hands on to the next one's.
+  const int my_turn = 1 + c, next_turn = 1 + (c + 1) % C;
+  auto release = [&](uint64_t* bar) {  // this warp is done reading a stage (its wgmma has retired)
+    __syncwarp();
+    if (lane == 0) sm90::mbarrier_arrive(bar);
   };
-  // Issues S = Q K_jᵀ, (64, Bc) per warpgroup, as one commit group: k-steps of 16 along D, 32
-  // bytes along a panel's rows.
   auto issue_s = [&](float (&s)[Bc / 8][4], int j) {
+    sm90::mbarrier_wait(&k_full[j % NS], uint32_t(j / NS) & 1);
     const unsigned char* Kj = sK + (j % NS) * Tr::kTileKV;
     sm90::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
       const int at = 32 * (ks % 4);
-      sm90::wgmma_m64n64k16_ss<0>(sm90::flat(s), sm90::k_major_descriptor(sQw + (ks / 4) * Tr::kPanelQ + at),
-                                  sm90::k_major_descriptor(Kj + (ks / 4) * Tr::kPanelKV + at), ks > 0);
+      const uint64_t dq = sm90::k_major_descriptor(sQw + (ks / 4) * Tr::kPanelQ + at);
+      const uint64_t dk = sm90::k_major_descriptor(Kj + (ks / 4) * Tr::kPanelKV + at);
+      if constexpr (Bc == 128)
+        sm90::wgmma_m64n128k16_ss<0>(sm90::flat(s), dq, dk, ks > 0);
+      else
+        sm90::wgmma_m64n64k16_ss<0>(sm90::flat(s), dq, dk, ks > 0);
     }
     sm90::wgmma_commit();
   };
-  // Issues O += P V_j as one commit group: k-steps of 16 keys (16 rows of V, 2048 bytes), V's D
-  // columns in 64-wide panels.
   auto issue_pv = [&](float (&o)[D / 8][4], const uint32_t (&pf)[Bc / 16][4], int j) {
+    sm90::mbarrier_wait(&v_full[j % NS], uint32_t(j / NS) & 1);
     const unsigned char* Vj = sV + (j % NS) * Tr::kTileKV;
     sm90::wgmma_fence();
 #pragma unroll
@@ -131,9 +198,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_sm90a_
     }
     sm90::wgmma_commit();
   };
-  // Raw scores of tile j → P (relative to the updated running max m), with the factor alpha that
-  // re-bases O and l and this tile's row sums. Masks only where the tile reaches past T or
-  // straddles the diagonal (uniform per warp).
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   auto softmax = [&](float (&s)[Bc / 8][4], int j, float (&alpha)[2], float (&sum)[2]) {
     const int k0 = j * Bc;
@@ -147,58 +211,37 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_sm90a_
   zero(o);
   float s[Bc / 8][4], alpha[2], sum[2];
   uint32_t pf[Bc / 16][4];
-  sm90::load_tile_swizzled<Br, D, NT>(sQ, Q, ldq, q0, T, tid);
-  load_kv(0);
-  cp_async_commit();
+  if (c == C - 1) sm90::named_barrier_arrive(1, 256);  // consumer 0 takes the first turn
+  sm90::mbarrier_wait(q_full, 0);
 
-  if constexpr (!Tr::kPipelined) {
-    for (int j = 0; j < n_kb; ++j) {
-      if (j + 1 < n_kb) load_kv(j + 1);  // into the other stage (freed by the last barrier)
-      cp_async_commit();
-      cp_async_wait<1>();
-      sm90::fence_async_shared();  // cp.async wrote through the generic proxy; wgmma reads through the async one
-      __syncthreads();
-      issue_s(s, j);
-      sm90::wgmma_wait<0>();
-      softmax(s, j, alpha, sum);
-      rescale_accumulate<D>(o, l, alpha, sum);
-      acc_to_a<Bc>(pf, s);
-      issue_pv(o, pf, j);
-      sm90::wgmma_wait<0>();
-      __syncthreads();  // this stage is overwritten by the next prefetch
-    }
-  } else {
-    // Tile 0's S and softmax first; then each step issues S for tile j+1 and P_j V_j together
-    // and runs tile j+1's softmax while P_j V_j is in flight.
-    if (n_kb > 1) load_kv(1);
-    cp_async_commit();
-    cp_async_wait<1>();
-    sm90::fence_async_shared();
-    __syncthreads();
-    issue_s(s, 0);
-    sm90::wgmma_wait<0>();
-    softmax(s, 0, alpha, sum);
+  // Turn 0: S of tile 0. Turn j: S of tile j and P_{j−1} V_{j−1}. The last consumer's last turn
+  // hands on to no one (consumer 0 has taken all of its turns).
+  sm90::named_barrier_sync(my_turn, 256);
+  issue_s(s, 0);
+  if (c != C - 1 || n_kb > 1) sm90::named_barrier_arrive(next_turn, 256);
+  sm90::wgmma_wait<0>();
+  release(&k_empty[0]);
+  softmax(s, 0, alpha, sum);
+  rescale_accumulate<D>(o, l, alpha, sum);
+  acc_to_a<Bc>(pf, s);
+  for (int j = 1; j < n_kb; ++j) {
+    sm90::named_barrier_sync(my_turn, 256);
+    issue_s(s, j);
+    issue_pv(o, pf, j - 1);
+    if (c != C - 1 || j + 1 < n_kb) sm90::named_barrier_arrive(next_turn, 256);
+    sm90::wgmma_wait<1>();  // S of tile j has landed; P_{j−1} V_{j−1} may still run
+    release(&k_empty[j % NS]);
+    softmax(s, j, alpha, sum);
+    sm90::wgmma_wait<0>();  // P_{j−1} V_{j−1} has landed: O may be rescaled and pf rewritten
+    release(&v_empty[(j - 1) % NS]);
     rescale_accumulate<D>(o, l, alpha, sum);
     acc_to_a<Bc>(pf, s);
-    for (int j = 0; j + 1 < n_kb; ++j) {
-      cp_async_wait<0>();  // tile j+1 (this thread's copies)
-      sm90::fence_async_shared();
-      __syncthreads();  // tile j+1 visible to all, and every warpgroup is done with tile j-1's stage
-      if (j + 2 < n_kb) load_kv(j + 2);
-      cp_async_commit();
-      issue_s(s, j + 1);
-      issue_pv(o, pf, j);
-      sm90::wgmma_wait<1>();  // S of tile j+1 has landed; P_j V_j may still run
-      softmax(s, j + 1, alpha, sum);
-      sm90::wgmma_wait<0>();  // P_j V_j has landed: O may be rescaled and pf rewritten
-      rescale_accumulate<D>(o, l, alpha, sum);
-      acc_to_a<Bc>(pf, s);
-    }
-    issue_pv(o, pf, n_kb - 1);  // the last tile (visible since the last barrier)
-    sm90::wgmma_wait<0>();
   }
+  issue_pv(o, pf, n_kb - 1);
+  sm90::wgmma_wait<0>();
 
   // O = acc / l; lse = m·scale + ln l (m is a raw score), natural-log units as the CPU defines it.
+  tg::bf16* O = p.o + int64_t(b) * T * p.o_row_stride + h * D;
   float* L = p.lse + (int64_t(b) * H + h) * T;
   float inv_l[2];
 #pragma unroll
@@ -206,7 +249,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_sm90a_
     l[i] = quad_sum(l[i]);
     inv_l[i] = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
   }
-  store_rows<D>(O, ldo, o, inv_l, row0, T, lane);
+  store_rows<D>(O, int(p.o_row_stride), o, inv_l, row0, T, lane);
   if ((lane & 3) == 0) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -222,14 +265,16 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_sm90a_
 
 namespace {
 
-// Block shapes: FwdSm90aConfig (above), with the measurements that chose them.
+// Block shapes: FwdSm90aConfig (above), with the measurements that chose them. The tensor maps are
+// encoded per call (a few µs of host work).
 template <int D>
 void launch_fwd_sm90a(const FlashAttentionParams& p, cudaStream_t stream) {
   using Tr = typename flash::FwdSm90aConfig<D>::type;
   auto kernel = flash::flash_fwd_sm90a_kernel<Tr>;
   TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tr::kSmemBytes)));
+  const flash::FwdTmaMaps maps = flash::fwd_tma_maps<Tr>(p);
   const dim3 grid(unsigned(p.H), unsigned(p.B), unsigned((p.T + Tr::kBr - 1) / Tr::kBr));  // tile index slowest
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, maps);
   TG_CUDA_CHECK(cudaGetLastError());
 }
 
