@@ -126,6 +126,7 @@ int bench_attention(const cli::Args& a) {
   // --compare 1 also times the portable mma.sync kernels (fwd/bwd mma.sync TF/s) on the same inputs.
   const bool compare = a.get_int("compare", 0) != 0;
   const bool backward = a.get_int("backward", 1) != 0;  // 0: the forward alone (backward columns 0)
+  const bool atomic = backward && a.get_int("atomic", 1) != 0;  // 0: not the opt-in atomic backward (column 0)
   std::printf("%-4s %-6s %-7s %-9s %-9s %-9s %-9s %-10s%s\n", "d", "T", "causal", "fwd ms", "bwd ms", "fwd TF/s",
               "bwd TF/s", "atomic TF/s", compare ? " mma.sync fwd / bwd TF/s" : "");
   const int64_t only_d = a.get_int("head-dim", 0);  // 0: both
@@ -155,9 +156,9 @@ int bench_attention(const cli::Args& a) {
           if (backward) bwd();
         }
         const double tf = median_seconds(runs, dev, fwd);
-        const double tb = backward ? median_seconds(runs, dev, bwd) : INFINITY;
+        const double tb = backward ? median_seconds(runs, dev, bwd) : 0.0;  // 0: not timed
         p.dq_mode = cuda::FlashDq::kAtomic;
-        const double tb_atomic = backward ? median_seconds(runs, dev, bwd) : INFINITY;
+        const double tb_atomic = atomic ? median_seconds(runs, dev, bwd) : 0.0;
         p.dq_mode = cuda::FlashDq::kRecompute;
         double tf_mma = 0, tb_mma = 0;
         if (compare) {
@@ -169,15 +170,16 @@ int bench_attention(const cli::Args& a) {
         // FlashAttention papers' convention: 4·B·H·T²·d forward, halved when causal; backward 2.5×.
         const double flops = 4.0 * double(B * H) * double(T) * double(T) * double(D) / (causal ? 2.0 : 1.0);
         const double bf = 2.5 * flops / 1e12;
+        auto rate = [](double tflop, double seconds) { return seconds > 0 ? tflop / seconds : 0.0; };
         std::printf("%-4lld %-6lld %-7s %-9.3f %-9.3f %-9.1f %-9.1f %-10.1f", (long long)D, (long long)T,
-                    causal ? "yes" : "no", tf * 1e3, tb * 1e3, flops / tf / 1e12, bf / tb, bf / tb_atomic);
+                    causal ? "yes" : "no", tf * 1e3, tb * 1e3, flops / tf / 1e12, rate(bf, tb), rate(bf, tb_atomic));
         if (compare) std::printf(" %-7.1f %-7.1f", flops / tf_mma / 1e12, bf / tb_mma);
         std::printf("\n");
         std::printf("{\"bench\":\"attention\",\"impl\":\"tilegrad\",\"d\":%lld,\"T\":%lld,\"B\":%lld,\"H\":%lld,"
                     "\"causal\":%s,\"fwd_ms\":%.4f,\"bwd_ms\":%.4f,\"fwd_tflops\":%.1f,\"bwd_tflops\":%.1f,"
                     "\"bwd_atomic_tflops\":%.1f",
                     (long long)D, (long long)T, (long long)B, (long long)H, causal ? "true" : "false", tf * 1e3,
-                    tb * 1e3, flops / tf / 1e12, bf / tb, bf / tb_atomic);
+                    tb * 1e3, flops / tf / 1e12, rate(bf, tb), rate(bf, tb_atomic));
         if (compare)
           std::printf(",\"fwd_mma_sync_tflops\":%.1f,\"bwd_mma_sync_tflops\":%.1f", flops / tf_mma / 1e12, bf / tb_mma);
         std::printf("}\n");

@@ -169,7 +169,8 @@ std::vector<cli::Command> commands() {
         {"--max-t", "T", "attention: the longest sequence", "32768"},
         {"--head-dim", "D", "attention: only this head dim (64 or 128; 0 = both)", "0"},
         {"--compare", "0|1", "attention: 1 also times the portable mma.sync kernels beside the default (wgmma on H100/H200)", "0"},
-        {"--backward", "0|1", "attention: 0 times the forward alone (the backward columns read 0)", "1"}},
+        {"--backward", "0|1", "attention: 0 times the forward alone (the backward columns read 0)", "1"},
+        {"--atomic", "0|1", "attention: 0 skips the opt-in atomic-dQ backward (its column reads 0)", "1"}},
        [](const cli::Args& a) {
          if (a.positional[0] == "train") {
            TG_CHECK(a.positional.size() == 2, "tilegrad bench train: needs a CONFIG");

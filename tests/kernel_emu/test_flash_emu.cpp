@@ -198,12 +198,13 @@ void backward_sm90a(const FlashAttentionParams& p_in) {
     }
   }
   using Dkdv = typename flash::DkdvSm90aConfig<D>::type;
-  using Dq = typename flash::DqSm90aConfig<D>::type;
   emu_launch(tile_grid(p, Dkdv::kOwn), Dkdv::kThreads, Dkdv::kSmemBytes, [&] {
     flash::flash_bwd_dkdv_sm90a_kernel<Dkdv, FlashDq::kRecompute>(p, ws.delta, nullptr, 0);
   });
-  emu_launch(tile_grid(p, Dq::kOwn), Dq::kThreads, Dq::kSmemBytes,
-             [&] { flash::flash_bwd_dq_sm90a_kernel<Dq>(p, ws.delta); });
+  using Dq = typename flash::DqSm90aConfig<D>::type;
+  const flash::DqTmaMaps maps = flash::dq_tma_maps<Dq>(p);
+  emu_launch(tile_grid(p, Dq::kBr), Dq::kThreads, Dq::kSmemBytes,
+             [&] { flash::flash_bwd_dq_sm90a_kernel<Dq>(p, ws.delta, maps); });
 }
 
 struct Sm90aCase {

@@ -3,14 +3,16 @@
 // parallel over key blocks and dQ parallel over query blocks, each recomputing P = exp(S·scale −
 // lse) from the forward's lse, no atomics — with every product on wgmma (wgmma.cuh). Each
 // warpgroup owns 64 rows of the block's on-chip tensors and every product is one of the two forms
-// the forward already uses:
+// the forward uses:
 //   Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, S = Q Kᵀ, dP = dO Vᵀ   both operands K-major in smem (SS);
 //   dV += Pᵀ dO, dK += dSᵀ Q, dQ += dS K           A from registers (the accumulator repacked,
 //                                                  as the layouts coincide), B MN-major (RS).
-// Tiles are 128-byte swizzled 64-column panels loaded by all threads with cp.async, the streamed
-// ones double-buffered. FlashDq::kAtomic (opt-in) at d 128 runs the dK/dV kernel alone, forming dQ
-// too and adding it into an fp32 buffer with the bulk copy engine's reductions: 5 products per
-// tile pair (see DkdvAtomicSm90aConfig for why d 64 does not).
+// Tiles are 128-byte swizzled 64-column panels. The dK/dV kernel loads them with cp.async from all
+// threads, the streamed ones double-buffered; the dQ kernel is warp-specialised as the forward is
+// (flash_fwd_sm90a.cu): a producer thread on the tensor copy engine, consumer warpgroups taking
+// turns. FlashDq::kAtomic (opt-in) at d 128 runs the dK/dV kernel alone, forming dQ too and
+// adding it into an fp32 buffer with the bulk copy engine's reductions: 5 products per tile pair
+// (see DkdvAtomicSm90aConfig for why d 64 does not).
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -23,6 +25,7 @@
 #include "kernels/cuda/flash_attention/launch.cuh"
 #include "kernels/cuda/flash_attention/tile.cuh"
 #include "kernels/cuda/flash_attention/wgmma.cuh"
+#include "kernels/cuda/tma.h"
 
 namespace tg::cuda {
 
@@ -30,10 +33,10 @@ namespace tg::cuda {
 
 namespace flash {
 
-// Both backward kernels: a block owns kOwn = 64 · Warpgroups rows of two tensors (dK/dV: K_j, V_j;
-// dQ: Q_i, dO_i), warpgroup g rows [64g, 64g + 64), and streams tiles of kStream = 64 rows of two others
-// (dK/dV: Q_i, dO_i with their lse and delta; dQ: K_j, V_j) through Stages buffers. A streamed
-// tile is the N of the SS products (m64n64) and the K of the RS ones (4 k-steps of 16).
+// The dK/dV kernel: a block owns kOwn = 64 · Warpgroups rows of K_j and V_j, warpgroup g rows
+// [64g, 64g + 64), and streams tiles of kStream = 64 rows of Q_i and dO_i with their lse and
+// delta through Stages buffers. A streamed tile is the N of the SS products (m64n64) and the K
+// of the RS ones (4 k-steps of 16).
 template <int D_, int Warpgroups, int MinBlocks, int Stages = kStages>
 struct BwdSm90aTraits {
   static constexpr int kD = D_;
@@ -68,6 +71,8 @@ struct BwdSm90aTraits {
 // warpgroups of a block move in lockstep (a __syncthreads per tile), so their exp2 and softmax
 // phases coincide and the tensor cores wait; independent blocks drift out of phase and cover
 // each other — at the price of loading each streamed tile once per 64 owned rows, not 128.
+// (The dQ kernel of that session had this structure too; it is warp-specialised since the sixth:
+// DqSm90aConfig.)
 //   d 64:  dK/dV 1 warpgroup × 3 blocks per SM (168 registers), dQ 1 × 3 (148), 0 spills,
 //          49.5 KiB smem each: 357 (dQ 1 × 2: 351; both 1 × 2: 315; both 2 × 1: 251).
 //   d 128: dK/dV 1 × 2 (255 registers), dQ 1 × 2 (224), 0 spills, 97.5 KiB each: 378 (both
@@ -91,32 +96,33 @@ template <> struct DkdvSm90aConfig<128> { using type = BwdSm90aTraits<128, 1, 2>
 template <int D> constexpr bool kSm90aAtomicDq = D == 128;
 template <int D> struct DkdvAtomicSm90aConfig;
 template <> struct DkdvAtomicSm90aConfig<128> { using type = BwdSm90aTraits<128, 2, 1, 3>; };
-template <int D> struct DqSm90aConfig;
-template <> struct DqSm90aConfig<64> { using type = BwdSm90aTraits<64, 1, 3>; };
-template <> struct DqSm90aConfig<128> { using type = BwdSm90aTraits<128, 1, 2>; };
 
-// acc (64 × N per warpgroup, N = 64) = A Bᵀ over the D columns of two K-major swizzled tiles:
-// A the warpgroup's 64 rows (panels panel_a bytes apart), B the streamed tile's N rows (panels
-// panel_b apart). k-steps of 16 along D are 32 bytes along a panel's rows.
-template <int D>
-__device__ __forceinline__ void wgmma_abt_ss(float (&acc)[8][4], const unsigned char* a, int panel_a,
+// acc (64 × N per warpgroup, N = 64 or 128) = A Bᵀ over the D columns of two K-major swizzled
+// tiles: A the warpgroup's 64 rows (panels panel_a bytes apart), B the streamed tile's N rows
+// (panels panel_b apart). k-steps of 16 along D are 32 bytes along a panel's rows.
+template <int D, int N = 64>
+__device__ __forceinline__ void wgmma_abt_ss(float (&acc)[N / 8][4], const unsigned char* a, int panel_a,
                                              const unsigned char* b, int panel_b) {
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
     const int at = 32 * (ks % 4);
-    sm90::wgmma_m64n64k16_ss<0>(sm90::flat(acc), sm90::k_major_descriptor(a + (ks / 4) * panel_a + at),
-                                sm90::k_major_descriptor(b + (ks / 4) * panel_b + at), ks > 0);
+    const uint64_t da = sm90::k_major_descriptor(a + (ks / 4) * panel_a + at);
+    const uint64_t db = sm90::k_major_descriptor(b + (ks / 4) * panel_b + at);
+    if constexpr (N == 128)
+      sm90::wgmma_m64n128k16_ss<0>(sm90::flat(acc), da, db, ks > 0);
+    else
+      sm90::wgmma_m64n64k16_ss<0>(sm90::flat(acc), da, db, ks > 0);
   }
 }
 
-// acc (64 × D per warpgroup) += A B: A (64 × 64) from registers as 4 k-steps of A fragments, B
-// the (64, D) streamed or owned tile at b read MN-major (rows are K; 64-column panels panel_b
-// bytes apart): a k-step of 16 rows starts 16·128 bytes further.
-template <int D>
-__device__ __forceinline__ void wgmma_ab_rs(float (&acc)[D / 8][4], const uint32_t (&a)[4][4], const unsigned char* b,
+// acc (64 × D per warpgroup) += A B: A (64 × K, K = 64 or 128) from registers as K/16 k-steps of
+// A fragments, B the (K, D) streamed or owned tile at b read MN-major (rows are K; 64-column
+// panels panel_b bytes apart): a k-step of 16 rows starts 16·128 bytes further.
+template <int D, int K = 64>
+__device__ __forceinline__ void wgmma_ab_rs(float (&acc)[D / 8][4], const uint32_t (&a)[K / 16][4], const unsigned char* b,
                                             int panel_b) {
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
+  for (int kk = 0; kk < K / 16; ++kk) {
     const uint64_t desc = sm90::mn_major_descriptor(b + kk * 16 * sm90::kSwizzleRowBytes, panel_b);
     if constexpr (D == 64)
       sm90::wgmma_m64n64k16_rs<1>(sm90::flat(acc), a[kk], desc, true);
@@ -317,47 +323,108 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_bwd_dkdv_s
   store_rows<D>(dV, int(p.dv_row_stride), dv, fv, key0, T, lane);
 }
 
-// dQ for one block of kOwn queries: one block per (head, batch, query block), heaviest causal
-// blocks first. Warpgroup g owns queries q0 + 64g … + 63; K and V tiles stream double-buffered,
-// and dQ accumulates in fp32 registers in key-tile order: deterministic, no atomics.
+// ── dQ, warp-specialised (the forward's structure: flash_fwd_sm90a.cu) ──
+// A producer thread loads the block's Q and dO tiles once and streams K_j, V_j tiles of Bc keys
+// with the tensor copy engine through Stages stage buffers (wgmma.cuh's produce_kv); Consumers
+// warpgroups of 64 query rows each take turns at the tensor cores (named barriers), and each
+// overlaps tile j's products S = Q K_jᵀ, dP = dO V_jᵀ with dQ += dS_{j−1} K_{j−1}, so one tile's
+// elementwise work (P, dS) runs under the next tile's products and under the other consumers'.
+// dQ still sums over j in a fixed order: deterministic.
+template <int D_, int Consumers, int Bc_, int Stages>
+struct DqSm90aTraits {
+  static constexpr int kD = D_;
+  static constexpr int kConsumers = Consumers;
+  static constexpr int kThreads = 128 * (Consumers + 1);  // warpgroup 0 is the producer
+  static constexpr int kBr = 64 * Consumers;              // query rows per block
+  static constexpr int kBc = Bc_;                         // keys per streamed tile
+  static constexpr int kStages = Stages;
+  static constexpr int kPanels = kD / 64;
+  static constexpr int kPanelQ = kBr * sm90::kSwizzleRowBytes, kPanelKV = kBc * sm90::kSwizzleRowBytes;
+  static constexpr int kTileQ = kPanels * kPanelQ, kTileKV = kPanels * kPanelKV;  // bytes
+  static constexpr int kProducerRegs = Consumers == 2 ? 24 : 32;
+  static constexpr int kConsumerRegs = Consumers == 2 ? 240 : 160;
+  static constexpr int kBarrierBytes = 8 * (1 + 4 * kStages);
+  // Q and dO, K and V in kStages stages each, the barriers, swizzle-atom slack.
+  static constexpr size_t kSmemBytes =
+      size_t(2 * kTileQ + 2 * kStages * kTileKV + kBarrierBytes + sm90::kSwizzleAtomBytes);
+  static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
+  static_assert(kBc == 64 || kBc == 128, "S and dP are m64n64 or m64n128 products per warpgroup");
+  static_assert(Consumers == 2 || Consumers == 3, "the register split is written for 2 or 3 consumers");
+  static_assert(128 * (kProducerRegs + Consumers * kConsumerRegs) <= 65536, "the register file");
+  static_assert(kSmemBytes <= 227 * 1024, "one block's shared memory");
+};
+// Block shapes per head dim, measured on the H200 with `tilegrad bench attention --atomic 0`
+// (2026-11-30, sixth session, docs/BENCHMARKS.md; backward TF/s at T = 8192 causal, the dK/dV
+// kernel unchanged; the run-to-run spread is ±5 %):
+//   d 128: 2 consumers × 64-key tiles, 3 stages (168 registers, 0 spills, 161 KiB): 378–421,
+//          against 330–349 with the fifth session's dQ kernel (1 warpgroup × 2 blocks per SM,
+//          cp.async by all threads); 2 stages: 323–330 — K_j stays in its stage until
+//          dQ += dS_j K_j has run, in the next turn, so with two stages the next tile's load
+//          only starts then and its latency shows; 4 stages: as 3. 128-key tiles spill.
+//   d 64:  2 consumers × 128-key tiles, 3 stages (168 registers, 0 spills, 97 KiB): 346,
+//          against 348 (the old kernel; 1.0–1.07× of it from 8k, as fast below); 3 consumers ×
+//          64 keys, 3 stages: 364; 2 × 64, 3 or 4 stages: 314; 2 stages: 278–285.
+template <int D> struct DqSm90aConfig;
+template <> struct DqSm90aConfig<64> { using type = DqSm90aTraits<64, 2, 128, 3>; };
+template <> struct DqSm90aConfig<128> { using type = DqSm90aTraits<128, 2, 64, 3>; };
+
+// The tensor maps of q, dout (boxes of kBr rows), k, v (kBc rows): tma.h.
+struct DqTmaMaps {
+  CUtensorMap q, dout, k, v;
+};
 template <class Tr>
-__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_bwd_dq_sm90a_kernel(const FlashAttentionParams p,
-                                                                             const float* __restrict__ delta) {
-  constexpr int D = Tr::kD, Br = Tr::kOwn, Bc = Tr::kStream, NT = Tr::kThreads;
-  static_assert(Tr::kStreamStages == 2, "key tiles double-buffered (stage j & 1)");
+DqTmaMaps dq_tma_maps(const FlashAttentionParams& p) {  // p's row strides resolved
+  const uint64_t cols = uint64_t(p.H * p.D), T = uint64_t(p.T), B = uint64_t(p.B);
+  const uint64_t ldq = uint64_t(p.q_row_stride), lddo = uint64_t(p.do_row_stride);
+  const uint64_t ldk = uint64_t(p.k_row_stride), ldv = uint64_t(p.v_row_stride);
+  return {make_bf16_tensor_map(p.q, cols, T, B, ldq, T * ldq, Tr::kBr),
+          make_bf16_tensor_map(p.dout, cols, T, B, lddo, T * lddo, Tr::kBr),
+          make_bf16_tensor_map(p.k, cols, T, B, ldk, T * ldk, Tr::kBc),
+          make_bf16_tensor_map(p.v, cols, T, B, ldv, T * ldv, Tr::kBc)};
+}
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    flash_bwd_dq_sm90a_kernel(const FlashAttentionParams p, const float* __restrict__ delta,
+                                 const __grid_constant__ DqTmaMaps maps) {
+  constexpr int D = Tr::kD, Br = Tr::kBr, Bc = Tr::kBc, NS = Tr::kStages, C = Tr::kConsumers;
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* sQ = sm90::align_to_swizzle_atom(smem);
-  unsigned char* sdO = sQ + Tr::kTileOwn;
-  unsigned char* sK = sdO + Tr::kTileOwn;  // (stage) tiles of kTileStream bytes
-  unsigned char* sV = sK + Tr::kStreamStages * Tr::kTileStream;
+  unsigned char* sdO = sQ + Tr::kTileQ;
+  unsigned char* sK = sdO + Tr::kTileQ;  // (stage) tiles of Tr::kTileKV bytes
+  unsigned char* sV = sK + NS * Tr::kTileKV;
 
   const int T = int(p.T), H = int(p.H);
   const bool causal = p.causal;
-  const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid & 31;
+  const int tid = threadIdx.x, wg = tid / 128;
   const int qb = causal ? int(gridDim.z) - 1 - int(blockIdx.z) : int(blockIdx.z);  // heaviest first
   const int h = blockIdx.x, b = blockIdx.y;
   const int q0 = qb * Br;
-  const int ldq = int(p.q_row_stride), ldk = int(p.k_row_stride), ldv = int(p.v_row_stride);
-  const int lddo = int(p.do_row_stride);
-  const int64_t bt = int64_t(b) * T;
-  const int hd = h * D;
-  const tg::bf16* Q = p.q + bt * ldq + hd;
-  const tg::bf16* K = p.k + bt * ldk + hd;
-  const tg::bf16* V = p.v + bt * ldv + hd;
-  const tg::bf16* dO = p.dout + bt * lddo + hd;
-  tg::bf16* dQ = p.dq + bt * p.dq_row_stride + hd;
-
   const int q_last = min(q0 + Br, T) - 1;
   const int n_kb = causal ? q_last / Bc + 1 : (T + Bc - 1) / Bc;
 
-  sm90::load_tile_swizzled<Br, D, NT>(sQ, Q, ldq, q0, T, tid);
-  sm90::load_tile_swizzled<Br, D, NT>(sdO, dO, lddo, q0, T, tid);
-  sm90::load_tile_swizzled<Bc, D, NT>(sK, K, ldk, 0, T, tid);
-  sm90::load_tile_swizzled<Bc, D, NT>(sV, V, ldv, 0, T, tid);
-  cp_async_commit();
+  // The mbarriers, after the tiles: the block's own tiles' (q_full), then the K/V stream's, whose
+  // empty ones count one arrival per consumer warp.
+  uint64_t* q_full;
+  const sm90::KvStream kv = sm90::kv_stream_barriers<NS>(sV + NS * Tr::kTileKV, sK, sV, &q_full, 4 * C, tid == 0);
+  __syncthreads();
 
+  if (wg == 0) {
+    sm90::setmaxnreg_dec<Tr::kProducerRegs>();
+    if (tid == 0) {
+      const int col = h * D;
+      sm90::mbarrier_arrive_expect_tx(q_full, 2 * Tr::kTileQ);
+      sm90::produce_tile<Tr::kPanels>(sQ, Tr::kPanelQ, &maps.q, col, q0, b, q_full);
+      sm90::produce_tile<Tr::kPanels>(sdO, Tr::kPanelQ, &maps.dout, col, q0, b, q_full);
+      sm90::produce_kv<Tr::kPanels, Bc, NS>(kv, &maps.k, &maps.v, col, b, n_kb);
+    }
+    return;
+  }
+
+  sm90::setmaxnreg_inc<Tr::kConsumerRegs>();
+  const int c = wg - 1, warp = (tid % 128) / 32, lane = tid & 31;
   const float scale_log2 = p.scale * kLog2e;
-  const int row0 = q0 + 64 * wg + 16 * warp;  // this warp's first query row
+  const int row0 = q0 + 64 * c + 16 * warp;  // this warp's first query row
   // This lane's rows g and g+8: lse (log2 units) and delta, 0 past T (those rows are never stored).
   float lse2[2], dlt[2];
 #pragma unroll
@@ -367,47 +434,67 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_bwd_dq_sm9
     lse2[i] = row < T ? p.lse[at] * kLog2e : 0.0f;
     dlt[i] = row < T ? delta[at] : 0.0f;
   }
-  const unsigned char* sQw = sQ + 64 * wg * sm90::kSwizzleRowBytes;  // the warpgroup's rows, in each panel
-  const unsigned char* sdOw = sdO + 64 * wg * sm90::kSwizzleRowBytes;
+  const unsigned char* sQw = sQ + 64 * c * sm90::kSwizzleRowBytes;  // the warpgroup's rows, in each panel
+  const unsigned char* sdOw = sdO + 64 * c * sm90::kSwizzleRowBytes;
+  const int my_turn = 1 + c, next_turn = 1 + (c + 1) % C;  // as in the forward
+  auto release = [&](uint64_t* bar) {  // this warp is done reading a stage (its wgmma has retired)
+    __syncwarp();
+    if (lane == 0) sm90::mbarrier_arrive(bar);
+  };
+  // S = Q K_jᵀ and dP = dO V_jᵀ, (64 queries, Bc keys) per warpgroup, one commit group.
+  auto issue_s_dp = [&](float (&s)[Bc / 8][4], float (&dp)[Bc / 8][4], int j) {
+    sm90::mbarrier_wait(&kv.k_full[j % NS], uint32_t(j / NS) & 1);
+    sm90::mbarrier_wait(&kv.v_full[j % NS], uint32_t(j / NS) & 1);
+    sm90::wgmma_fence();
+    wgmma_abt_ss<D, Bc>(s, sQw, Tr::kPanelQ, sK + (j % NS) * Tr::kTileKV, Tr::kPanelKV);
+    wgmma_abt_ss<D, Bc>(dp, sdOw, Tr::kPanelQ, sV + (j % NS) * Tr::kTileKV, Tr::kPanelKV);
+    sm90::wgmma_commit();
+  };
+  auto issue_dq = [&](float (&dq)[D / 8][4], const uint32_t (&dsf)[Bc / 16][4], int j) {  // dQ += dS K_j
+    sm90::wgmma_fence();
+    wgmma_ab_rs<D, Bc>(dq, dsf, sK + (j % NS) * Tr::kTileKV, Tr::kPanelKV);
+    sm90::wgmma_commit();
+  };
+  // P = exp2(S·scale₂ − lse₂), masked to 0; dS = P ∘ (dP − delta) (unscaled) into dp, in fp32.
+  auto grad = [&](float (&s)[Bc / 8][4], float (&dp)[Bc / 8][4], int j) {
+    const int k0 = j * Bc;
+    exp2_scaled_minus_row<Bc>(s, scale_log2, lse2);
+    if (k0 + Bc > T || (causal && k0 + Bc - 1 > row0))  // uniform per warp
+      mask_tile<Bc>(s, row0, k0, lane, [=](int q, int k) { return k >= T || (causal && k > q); }, 0.0f);
+    softmax_grad_row<Bc>(dp, s, dlt);
+  };
+
   float dq[D / 8][4];  // (16, D) per warp: the warpgroup's (64, D) accumulator
   zero(dq);
+  float s[Bc / 8][4], dp[Bc / 8][4];
+  uint32_t dsf[Bc / 16][4];
+  if (c == C - 1) sm90::named_barrier_arrive(1, 256);  // consumer 0 takes the first turn
+  sm90::mbarrier_wait(q_full, 0);
 
-  for (int j = 0; j < n_kb; ++j) {
-    const int st = j & 1;
-    if (j + 1 < n_kb) {  // prefetch key tile j+1 into the other stage (freed by the last barrier)
-      sm90::load_tile_swizzled<Bc, D, NT>(sK + (st ^ 1) * Tr::kTileStream, K, ldk, (j + 1) * Bc, T, tid);
-      sm90::load_tile_swizzled<Bc, D, NT>(sV + (st ^ 1) * Tr::kTileStream, V, ldv, (j + 1) * Bc, T, tid);
-    }
-    cp_async_commit();
-    cp_async_wait<1>();
-    sm90::fence_async_shared();
-    __syncthreads();
-    const unsigned char* Kj = sK + st * Tr::kTileStream;
-    const unsigned char* Vj = sV + st * Tr::kTileStream;
-    const int k0 = j * Bc;
-
-    // S = Q Kᵀ and dP = dO Vᵀ, (64 queries, Bc keys) per warpgroup, in one commit group.
-    float s[Bc / 8][4], dp[Bc / 8][4];
-    sm90::wgmma_fence();
-    wgmma_abt_ss<D>(s, sQw, Tr::kPanelOwn, Kj, Tr::kPanelStream);
-    wgmma_abt_ss<D>(dp, sdOw, Tr::kPanelOwn, Vj, Tr::kPanelStream);
-    sm90::wgmma_commit();
-    sm90::wgmma_wait<0>();
-
-    exp2_scaled_minus_row<Bc>(s, scale_log2, lse2);  // P
-    const bool need_mask = k0 + Bc > T || (causal && k0 + Bc - 1 > row0);  // uniform per warp
-    if (need_mask)
-      mask_tile<Bc>(s, row0, k0, lane, [=](int q, int k) { return k >= T || (causal && k > q); }, 0.0f);
-    softmax_grad_row<Bc>(dp, s, dlt);  // dS = P ∘ (dP − delta), without the scale
-    uint32_t dsf[Bc / 16][4];
+  // Turn 0: S, dP of tile 0. Turn j: S, dP of tile j and dQ += dS_{j−1} K_{j−1}.
+  sm90::named_barrier_sync(my_turn, 256);
+  issue_s_dp(s, dp, 0);
+  if (c != C - 1 || n_kb > 1) sm90::named_barrier_arrive(next_turn, 256);
+  sm90::wgmma_wait<0>();
+  release(&kv.v_empty[0]);  // V_0 is done with; K_0 waits for its dQ product
+  grad(s, dp, 0);
+  acc_to_a<Bc>(dsf, dp);
+  for (int j = 1; j < n_kb; ++j) {
+    sm90::named_barrier_sync(my_turn, 256);
+    issue_s_dp(s, dp, j);
+    issue_dq(dq, dsf, j - 1);
+    if (c != C - 1 || j + 1 < n_kb) sm90::named_barrier_arrive(next_turn, 256);
+    sm90::wgmma_wait<1>();  // S, dP of tile j have landed; dS_{j−1} K_{j−1} may still run
+    release(&kv.v_empty[j % NS]);
+    grad(s, dp, j);
+    sm90::wgmma_wait<0>();  // dS_{j−1} K_{j−1} has read dsf: it may be rewritten, K_{j−1} released
+    release(&kv.k_empty[(j - 1) % NS]);
     acc_to_a<Bc>(dsf, dp);
-    sm90::wgmma_fence();
-    wgmma_ab_rs<D>(dq, dsf, Kj, Tr::kPanelStream);  // dQ += dS K
-    sm90::wgmma_commit();
-    sm90::wgmma_wait<0>();
-    __syncthreads();  // stage st is overwritten by the next prefetch
   }
+  issue_dq(dq, dsf, n_kb - 1);
+  sm90::wgmma_wait<0>();
 
+  tg::bf16* dQ = p.dq + int64_t(b) * T * p.dq_row_stride + h * D;
   const float fq[2] = {p.scale, p.scale};
   store_rows<D>(dQ, int(p.dq_row_stride), dq, fq, row0, T, lane);
 }
@@ -417,6 +504,18 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_bwd_dq_sm9
 // ───────────────────────────── launchers ─────────────────────────────
 
 namespace {
+
+// The dQ kernel: its tensor maps are encoded per call (a few µs of host work).
+template <int D>
+void launch_dq_sm90a(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
+  using Tr = typename flash::DqSm90aConfig<D>::type;
+  auto kernel = flash::flash_bwd_dq_sm90a_kernel<Tr>;
+  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tr::kSmemBytes)));
+  const flash::DqTmaMaps maps = flash::dq_tma_maps<Tr>(p);
+  const dim3 grid(unsigned(p.H), unsigned(p.B), unsigned((p.T + Tr::kBr - 1) / Tr::kBr));  // tile index slowest
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, delta, maps);
+  TG_CUDA_CHECK(cudaGetLastError());
+}
 
 // Block shapes: DkdvSm90aConfig, DqSm90aConfig (above), with the measurements that chose them.
 template <int D>
@@ -431,10 +530,9 @@ void launch_bwd_sm90a(const FlashAttentionParams& p, const float* delta, float* 
       return;
     }
   }
-  using Dq = typename flash::DqSm90aConfig<D>::type;
   flash::launch_tile_kernel<Dkdv>(flash::flash_bwd_dkdv_sm90a_kernel<Dkdv, FlashDq::kRecompute>, Dkdv::kSmemBytes,
                                   p, stream, delta, static_cast<float*>(nullptr), 0);
-  flash::launch_tile_kernel<Dq>(flash::flash_bwd_dq_sm90a_kernel<Dq>, Dq::kSmemBytes, p, stream, delta);
+  launch_dq_sm90a<D>(p, delta, stream);
 }
 
 }  // namespace

@@ -106,10 +106,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   unsigned char* sQ = sm90::align_to_swizzle_atom(smem);
   unsigned char* sK = sQ + Tr::kTileQ;  // (stage) tiles of Tr::kTileKV bytes
   unsigned char* sV = sK + NS * Tr::kTileKV;
-  // The mbarriers, after the tiles: Q's, then per stage K full / empty and V full / empty.
-  uint64_t* const q_full = reinterpret_cast<uint64_t*>(sV + NS * Tr::kTileKV);
-  uint64_t *const k_full = q_full + 1, *const k_empty = k_full + NS, *const v_full = k_empty + NS,
-                  *const v_empty = v_full + NS;
 
   const int T = int(p.T), H = int(p.H);
   const bool causal = p.causal;
@@ -120,16 +116,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int q_last = min(q0 + Br, T) - 1;
   const int n_kb = causal ? q_last / Bc + 1 : (T + Bc - 1) / Bc;
 
-  if (tid == 0) {
-    sm90::mbarrier_init(q_full, 1);
-    for (int st = 0; st < NS; ++st) {
-      sm90::mbarrier_init(&k_full[st], 1);
-      sm90::mbarrier_init(&v_full[st], 1);
-      sm90::mbarrier_init(&k_empty[st], 4 * C);  // one arrival per consumer warp
-      sm90::mbarrier_init(&v_empty[st], 4 * C);
-    }
-    sm90::fence_barrier_init();
-  }
+  // The mbarriers, after the tiles: the block's own tiles' (q_full), then the K/V stream's, whose
+  // empty ones count one arrival per consumer warp.
+  uint64_t* q_full;
+  const sm90::KvStream kv = sm90::kv_stream_barriers<NS>(sV + NS * Tr::kTileKV, sK, sV, &q_full, 4 * C, tid == 0);
   __syncthreads();
 
   if (wg == 0) {
@@ -138,19 +128,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if (tid == 0) {
       const int col = h * D;
       sm90::mbarrier_arrive_expect_tx(q_full, Tr::kTileQ);
-      for (int pn = 0; pn < Tr::kPanels; ++pn) sm90::tma_load_3d(sQ + pn * Tr::kPanelQ, &maps.q, col + 64 * pn, q0, b, q_full);
-      for (int j = 0; j < n_kb; ++j) {
-        const int st = j % NS;
-        const uint32_t use = uint32_t(j / NS);  // the stage's use count: its barriers' phase
-        if (use > 0) sm90::mbarrier_wait(&k_empty[st], (use - 1) & 1);
-        sm90::mbarrier_arrive_expect_tx(&k_full[st], Tr::kTileKV);
-        for (int pn = 0; pn < Tr::kPanels; ++pn)
-          sm90::tma_load_3d(sK + st * Tr::kTileKV + pn * Tr::kPanelKV, &maps.k, col + 64 * pn, j * Bc, b, &k_full[st]);
-        if (use > 0) sm90::mbarrier_wait(&v_empty[st], (use - 1) & 1);
-        sm90::mbarrier_arrive_expect_tx(&v_full[st], Tr::kTileKV);
-        for (int pn = 0; pn < Tr::kPanels; ++pn)
-          sm90::tma_load_3d(sV + st * Tr::kTileKV + pn * Tr::kPanelKV, &maps.v, col + 64 * pn, j * Bc, b, &v_full[st]);
-      }
+      sm90::produce_tile<Tr::kPanels>(sQ, Tr::kPanelQ, &maps.q, col, q0, b, q_full);
+      sm90::produce_kv<Tr::kPanels, Bc, NS>(kv, &maps.k, &maps.v, col, b, n_kb);
     }
     return;
   }
@@ -169,7 +148,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if (lane == 0) sm90::mbarrier_arrive(bar);
   };
   auto issue_s = [&](float (&s)[Bc / 8][4], int j) {
-    sm90::mbarrier_wait(&k_full[j % NS], uint32_t(j / NS) & 1);
+    sm90::mbarrier_wait(&kv.k_full[j % NS], uint32_t(j / NS) & 1);
     const unsigned char* Kj = sK + (j % NS) * Tr::kTileKV;
     sm90::wgmma_fence();
 #pragma unroll
@@ -185,7 +164,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     sm90::wgmma_commit();
   };
   auto issue_pv = [&](float (&o)[D / 8][4], const uint32_t (&pf)[Bc / 16][4], int j) {
-    sm90::mbarrier_wait(&v_full[j % NS], uint32_t(j / NS) & 1);
+    sm90::mbarrier_wait(&kv.v_full[j % NS], uint32_t(j / NS) & 1);
     const unsigned char* Vj = sV + (j % NS) * Tr::kTileKV;
     sm90::wgmma_fence();
 #pragma unroll
@@ -220,7 +199,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   issue_s(s, 0);
   if (c != C - 1 || n_kb > 1) sm90::named_barrier_arrive(next_turn, 256);
   sm90::wgmma_wait<0>();
-  release(&k_empty[0]);
+  release(&kv.k_empty[0]);
   softmax(s, 0, alpha, sum);
   rescale_accumulate<D>(o, l, alpha, sum);
   acc_to_a<Bc>(pf, s);
@@ -230,10 +209,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     issue_pv(o, pf, j - 1);
     if (c != C - 1 || j + 1 < n_kb) sm90::named_barrier_arrive(next_turn, 256);
     sm90::wgmma_wait<1>();  // S of tile j has landed; P_{j−1} V_{j−1} may still run
-    release(&k_empty[j % NS]);
+    release(&kv.k_empty[j % NS]);
     softmax(s, j, alpha, sum);
     sm90::wgmma_wait<0>();  // P_{j−1} V_{j−1} has landed: O may be rescaled and pf rewritten
-    release(&v_empty[(j - 1) % NS]);
+    release(&kv.v_empty[(j - 1) % NS]);
     rescale_accumulate<D>(o, l, alpha, sum);
     acc_to_a<Bc>(pf, s);
   }
