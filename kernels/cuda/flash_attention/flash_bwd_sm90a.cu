@@ -358,12 +358,13 @@ struct DqSm90aTraits {
 // kernel unchanged; the run-to-run spread is ±5 %):
 //   d 128: 2 consumers × 64-key tiles, 3 stages (168 registers, 0 spills, 161 KiB): 378–421,
 //          against 330–349 with the fifth session's dQ kernel (1 warpgroup × 2 blocks per SM,
-//          cp.async by all threads); 2 stages: 323–330 — K_j stays in its stage until
+//          cp.async by all threads); 2 stages: 323 — K_j stays in its stage until
 //          dQ += dS_j K_j has run, in the next turn, so with two stages the next tile's load
 //          only starts then and its latency shows; 4 stages: as 3. 128-key tiles spill.
 //   d 64:  2 consumers × 128-key tiles, 3 stages (168 registers, 0 spills, 97 KiB): 346,
-//          against 348 (the old kernel; 1.0–1.07× of it from 8k, as fast below); 3 consumers ×
-//          64 keys, 3 stages: 364; 2 × 64, 3 or 4 stages: 314; 2 stages: 278–285.
+//          against 322–348 (the old kernel; 0.99–1.12× of it from 8k, as fast below); 3
+//          consumers × 64 keys, 3 stages: 364 (as fast elsewhere); 2 × 64, 3 or 4 stages:
+//          314–349; 2 stages (2 × 128 or 3 × 64): 278–285.
 template <int D> struct DqSm90aConfig;
 template <> struct DqSm90aConfig<64> { using type = DqSm90aTraits<64, 2, 128, 3>; };
 template <> struct DqSm90aConfig<128> { using type = DqSm90aTraits<128, 2, 64, 3>; };

@@ -87,8 +87,9 @@ FwdTmaMaps fwd_tma_maps(const FlashAttentionParams& p) {  // p's row strides res
 //          blocks of 2 warpgroups per SM in lockstep). 3 stages: the same within the run-to-run
 //          spread (±5 %). 64-key tiles (4 stages): 536 / 551 (S as two m64n64 products per Q read).
 //   d 64:  3 consumers (192 query rows) × 128-key tiles, 2 stages (160 registers per consumer,
-//          89 KiB): 500 / 538, against 397–400 / 400–401 for the fifth session's kernel; 2
-//          consumers: 437–447; 2 consumers × 64-key tiles: 357; 3 stages: the same as 2. At
+//          89 KiB): 500 / 538, against 397–398 / 400–401 for the fifth session's kernel; 2
+//          consumers: 436–437 / 448–458; 2 consumers × 64-key tiles: 357 / 369; 3 stages: the
+//          same as 2. At
 //          d 64 the softmax is as long as a tile's products, so a third consumer keeps the tensor
 //          cores busy while two of them exponentiate. At T = 1024 causal (16 × 1024 tokens,
 //          1 block per SM, most blocks a few tiles long) it is 232 against the old kernel's 265:
