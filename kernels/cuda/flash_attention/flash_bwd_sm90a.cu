@@ -350,7 +350,8 @@ struct DqSm90aTraits {
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
   static_assert(kBc == 64 || kBc == 128, "S and dP are m64n64 or m64n128 products per warpgroup");
   static_assert(Consumers == 2 || Consumers == 3, "the register split is written for 2 or 3 consumers");
-  static_assert(128 * (kProducerRegs + Consumers * kConsumerRegs) <= 65536, "the register file");
+  static_assert(sm90::fits_launch_registers(kThreads, kProducerRegs, Consumers, kConsumerRegs),
+                "the hand-over must fit the registers the block is launched with (wgmma.cuh, setmaxnreg)");
   static_assert(kSmemBytes <= 227 * 1024, "one block's shared memory");
 };
 // Block shapes per head dim, measured on the H200 with `tilegrad bench attention --atomic 0`

@@ -53,7 +53,8 @@ struct FwdSm90aTraits {
   static constexpr int kPanels = kD / 64;
   static constexpr int kPanelQ = kBr * sm90::kSwizzleRowBytes, kPanelKV = kBc * sm90::kSwizzleRowBytes;
   static constexpr int kTileQ = kPanels * kPanelQ, kTileKV = kPanels * kPanelKV;  // bytes
-  // Registers per thread after the hand-over; 128 × (producer + Consumers × consumer) ≤ 64 Ki.
+  // Registers per thread after the hand-over (FlashAttention-3's split: 24 + 2 × 240 = 3 × 168,
+  // 32 + 3 × 160 = 4 × 128: the launch allocation exactly).
   static constexpr int kProducerRegs = Consumers == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = Consumers == 2 ? 240 : 160;
   static constexpr int kBarrierBytes = 8 * (1 + 4 * kStages);  // the mbarriers, after the tiles
@@ -61,7 +62,8 @@ struct FwdSm90aTraits {
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
   static_assert(kBc == 64 || kBc == 128, "S is one m64n64 or m64n128 product per warpgroup");
   static_assert(Consumers == 2 || Consumers == 3, "the register split is written for 2 or 3 consumers");
-  static_assert(128 * (kProducerRegs + Consumers * kConsumerRegs) <= 65536, "the register file");
+  static_assert(sm90::fits_launch_registers(kThreads, kProducerRegs, Consumers, kConsumerRegs),
+                "the hand-over must fit the registers the block is launched with (wgmma.cuh, setmaxnreg)");
   static_assert(kSmemBytes <= 227 * 1024, "one block's shared memory");
 };
 

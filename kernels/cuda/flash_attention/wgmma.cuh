@@ -159,7 +159,17 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 // Moves registers between warpgroups (all 128 threads of a warpgroup execute it): the producer
-// gives most of its registers back, the consumers take them.
+// gives most of its registers back, the consumers take them. The block keeps the registers it was
+// launched with — threads × the count ptxas gives a setmaxnreg kernel, the __launch_bounds__ cap
+// (64 Ki / threads, rounded down to a multiple of 8) — so the warpgroups' counts after the
+// hand-over must sum to at most (warpgroups) × that cap: an inc beyond what the decs freed waits
+// for registers forever: a hang, not an error — the likely cause of the one seen on the H200 (a
+// kernel with 32 + 2 × 240 at 384 threads, cap 168, never finished its first test; the
+// FlashAttention-3 / CUTLASS splits fill the allocation exactly: 24 + 2 × 240, 40 + 2 × 232,
+// 32 + 3 × 160). fits_launch_registers checks a split at compile time.
+constexpr bool fits_launch_registers(int threads, int producer_regs, int consumers, int consumer_regs) {
+  return producer_regs + consumers * consumer_regs <= (threads / 128) * ((65536 / threads) & ~7);
+}
 template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
