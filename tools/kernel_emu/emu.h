@@ -8,7 +8,11 @@
 // definitions element by element. cp.async is strict: the destination is poisoned (0xFF, a bf16
 // NaN) when the copy is issued and filled only when cp.async.wait_group retires its group, so a
 // read before the wait, or a prefetch into a stage another warp still reads, shows up as NaN.
-// Shared memory starts as 0xFF garbage, as on the hardware.
+// Shared memory starts as 0xFF garbage, as on the hardware. The warp-specialised kernels'
+// primitives are real waits between the emulated threads: TMA boxes (copied at once, with the
+// swizzle and zero fill) counting down mbarriers, mbarrier phases, named barriers, and
+// setmaxnreg's register account (within the launch allocation, as on the GPU); a wait that
+// never completes aborts with a deadlock report naming it.
 //
 // tools/kernel_emu/generate.py turns tile.cuh, flash_fwd.cu and flash_bwd.cu into headers that
 // use these definitions instead of the PTX ones (tests/kernel_emu/ includes them).
@@ -101,6 +105,9 @@ struct EmuBlock {
   std::condition_variable async_cv;
   std::map<uint32_t, EmuMbarrier> mbarriers;  // by shared-memory offset
   EmuNamedBarrier named[16];
+  // setmaxnreg's account: each warpgroup's registers per thread, and the block's unassigned ones.
+  std::vector<int> warpgroup_regs;
+  int free_regs = 0;
   std::vector<std::unique_ptr<std::barrier<>>> warp_barrier;
   std::vector<EmuWarpSlots> slots;
   std::vector<std::unique_ptr<std::barrier<>>> warpgroup_barrier;  // blocks of a multiple of 128 threads
@@ -372,9 +379,10 @@ inline void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t
 // the kernel's protocol (a missing arrival, a wrong parity) and aborts with the barrier named.
 inline uint32_t emu_offset(const void* p) { return uint32_t(static_cast<const unsigned char*>(p) - emu_smem); }
 template <typename Ready>
-inline void emu_wait_until(std::unique_lock<std::mutex>& lock, Ready ready, const char* what, uint32_t at) {
-  if (!g_emu_block->async_cv.wait_for(lock, std::chrono::seconds(60), ready)) {
-    std::fprintf(stderr, "kernel_emu: %s at shared offset %u never completed (thread %u): deadlock\n", what, at,
+inline void emu_wait_until(std::unique_lock<std::mutex>& lock, Ready ready, const char* what, uint32_t at,
+                           int seconds = 60) {
+  if (!g_emu_block->async_cv.wait_for(lock, std::chrono::seconds(seconds), ready)) {
+    std::fprintf(stderr, "kernel_emu: %s %u never completed (thread %u): deadlock\n", what, at,
                  threadIdx.x);
     std::abort();
   }
@@ -413,7 +421,7 @@ inline void mbarrier_wait(uint64_t* bar, uint32_t parity) {
   if (it == g_emu_block->mbarriers.end()) std::abort();
   EmuMbarrier& m = it->second;
   // The phase of parity `parity` has completed when the current phase's parity differs from it.
-  emu_wait_until(lock, [&] { return (m.phase & 1u) != parity; }, "an mbarrier wait", emu_offset(bar));
+  emu_wait_until(lock, [&] { return (m.phase & 1u) != parity; }, "an mbarrier wait at shared offset", emu_offset(bar));
 }
 // The copy is made at once (the data is in place before the barrier can complete); its bytes
 // then count down the barrier's transaction count. Elements out of range are zero; the 128-byte
@@ -458,14 +466,35 @@ inline void emu_named_arrive(int id, int threads, bool wait) {
       g_emu_block->async_cv.notify_all();
     }
   }
-  if (wait) emu_wait_until(lock, [&] { return nb.generation != gen; }, "a named barrier", uint32_t(id));
+  if (wait) emu_wait_until(lock, [&] { return nb.generation != gen; }, "named barrier", uint32_t(id));
 }
 inline void named_barrier_sync(int id, int threads) { emu_named_arrive(id, threads, true); }
 inline void named_barrier_arrive(int id, int threads) { emu_named_arrive(id, threads, false); }
+// setmaxnreg moves registers within what the block was launched with (threads × the launch-bounds
+// cap: wgmma.cuh): a dec gives the warpgroup's surplus back, an inc waits until enough is free —
+// forever, on the GPU, if the split does not fit; here a deadlock report. One thread per
+// warpgroup keeps the account.
+inline void emu_setmaxnreg(int n, bool inc) {
+  if (threadIdx.x % 128 != 0) return;
+  EmuBlock& blk = *g_emu_block;
+  std::unique_lock<std::mutex> lock(blk.async_mutex);
+  int& cur = blk.warpgroup_regs[threadIdx.x / 128];
+  if (inc)
+    emu_wait_until(lock, [&] { return blk.free_regs >= (n - cur) * 128; },
+                   "setmaxnreg.inc: no registers free for the count", uint32_t(n),
+                   20);  // reported before the waits it holds up (the others' dec comes at once)
+  blk.free_regs -= (n - cur) * 128;
+  cur = n;
+  blk.async_cv.notify_all();
+}
 template <int N>
-inline void setmaxnreg_dec() {}
+inline void setmaxnreg_dec() {
+  emu_setmaxnreg(N, false);
+}
 template <int N>
-inline void setmaxnreg_inc() {}
+inline void setmaxnreg_inc() {
+  emu_setmaxnreg(N, true);
+}
 
 }  // namespace tg::cuda::flash::sm90
 
@@ -502,6 +531,8 @@ void emu_launch(EmuDim3 grid, int threads, size_t smem_bytes, Kernel kernel) {
             block.warpgroup_barrier.push_back(std::make_unique<std::barrier<>>(128));
           block.warpgroup_slots.resize(size_t(threads / 128));
         }
+        // Launched with the __launch_bounds__(threads, 1) cap per thread, all of it assigned.
+        block.warpgroup_regs.assign(size_t((threads + 127) / 128), (65536 / threads) & ~7);
         g_emu_block = &block;
         std::vector<std::thread> pool;
         for (int t = 0; t < threads; ++t)
