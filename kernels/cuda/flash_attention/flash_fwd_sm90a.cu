@@ -38,8 +38,8 @@ namespace tg::cuda {
 namespace flash {
 
 // One producer warpgroup and Consumers warpgroups of 64 query rows each; Bc keys per K/V tile,
-// Stages stage buffers. The producer keeps 24–32 registers per thread and gives the rest to the
-// consumers. The consumers take turns: named barriers pass the right to issue a tile's two
+// Stages stage buffers. The producer keeps 24 or 32 registers per thread and gives the rest to
+// the consumers. The consumers take turns: named barriers pass the right to issue a tile's two
 // products around the ring of consumer warpgroups, so one warpgroup's softmax overlaps the
 // others' products rather than coinciding with them (FlashAttention-3's ping-pong).
 template <int D_, int Consumers, int Bc_, int Stages>
@@ -91,9 +91,8 @@ FwdTmaMaps fwd_tma_maps(const FlashAttentionParams& p) {  // p's row strides res
 //   d 64:  3 consumers (192 query rows) × 128-key tiles, 2 stages (160 registers per consumer,
 //          89 KiB): 500 / 538, against 397–398 / 400–401 for the fifth session's kernel; 2
 //          consumers: 436–437 / 448–458; 2 consumers × 64-key tiles: 357 / 369; 3 stages: the
-//          same as 2. At
-//          d 64 the softmax is as long as a tile's products, so a third consumer keeps the tensor
-//          cores busy while two of them exponentiate. At T = 1024 causal (16 × 1024 tokens,
+//          same as 2. At d 64 the softmax is as long as a tile's products, so a third consumer
+//          keeps the tensor cores busy while two of them exponentiate. At T = 1024 causal (16 × 1024 tokens,
 //          1 block per SM, most blocks a few tiles long) it is 232 against the old kernel's 265:
 //          a block's start (barriers, Q's load, the first tile) is not hidden under another
 //          block's tail — a persistent scheduler is the remedy (docs/flash-attention.md).
