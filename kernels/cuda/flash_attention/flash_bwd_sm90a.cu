@@ -511,12 +511,8 @@ namespace {
 template <int D>
 void launch_dq_sm90a(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
   using Tr = typename flash::DqSm90aConfig<D>::type;
-  auto kernel = flash::flash_bwd_dq_sm90a_kernel<Tr>;
-  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tr::kSmemBytes)));
-  const flash::DqTmaMaps maps = flash::dq_tma_maps<Tr>(p);
-  const dim3 grid(unsigned(p.H), unsigned(p.B), unsigned((p.T + Tr::kBr - 1) / Tr::kBr));  // tile index slowest
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, delta, maps);
-  TG_CUDA_CHECK(cudaGetLastError());
+  flash::launch_tile_kernel<Tr, Tr::kBr>(flash::flash_bwd_dq_sm90a_kernel<Tr>, Tr::kSmemBytes, p, stream, delta,
+                                         flash::dq_tma_maps<Tr>(p));
 }
 
 // Block shapes: DkdvSm90aConfig, DqSm90aConfig (above), with the measurements that chose them.

@@ -27,6 +27,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/flash_attention/flash.h"
 #include "kernels/cuda/flash_attention/kernel_traits.cuh"
+#include "kernels/cuda/flash_attention/launch.cuh"
 #include "kernels/cuda/flash_attention/tile.cuh"
 #include "kernels/cuda/flash_attention/wgmma.cuh"
 #include "kernels/cuda/tma.h"
@@ -251,12 +252,8 @@ namespace {
 template <int D>
 void launch_fwd_sm90a(const FlashAttentionParams& p, cudaStream_t stream) {
   using Tr = typename flash::FwdSm90aConfig<D>::type;
-  auto kernel = flash::flash_fwd_sm90a_kernel<Tr>;
-  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tr::kSmemBytes)));
-  const flash::FwdTmaMaps maps = flash::fwd_tma_maps<Tr>(p);
-  const dim3 grid(unsigned(p.H), unsigned(p.B), unsigned((p.T + Tr::kBr - 1) / Tr::kBr));  // tile index slowest
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, maps);
-  TG_CUDA_CHECK(cudaGetLastError());
+  flash::launch_tile_kernel<Tr, Tr::kBr>(flash::flash_fwd_sm90a_kernel<Tr>, Tr::kSmemBytes, p, stream,
+                                         flash::fwd_tma_maps<Tr>(p));
 }
 
 }  // namespace
