@@ -1,6 +1,8 @@
-// Shared by the GPU tests: whether a GPU is there to test on, and a checking macro for the raw
-// CUDA calls the kernel-level tests make (it throws, so gtest reports the failing call).
+// Shared by the GPU tests: whether a GPU is there to test on, a checking macro for the raw CUDA
+// calls the kernel-level tests make (it throws, so gtest reports the failing call), and raw
+// device buffers for the probe tests.
 #pragma once
+#include <cstddef>
 #include <stdexcept>
 #include <string>
 
@@ -20,4 +22,15 @@
 
 namespace tg::testing {
 inline bool have_gpu() { return cuda_device_count() > 0; }
+
+#ifdef TILEGRAD_HAVE_CUDA
+// Raw device memory for the probe tests, freed on every path out of the test.
+struct DeviceBytes {
+  void* p = nullptr;
+  explicit DeviceBytes(size_t bytes) { CHECK_CUDA(cudaMalloc(&p, bytes)); }
+  ~DeviceBytes() { cudaFree(p); }
+  DeviceBytes(const DeviceBytes&) = delete;
+  DeviceBytes& operator=(const DeviceBytes&) = delete;
+};
+#endif
 }  // namespace tg::testing

@@ -18,13 +18,7 @@
 namespace tg {
 namespace {
 
-struct DeviceBytes {  // freed on every path out of the test
-  void* p = nullptr;
-  explicit DeviceBytes(size_t bytes) { CHECK_CUDA(cudaMalloc(&p, bytes)); }
-  ~DeviceBytes() { cudaFree(p); }
-  DeviceBytes(const DeviceBytes&) = delete;
-  DeviceBytes& operator=(const DeviceBytes&) = delete;
-};
+using testing::DeviceBytes;
 
 TEST(Tma, SwizzledBoxesMatchTheMatrix) {
   if (!testing::have_gpu()) GTEST_SKIP() << "no CUDA GPU: the sm_90a TMA probe runs on an H100/H200 only";

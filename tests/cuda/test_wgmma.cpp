@@ -30,14 +30,7 @@ std::vector<uint16_t> random_bf16(uint64_t seed, size_t n = kN * kN) {
 
 double value(uint16_t bits) { return double(bf16_to_float(bf16{bits})); }
 
-// Device buffers for the probe, freed on every path out of the test.
-struct DeviceBytes {
-  void* p = nullptr;
-  explicit DeviceBytes(size_t bytes) { CHECK_CUDA(cudaMalloc(&p, bytes)); }
-  ~DeviceBytes() { cudaFree(p); }
-  DeviceBytes(const DeviceBytes&) = delete;
-  DeviceBytes& operator=(const DeviceBytes&) = delete;
-};
+using testing::DeviceBytes;
 
 TEST(Wgmma, ProductsMatchTheCpu) {
   if (!testing::have_gpu()) GTEST_SKIP() << "no CUDA GPU: the sm_90a wgmma probe runs on an H100/H200 only";

@@ -507,7 +507,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
 namespace {
 
-// The dQ kernel: its tensor maps are encoded per call (a few µs of host work).
+// The dQ kernel: its tensor maps are encoded on the host at every call (host time not measured).
 template <int D>
 void launch_dq_sm90a(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
   using Tr = typename flash::DqSm90aConfig<D>::type;

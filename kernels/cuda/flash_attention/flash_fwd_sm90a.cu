@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 namespace {
 
 // Block shapes: FwdSm90aConfig (above), with the measurements that chose them. The tensor maps are
-// encoded per call (a few µs of host work).
+// encoded on the host at every call (host time not measured).
 template <int D>
 void launch_fwd_sm90a(const FlashAttentionParams& p, cudaStream_t stream) {
   using Tr = typename flash::FwdSm90aConfig<D>::type;
