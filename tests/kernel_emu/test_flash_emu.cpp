@@ -197,10 +197,10 @@ void backward_sm90a(const FlashAttentionParams& p_in) {
       return;
     }
   }
-  using Dkdv = typename flash::DkdvSm90aConfig<D>::type;
-  emu_launch(tile_grid(p, Dkdv::kOwn), Dkdv::kThreads, Dkdv::kSmemBytes, [&] {
-    flash::flash_bwd_dkdv_sm90a_kernel<Dkdv, FlashDq::kRecompute>(p, ws.delta, nullptr, 0);
-  });
+  using DkdvWs = typename flash::DkdvWsSm90aConfig<D>::type;
+  const flash::DkdvTmaMaps dkdv_maps = flash::dkdv_tma_maps<DkdvWs>(p);
+  emu_launch(tile_grid(p, DkdvWs::kBc), DkdvWs::kThreads, DkdvWs::kSmemBytes,
+             [&] { flash::flash_bwd_dkdv_sm90a_ws_kernel<DkdvWs>(p, ws.delta, dkdv_maps); });
   using Dq = typename flash::DqSm90aConfig<D>::type;
   const flash::DqTmaMaps maps = flash::dq_tma_maps<Dq>(p);
   emu_launch(tile_grid(p, Dq::kBr), Dq::kThreads, Dq::kSmemBytes,

@@ -7,12 +7,13 @@
 //   Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, S = Q Kᵀ, dP = dO Vᵀ   both operands K-major in smem (SS);
 //   dV += Pᵀ dO, dK += dSᵀ Q, dQ += dS K           A from registers (the accumulator repacked,
 //                                                  as the layouts coincide), B MN-major (RS).
-// Tiles are 128-byte swizzled 64-column panels. The dK/dV kernel loads them with cp.async from all
-// threads, the streamed ones double-buffered; the dQ kernel is warp-specialised as the forward is
-// (flash_fwd_sm90a.cu): a producer thread on the tensor copy engine, consumer warpgroups taking
-// turns. FlashDq::kAtomic (opt-in) at d 128 runs the dK/dV kernel alone, forming dQ too and
-// adding it into an fp32 buffer with the bulk copy engine's reductions: 5 products per tile pair
-// (see DkdvAtomicSm90aConfig for why d 64 does not).
+// Tiles are 128-byte swizzled 64-column panels. Both deterministic kernels are warp-specialised
+// as the forward is (flash_fwd_sm90a.cu): a producer thread on the tensor copy engine streams the
+// tiles of the other side through mbarrier-guarded stages, consumer warpgroups take turns at the
+// tensor cores (named barriers). FlashDq::kAtomic (opt-in) at d 128 runs an older dK/dV kernel
+// alone (cp.async from all threads), forming dQ too and adding it into an fp32 buffer with the
+// bulk copy engine's reductions: 5 products per tile pair (see DkdvAtomicSm90aConfig for why d 64
+// does not).
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -33,7 +34,7 @@ namespace tg::cuda {
 
 namespace flash {
 
-// The dK/dV kernel: a block owns kOwn = 64 · Warpgroups rows of K_j and V_j, warpgroup g rows
+// The atomic-mode dK/dV kernel: a block owns kOwn = 64 · Warpgroups rows of K_j and V_j, warpgroup g rows
 // [64g, 64g + 64), and streams tiles of kStream = 64 rows of Q_i and dO_i with their lse and
 // delta through Stages buffers. A streamed tile is the N of the SS products (m64n64) and the K
 // of the RS ones (4 k-steps of 16).
@@ -65,21 +66,6 @@ struct BwdSm90aTraits {
   static_assert(kStream == 64, "the dS tile is one 64-column panel");
 };
 
-// Block shapes per head dim, each measured against the others on the H200 with `tilegrad bench
-// attention` (2026-11-30, docs/BENCHMARKS.md, fourth session; backward TF/s at T = 8192 causal).
-// One warpgroup per block and several blocks per SM beat two warpgroups per block: the two
-// warpgroups of a block move in lockstep (a __syncthreads per tile), so their exp2 and softmax
-// phases coincide and the tensor cores wait; independent blocks drift out of phase and cover
-// each other — at the price of loading each streamed tile once per 64 owned rows, not 128.
-// (The dQ kernel of that session had this structure too; it is warp-specialised since the sixth:
-// DqSm90aConfig.)
-//   d 64:  dK/dV 1 warpgroup × 3 blocks per SM (168 registers), dQ 1 × 3 (148), 0 spills,
-//          49.5 KiB smem each: 357 (dQ 1 × 2: 351; both 1 × 2: 315; both 2 × 1: 251).
-//   d 128: dK/dV 1 × 2 (255 registers), dQ 1 × 2 (224), 0 spills, 97.5 KiB each: 378 (both
-//          1 × 1, which the registers also fit twice per SM: 373; dQ 2 × 1: 349; both 2 × 1: 335).
-template <int D> struct DkdvSm90aConfig;
-template <> struct DkdvSm90aConfig<64> { using type = BwdSm90aTraits<64, 1, 3>; };
-template <> struct DkdvSm90aConfig<128> { using type = BwdSm90aTraits<128, 1, 2>; };
 // FlashDq::kAtomic's dK/dV kernel, which forms dQ too (5 products per tile pair, not 7), at d 128
 // only; measured on the H200 (2026-11-30, docs/BENCHMARKS.md, fifth session), backward TF/s
 // against the deterministic pair's in the same call. Each block adds a (64 queries, D) fp32 dQ
@@ -501,6 +487,194 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   store_rows<D>(dQ, int(p.dq_row_stride), dq, fq, row0, T, lane);
 }
 
+// ── dK/dV, warp-specialised ──
+// The producer loads the block's K_j, V_j once and streams Q_i, dO_i tiles of 64 queries by TMA
+// through Stages stage buffers (produce_kv, the Q/dO pair in the K/V roles); a second producer
+// warp stages each tile's lse and delta (64 floats each, plain loads: TMA would need T % 4 = 0)
+// and counts itself into the Q barrier. Consumers warpgroups own 64 keys each and run the
+// transposed products of flash_bwd_dkdv_sm90a_kernel per tile; with PingPong they take turns to
+// issue Sᵀ and dPᵀ, as the forward does. Q_i, dO_i are released once dK and dV have read them.
+template <int D_, int Consumers, int Stages, bool PingPong>
+struct DkdvWsSm90aTraits {
+  static constexpr int kD = D_;
+  static constexpr int kConsumers = Consumers;
+  static constexpr int kThreads = 128 * (Consumers + 1);  // warpgroup 0 is the producer
+  static constexpr int kBc = 64 * Consumers;              // keys per block
+  static constexpr int kBr = 64;                          // queries per streamed tile
+  static constexpr int kStages = Stages;
+  static constexpr bool kPingPong = PingPong;
+  static constexpr int kPanels = kD / 64;
+  static constexpr int kPanelOwn = kBc * sm90::kSwizzleRowBytes, kPanelStream = kBr * sm90::kSwizzleRowBytes;
+  static constexpr int kTileOwn = kPanels * kPanelOwn, kTileStream = kPanels * kPanelStream;  // bytes
+  // 40 + 2 × 232 (CUTLASS's split; the producer's second warp stages the statistics). The first
+  // version's 32 + 2 × 240 exceeded the launch allocation and hung on the H200 (wgmma.cuh).
+  static constexpr int kProducerRegs = Consumers == 2 ? 40 : 32;
+  static constexpr int kConsumerRegs = Consumers == 2 ? 232 : 160;
+  static constexpr int kStatsBytes = 2 * kStages * kBr * int(sizeof(float));  // lse, delta per stage
+  static constexpr int kBarrierBytes = 8 * (1 + 4 * kStages);
+  static constexpr size_t kSmemBytes =
+      size_t(2 * kTileOwn + 2 * kStages * kTileStream + kStatsBytes + kBarrierBytes + sm90::kSwizzleAtomBytes);
+  static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
+  static_assert(Consumers == 2 || Consumers == 3, "the register split is written for 2 or 3 consumers");
+  static_assert(sm90::fits_launch_registers(kThreads, kProducerRegs, Consumers, kConsumerRegs),
+                "the hand-over must fit the registers the block is launched with (wgmma.cuh, setmaxnreg)");
+  static_assert(kSmemBytes <= 227 * 1024, "one block's shared memory");
+};
+
+// Block shapes, measured on the H200 (2026-11-30, docs/BENCHMARKS.md, seventh session; backward
+// TF/s of the deterministic pair, dQ unchanged, T = 8192 causal, d 128 / d 64). Against the
+// cp.async kernel it replaces (one warpgroup per block, 2 blocks per SM at d 128 and 3 at d 64:
+// 389 / 340): 2 consumers, 2 stages, ping-pong 436 / 359; without ping-pong 438 / 333; 3 stages,
+// ping-pong 468 / 333 — the best on the mean over the 24 benchmark shapes (1.08× the old kernel,
+// 1.16–1.24× at d 128 causal from 8k). Short causal T at d 64 is the one loss: 1k 212 vs 223, within
+// the run-to-run spread but consistent. 3 stages of 64 queries: Q_i, dO_i stay in their stage
+// until dK += dSᵀ Q_i has run, so two stages leave one load in flight behind the tile in use.
+template <int D> struct DkdvWsSm90aConfig;
+template <> struct DkdvWsSm90aConfig<64> { using type = DkdvWsSm90aTraits<64, 2, 3, true>; };
+template <> struct DkdvWsSm90aConfig<128> { using type = DkdvWsSm90aTraits<128, 2, 3, true>; };
+
+// The tensor maps of k, v (boxes of kBc rows), q, dout (kBr rows): tma.h.
+struct DkdvTmaMaps {
+  CUtensorMap k, v, q, dout;
+};
+template <class Tr>
+DkdvTmaMaps dkdv_tma_maps(const FlashAttentionParams& p) {  // p's row strides resolved
+  const uint64_t cols = uint64_t(p.H * p.D), T = uint64_t(p.T), B = uint64_t(p.B);
+  const uint64_t ldq = uint64_t(p.q_row_stride), lddo = uint64_t(p.do_row_stride);
+  const uint64_t ldk = uint64_t(p.k_row_stride), ldv = uint64_t(p.v_row_stride);
+  return {make_bf16_tensor_map(p.k, cols, T, B, ldk, T * ldk, Tr::kBc),
+          make_bf16_tensor_map(p.v, cols, T, B, ldv, T * ldv, Tr::kBc),
+          make_bf16_tensor_map(p.q, cols, T, B, ldq, T * ldq, Tr::kBr),
+          make_bf16_tensor_map(p.dout, cols, T, B, lddo, T * lddo, Tr::kBr)};
+}
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    flash_bwd_dkdv_sm90a_ws_kernel(const FlashAttentionParams p, const float* __restrict__ delta,
+                                   const __grid_constant__ DkdvTmaMaps maps) {
+  constexpr int D = Tr::kD, Bc = Tr::kBc, Br = Tr::kBr, NS = Tr::kStages, C = Tr::kConsumers;
+  extern __shared__ __align__(16) unsigned char smem[];
+  unsigned char* sK = sm90::align_to_swizzle_atom(smem);
+  unsigned char* sV = sK + Tr::kTileOwn;
+  unsigned char* sQ = sV + Tr::kTileOwn;  // (stage) tiles of kTileStream bytes
+  unsigned char* sdO = sQ + NS * Tr::kTileStream;
+  float* sL = reinterpret_cast<float*>(sdO + NS * Tr::kTileStream);  // (stage, Br) lse
+  float* sDelta = sL + NS * Br;                                      // (stage, Br) delta
+
+  const int T = int(p.T), H = int(p.H);
+  const bool causal = p.causal;
+  const int tid = threadIdx.x, wg = tid / 128;
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int k0 = int(blockIdx.z) * Bc;  // causal: low key blocks see the most queries and start first
+  // Causal: query tiles ending before k0 only see keys in their future, never visited.
+  const int i_begin = causal ? k0 / Br : 0;
+  const int n_qb = (T + Br - 1) / Br;
+
+  // The mbarriers, after the statistics: K/V's (own_full), then the Q/dO stream's; Q's full
+  // barriers also count the 32 lanes of the warp that stages lse and delta.
+  uint64_t* own_full;
+  const sm90::KvStream qdo = sm90::kv_stream_barriers<NS>(reinterpret_cast<unsigned char*>(sDelta + NS * Br), sQ, sdO,
+                                                          &own_full, 4 * C, tid == 0, 32);
+  __syncthreads();
+
+  if (wg == 0) {
+    sm90::setmaxnreg_dec<Tr::kProducerRegs>();
+    const int warp = tid / 32, lane = tid & 31;
+    if (tid == 0) {
+      const int col = h * D;
+      sm90::mbarrier_arrive_expect_tx(own_full, 2 * Tr::kTileOwn);
+      sm90::produce_tile<Tr::kPanels>(sK, Tr::kPanelOwn, &maps.k, col, k0, b, own_full);
+      sm90::produce_tile<Tr::kPanels>(sV, Tr::kPanelOwn, &maps.v, col, k0, b, own_full);
+      sm90::produce_kv<Tr::kPanels, Br, NS>(qdo, &maps.q, &maps.dout, col, b, n_qb - i_begin, i_begin);
+    } else if (warp == 1) {
+      // lse and delta of tile i into its stage, 2 of the 64 rows per lane (0 past T: those
+      // queries are masked).
+      const float* lse = p.lse + (int64_t(b) * H + h) * T;
+      const float* dlt = delta + (int64_t(b) * H + h) * T;
+      for (int i = i_begin; i < n_qb; ++i) {
+        const int j = i - i_begin, st = j % NS;
+        const uint32_t use = uint32_t(j / NS);
+        if (use > 0) sm90::mbarrier_wait(&qdo.k_empty[st], (use - 1) & 1);
+#pragma unroll
+        for (int r = lane; r < Br; r += 32) {
+          const int row = i * Br + r;
+          sL[st * Br + r] = row < T ? lse[row] : 0.0f;
+          sDelta[st * Br + r] = row < T ? dlt[row] : 0.0f;
+        }
+        sm90::mbarrier_arrive(&qdo.k_full[st]);  // release: the stores above before the consumers' reads
+      }
+    }
+    return;
+  }
+
+  sm90::setmaxnreg_inc<Tr::kConsumerRegs>();
+  const int c = wg - 1, warp = (tid % 128) / 32, lane = tid & 31;
+  const float scale_log2 = p.scale * kLog2e;
+  const int key0 = k0 + 64 * c + 16 * warp;  // this warp's first key
+  const unsigned char* sKw = sK + 64 * c * sm90::kSwizzleRowBytes;  // the warpgroup's rows, in each panel
+  const unsigned char* sVw = sV + 64 * c * sm90::kSwizzleRowBytes;
+  const int my_turn = 1 + c, next_turn = 1 + (c + 1) % C;
+  float dk[D / 8][4], dv[D / 8][4];  // (16, D) per warp: the warpgroup's (64, D) accumulators
+  zero(dk);
+  zero(dv);
+  if (Tr::kPingPong && c == C - 1) sm90::named_barrier_arrive(1, 256);  // consumer 0 takes the first turn
+  sm90::mbarrier_wait(own_full, 0);
+
+  for (int i = i_begin; i < n_qb; ++i) {
+    const int j = i - i_begin, st = j % NS;
+    const uint32_t phase = uint32_t(j / NS) & 1;
+    const unsigned char* Qi = sQ + st * Tr::kTileStream;
+    const unsigned char* dOi = sdO + st * Tr::kTileStream;
+    const float* Li = sL + st * Br;
+    const float* Di = sDelta + st * Br;
+    const int q0 = i * Br;
+    sm90::mbarrier_wait(&qdo.k_full[st], phase);
+    sm90::mbarrier_wait(&qdo.v_full[st], phase);
+
+    // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, (64 keys, Br queries) per warpgroup, in one commit group.
+    float s[Br / 8][4], dp[Br / 8][4];
+    if constexpr (Tr::kPingPong) sm90::named_barrier_sync(my_turn, 256);
+    sm90::wgmma_fence();
+    wgmma_abt_ss<D>(s, sKw, Tr::kPanelOwn, Qi, Tr::kPanelStream);
+    wgmma_abt_ss<D>(dp, sVw, Tr::kPanelOwn, dOi, Tr::kPanelStream);
+    sm90::wgmma_commit();
+    if constexpr (Tr::kPingPong)
+      if (c != C - 1 || i + 1 < n_qb) sm90::named_barrier_arrive(next_turn, 256);
+    sm90::wgmma_wait<0>();
+
+    exp2_scaled_minus_col<Br>(s, scale_log2, Li, lane);  // Pᵀ = exp(S·scale − lse)
+    const bool need_mask = q0 + Br > T || (causal && key0 + kRowsPerWarp - 1 > q0);  // uniform per warp
+    if (need_mask)  // masked entries exactly 0
+      mask_tile<Br>(s, key0, q0, lane, [=](int k, int q) { return q >= T || (causal && k > q); }, 0.0f);
+    uint32_t pf[Br / 16][4];
+    acc_to_a<Br>(pf, s);
+    sm90::wgmma_fence();
+    wgmma_ab_rs<D>(dv, pf, dOi, Tr::kPanelStream);  // dV += Pᵀ dO
+    sm90::wgmma_commit();
+
+    softmax_grad_col_bf16p<Br>(dp, pf, Di, lane);  // dSᵀ = Pᵀ ∘ (dPᵀ − delta), without the scale
+    uint32_t dsf[Br / 16][4];
+    acc_to_a<Br>(dsf, dp);
+    sm90::wgmma_fence();
+    wgmma_ab_rs<D>(dk, dsf, Qi, Tr::kPanelStream);  // dK += dSᵀ Q
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+    __syncwarp();
+    if (lane == 0) {  // this warp is done with Q_i, dO_i and their statistics
+      sm90::mbarrier_arrive(&qdo.k_empty[st]);
+      sm90::mbarrier_arrive(&qdo.v_empty[st]);
+    }
+  }
+
+  // dK = scale · Σ dSᵀ Q: the softmax scale applied once, in fp32.
+  const int64_t bt = int64_t(b) * T;
+  tg::bf16* dK = p.dk + bt * p.dk_row_stride + h * D;
+  tg::bf16* dV = p.dv + bt * p.dv_row_stride + h * D;
+  const float fk[2] = {p.scale, p.scale}, fv[2] = {1.0f, 1.0f};
+  store_rows<D>(dK, int(p.dk_row_stride), dk, fk, key0, T, lane);
+  store_rows<D>(dV, int(p.dv_row_stride), dv, fv, key0, T, lane);
+}
+
 }  // namespace flash
 
 // ───────────────────────────── launchers ─────────────────────────────
@@ -515,11 +689,19 @@ void launch_dq_sm90a(const FlashAttentionParams& p, const float* delta, cudaStre
                                          flash::dq_tma_maps<Tr>(p));
 }
 
-// Block shapes: DkdvSm90aConfig, DqSm90aConfig (above), with the measurements that chose them.
+// The dK/dV kernel, likewise.
+template <int D>
+void launch_dkdv_sm90a(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
+  using Tr = typename flash::DkdvWsSm90aConfig<D>::type;
+  flash::launch_tile_kernel<Tr, Tr::kBc>(flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr>, Tr::kSmemBytes, p, stream, delta,
+                                         flash::dkdv_tma_maps<Tr>(p));
+}
+
+// Block shapes: DkdvWsSm90aConfig, DqSm90aConfig, DkdvAtomicSm90aConfig (above), with the
+// measurements that chose them.
 template <int D>
 void launch_bwd_sm90a(const FlashAttentionParams& p, const float* delta, float* dq_accum, int accum_rows,
                       cudaStream_t stream) {
-  using Dkdv = typename flash::DkdvSm90aConfig<D>::type;
   if constexpr (flash::kSm90aAtomicDq<D>) {
     if (p.dq_mode == FlashDq::kAtomic) {
       using Atomic = typename flash::DkdvAtomicSm90aConfig<D>::type;
@@ -528,8 +710,7 @@ void launch_bwd_sm90a(const FlashAttentionParams& p, const float* delta, float* 
       return;
     }
   }
-  flash::launch_tile_kernel<Dkdv>(flash::flash_bwd_dkdv_sm90a_kernel<Dkdv, FlashDq::kRecompute>, Dkdv::kSmemBytes,
-                                  p, stream, delta, static_cast<float*>(nullptr), 0);
+  launch_dkdv_sm90a<D>(p, delta, stream);
   launch_dq_sm90a<D>(p, delta, stream);
 }
 

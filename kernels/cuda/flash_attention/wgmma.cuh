@@ -290,10 +290,12 @@ __device__ __forceinline__ void store_a_frags_swizzled(unsigned char* dst, const
 }
 
 // ── The producer of the warp-specialised kernels ──
-// A stream of K/V tiles (the forward and the dQ kernel) through NS stage buffers: K_j and V_j,
-// Rows rows of Panels swizzled 64-column panels each, go to stage j % NS once the consumers have
-// released the tile that stage held (its "empty" barrier's phase (j / NS − 1) & 1), and complete
-// the stage's "full" barrier with their bytes. Tiles past the sequence's end are zero-filled.
+// A stream of tile pairs through NS stage buffers — K/V tiles in the forward and the dQ kernel,
+// Q/dO tiles in the dK/dV kernel (the fields keep the K/V names): the j-th pair (tiles first + j),
+// Rows rows of Panels swizzled 64-column panels each, goes to stage j % NS once the consumers
+// have released the pair that stage held (its "empty" barriers' phase (j / NS − 1) & 1), and
+// completes the stage's "full" barriers with its bytes. Tiles past the sequence's end are
+// zero-filled.
 struct KvStream {
   unsigned char* sK;
   unsigned char* sV;
@@ -305,17 +307,19 @@ struct KvStream {
 // The mbarriers of a warp-specialised block, at `at` (8-byte aligned, after the tiles): *own_full
 // for the block's own tiles, then per stage K full, K empty, V full, V empty (8·(1 + 4·NS) bytes).
 // With init (one thread), initialises them: full ones for one arrival (the producer's, with the
-// bytes), empty ones for consumer_warps; a block barrier must follow before anyone uses them.
+// bytes; K's also for k_full_extra more, from producer threads that stage something beside the
+// tile), empty ones for consumer_warps; a block barrier must follow before anyone uses them.
 template <int NS>
 __device__ __forceinline__ KvStream kv_stream_barriers(unsigned char* at, unsigned char* sK, unsigned char* sV,
-                                                       uint64_t** own_full, int consumer_warps, bool init) {
+                                                       uint64_t** own_full, int consumer_warps, bool init,
+                                                       int k_full_extra = 0) {
   uint64_t* bars = reinterpret_cast<uint64_t*>(at);
   *own_full = bars;
   const KvStream kv{sK, sV, bars + 1, bars + 1 + NS, bars + 1 + 2 * NS, bars + 1 + 3 * NS};
   if (init) {
     mbarrier_init(bars, 1);
     for (int st = 0; st < NS; ++st) {
-      mbarrier_init(&kv.k_full[st], 1);
+      mbarrier_init(&kv.k_full[st], 1 + k_full_extra);
       mbarrier_init(&kv.v_full[st], 1);
       mbarrier_init(&kv.k_empty[st], consumer_warps);
       mbarrier_init(&kv.v_empty[st], consumer_warps);
@@ -326,7 +330,7 @@ __device__ __forceinline__ KvStream kv_stream_barriers(unsigned char* at, unsign
 }
 template <int Panels, int Rows, int NS>
 __device__ __forceinline__ void produce_kv(const KvStream& s, const CUtensorMap* k_map, const CUtensorMap* v_map,
-                                           int col, int b, int n_tiles) {
+                                           int col, int b, int n_tiles, int first = 0) {
   constexpr int kPanel = Rows * kSwizzleRowBytes, kTile = Panels * kPanel;
   for (int j = 0; j < n_tiles; ++j) {
     const int st = j % NS;
@@ -334,11 +338,11 @@ __device__ __forceinline__ void produce_kv(const KvStream& s, const CUtensorMap*
     if (use > 0) mbarrier_wait(&s.k_empty[st], (use - 1) & 1);
     mbarrier_arrive_expect_tx(&s.k_full[st], kTile);
     for (int pn = 0; pn < Panels; ++pn)
-      tma_load_3d(s.sK + st * kTile + pn * kPanel, k_map, col + 64 * pn, j * Rows, b, &s.k_full[st]);
+      tma_load_3d(s.sK + st * kTile + pn * kPanel, k_map, col + 64 * pn, (first + j) * Rows, b, &s.k_full[st]);
     if (use > 0) mbarrier_wait(&s.v_empty[st], (use - 1) & 1);
     mbarrier_arrive_expect_tx(&s.v_full[st], kTile);
     for (int pn = 0; pn < Panels; ++pn)
-      tma_load_3d(s.sV + st * kTile + pn * kPanel, v_map, col + 64 * pn, j * Rows, b, &s.v_full[st]);
+      tma_load_3d(s.sV + st * kTile + pn * kPanel, v_map, col + 64 * pn, (first + j) * Rows, b, &s.v_full[st]);
   }
 }
 // Rows [row0, row0 + rows) of a tensor as Panels panels (panel_bytes apart) on one barrier.
