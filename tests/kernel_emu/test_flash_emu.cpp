@@ -190,8 +190,9 @@ void backward_sm90a(const FlashAttentionParams& p_in) {
       using Atomic = typename flash::DkdvAtomicSm90aConfig<D>::type;
       const int accum_rows = int(Ws::accum_rows(p.T));
       std::memset(ws.dq_accum, 0, Ws::accum_bytes(p.B, p.T, p.H));
-      emu_launch(tile_grid(p, Atomic::kOwn), Atomic::kThreads, Atomic::kSmemAtomicBytes, [&] {
-        flash::flash_bwd_dkdv_sm90a_kernel<Atomic, FlashDq::kAtomic>(p, ws.delta, ws.dq_accum, accum_rows);
+      const flash::DkdvTmaMaps maps = flash::dkdv_tma_maps<Atomic>(p);
+      emu_launch(tile_grid(p, Atomic::kBc), Atomic::kThreads, Atomic::kSmemBytes, [&] {
+        flash::flash_bwd_dkdv_sm90a_ws_kernel<Atomic>(p, ws.delta, ws.dq_accum, accum_rows, maps);
       });
       dq_convert_pass<D>(p, ws);
       return;
@@ -200,7 +201,7 @@ void backward_sm90a(const FlashAttentionParams& p_in) {
   using DkdvWs = typename flash::DkdvWsSm90aConfig<D>::type;
   const flash::DkdvTmaMaps dkdv_maps = flash::dkdv_tma_maps<DkdvWs>(p);
   emu_launch(tile_grid(p, DkdvWs::kBc), DkdvWs::kThreads, DkdvWs::kSmemBytes,
-             [&] { flash::flash_bwd_dkdv_sm90a_ws_kernel<DkdvWs>(p, ws.delta, dkdv_maps); });
+             [&] { flash::flash_bwd_dkdv_sm90a_ws_kernel<DkdvWs>(p, ws.delta, nullptr, 0, dkdv_maps); });
   using Dq = typename flash::DqSm90aConfig<D>::type;
   const flash::DqTmaMaps maps = flash::dq_tma_maps<Dq>(p);
   emu_launch(tile_grid(p, Dq::kBr), Dq::kThreads, Dq::kSmemBytes,
@@ -282,7 +283,8 @@ TEST_P(FlashSm90aEmulated, MatchesDoubleReference) {
 // T = 600 (the warp-specialised forward's stages each filled, released and refilled, the
 // consumers' turns over 5 tiles, a tail);
 // q, k, v packed; a negative scale (the mma.sync forward, then the wgmma backward); the atomic dQ
-// at d 128 (its tail tile, several key blocks adding into one query tile, packed d(qkv)).
+// at d 128 (its tail tile, several key blocks adding into one query tile, packed d(qkv), a long
+// sequence).
 std::vector<Sm90aCase> sm90a_cases() {
   std::vector<Sm90aCase> out;
   for (int64_t D : {64, 128})
@@ -294,6 +296,8 @@ std::vector<Sm90aCase> sm90a_cases() {
   for (bool causal : {false, true})  // (d 64 runs the deterministic kernels in both modes)
     for (int64_t T : {129, 256}) out.push_back({{1, T, 2, 128, causal, 0.0}, false, FlashDq::kAtomic});
   out.push_back({{2, 129, 3, 128, true, 0.0}, true, FlashDq::kAtomic});
+  // 10 query tiles: every Q/dO stage, dSᵀ buffer and the dQ staging reused several times.
+  out.push_back({{1, 600, 1, 128, false, 0.0}, false, FlashDq::kAtomic});
   for (int64_t D : {64, 128}) out.push_back({{1, 129, 2, D, true, -0.125}, false});
   return out;
 }

@@ -10,13 +10,11 @@
 // Tiles are 128-byte swizzled 64-column panels. Both deterministic kernels are warp-specialised
 // as the forward is (flash_fwd_sm90a.cu): a producer thread on the tensor copy engine streams the
 // tiles of the other side through mbarrier-guarded stages, consumer warpgroups take turns at the
-// tensor cores (named barriers). FlashDq::kAtomic (opt-in) at d 128 runs an older dK/dV kernel
-// alone (cp.async from all threads), forming dQ too and adding it into an fp32 buffer with the
-// bulk copy engine's reductions: 5 products per tile pair (see DkdvAtomicSm90aConfig for why d 64
-// does not).
+// tensor cores (named barriers). FlashDq::kAtomic (opt-in) at d 128 runs the dK/dV kernel alone,
+// forming dQ too and adding it into an fp32 buffer with the bulk copy engine's reductions: 5
+// products per tile pair (see DkdvAtomicSm90aConfig for why d 64 does not).
 #include <cuda_runtime.h>
 
-#include <climits>
 #include <cmath>
 
 #include "kernels/cuda/check.cuh"
@@ -33,55 +31,6 @@ namespace tg::cuda {
 // ───────────────────────────── kernels ─────────────────────────────
 
 namespace flash {
-
-// The atomic-mode dK/dV kernel: a block owns kOwn = 64 · Warpgroups rows of K_j and V_j, warpgroup g rows
-// [64g, 64g + 64), and streams tiles of kStream = 64 rows of Q_i and dO_i with their lse and
-// delta through Stages buffers. A streamed tile is the N of the SS products (m64n64) and the K
-// of the RS ones (4 k-steps of 16).
-template <int D_, int Warpgroups, int MinBlocks, int Stages = kStages>
-struct BwdSm90aTraits {
-  static constexpr int kD = D_;
-  static constexpr int kWarpgroups = Warpgroups;
-  static constexpr int kMinBlocks = MinBlocks;  // blocks per SM the registers must allow
-  static constexpr int kStreamStages = Stages;   // buffers of the streamed tiles
-  static constexpr int kThreads = 128 * kWarpgroups;
-  static constexpr int kOwn = 64 * kWarpgroups;
-  static constexpr int kStream = 64;
-  static constexpr int kPanels = kD / 64;  // 64-column swizzled panels per row
-  static constexpr int kPanelOwn = kOwn * sm90::kSwizzleRowBytes, kPanelStream = kStream * sm90::kSwizzleRowBytes;
-  static constexpr int kTileOwn = kPanels * kPanelOwn, kTileStream = kPanels * kPanelStream;  // bytes
-  // Two owned tiles, two streamed tensors in Stages buffers, the streamed rows' lse and delta
-  // (dK/dV only; the dQ kernel keeps its rows' statistics in registers), swizzle-atom slack.
-  static constexpr size_t kStatsBytes = size_t(2 * kStreamStages * kStream) * sizeof(float);
-  static constexpr size_t kSmemBytes = size_t(2 * kTileOwn + 2 * kStreamStages * kTileStream) + kStatsBytes +
-                                       sm90::kSwizzleAtomBytes;
-  // The dK/dV kernel forming dQ too (FlashDq::kAtomic) keeps the pair's dSᵀ (kOwn keys × kStream
-  // queries, one swizzled panel) between the streamed tiles and the statistics.
-  static constexpr int kTileDs = kOwn * sm90::kSwizzleRowBytes;
-  static constexpr size_t kSmemAtomicBytes = kSmemBytes + kTileDs;
-  static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
-  static_assert(kSmemBytes <= 227 * 1024, "exceeds Hopper's per-block shared memory");
-  static_assert(kMinBlocks * kSmemAtomicBytes <= 228 * 1024, "MinBlocks blocks must fit an SM's shared memory");
-  static_assert(kStreamStages == 2 || kStreamStages == 3, "double or triple buffering");
-  static_assert(kStream == 64, "the dS tile is one 64-column panel");
-};
-
-// FlashDq::kAtomic's dK/dV kernel, which forms dQ too (5 products per tile pair, not 7), at d 128
-// only; measured on the H200 (2026-11-30, docs/BENCHMARKS.md, fifth session), backward TF/s
-// against the deterministic pair's in the same call. Each block adds a (64 queries, D) fp32 dQ
-// tile per streamed query tile, and the L2 reduces them at ~2 TB/s (the same rate at both head
-// dims): one warpgroup per block (64 keys) ran 0.55-0.99× at T ≥ 4k, bound by it. Two
-// warpgroups (128 keys) halve the traffic per FLOP: 1.01-1.18×; with three Q/dO stages, so that
-// tile i's staged dQ is added at the next tile's first barrier and read out before its stage
-// takes tile i + 2 (two barriers per tile, not three): 1.17-1.32× (d 128 causal 8k 452-464 vs
-// 368-378; 255 registers, 0 spills, 178.5 KiB smem, one block per SM). d 64 keeps the
-// deterministic kernels in both modes: one warpgroup per block ran 0.62-1.04×; two (each
-// warpgroup an m64n32 half of dQ, three stages: 199 registers, one block per SM) 0.89-0.94× at
-// causal T ≤ 16k — GPT-2's 1k causal 0.90× — though 1.05-1.26× at 32k; two blocks per SM spill
-// (128 registers) and ran 0.53-0.68×.
-template <int D> constexpr bool kSm90aAtomicDq = D == 128;
-template <int D> struct DkdvAtomicSm90aConfig;
-template <> struct DkdvAtomicSm90aConfig<128> { using type = BwdSm90aTraits<128, 2, 1, 3>; };
 
 // acc (64 × N per warpgroup, N = 64 or 128) = A Bᵀ over the D columns of two K-major swizzled
 // tiles: A the warpgroup's 64 rows (panels panel_a bytes apart), B the streamed tile's N rows
@@ -115,198 +64,6 @@ __device__ __forceinline__ void wgmma_ab_rs(float (&acc)[D / 8][4], const uint32
     else
       sm90::wgmma_m64n128k16_rs<1>(sm90::flat(acc), a[kk], desc, true);
   }
-}
-
-// dK, dV for one block of kOwn keys: one block per (head, batch, key block). Warpgroup g owns keys
-// k0 + 64g … + 63 and works transposed (rows = keys, columns = queries), as flash_bwd.cu's dK/dV
-// kernel does: Sᵀ = K Qᵀ lands as the A operand of dV += Pᵀ dO, dSᵀ as that of dK += dSᵀ Q. The
-// dV product runs while dSᵀ is formed.
-//
-// With Mode kAtomic the block also forms its keys' share of dQ, 5 products per tile pair instead
-// of the 7 of the two deterministic kernels: dSᵀ goes to a swizzled smem tile, dQ_i = dS K_j runs
-// as an SS product with A read transposed from it (imm-trans-a) and B = K_j MN-major, is staged
-// in fp32 in the smem of the spent Q_i, dO_i tiles and added into the fp32 buffer dq_accum
-// (accum_rows rows per head, zeroed by the launcher, a multiple of 64 ≥ T; dq_accum_offset's
-// layout) by two bulk reductions (cp.reduce.async.bulk) of 32 contiguous rows each. Unordered
-// across blocks; dQ is left unscaled for flash_bwd.cu's convert kernel. (Per-warp red.global
-// vector adds straight from the registers, the mma.sync kernel's way, measured 264.7 TF/s at d
-// 128, T 8192 causal, against 377.9 for the deterministic kernels: docs/BENCHMARKS.md.)
-template <class Tr, FlashDq Mode>
-__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_bwd_dkdv_sm90a_kernel(const FlashAttentionParams p,
-                                                                               const float* __restrict__ delta,
-                                                                               float* __restrict__ dq_accum,
-                                                                               int accum_rows) {
-  constexpr int D = Tr::kD, Bc = Tr::kOwn, Br = Tr::kStream, NT = Tr::kThreads;
-  constexpr bool kFormDq = Mode == FlashDq::kAtomic;
-  // kAtomic: warpgroup g forms the dQ columns [g·kDqCols, (g + 1)·kDqCols) over all Bc keys.
-  constexpr int kDqCols = D / Tr::kWarpgroups;
-  static_assert(!kFormDq || kDqCols == 64, "dQ columns per warpgroup: one m64n64 product");
-  extern __shared__ __align__(16) unsigned char smem[];
-  unsigned char* sK = sm90::align_to_swizzle_atom(smem);
-  unsigned char* sV = sK + Tr::kTileOwn;
-  constexpr int S = Tr::kStreamStages;
-  unsigned char* sQ = sV + Tr::kTileOwn;                  // (stage) tiles of kTileStream bytes
-  unsigned char* sdO = sQ + S * Tr::kTileStream;
-  unsigned char* sdSt = sdO + S * Tr::kTileStream;        // (Bc, Br) dSᵀ, kFormDq only
-  float* sL = reinterpret_cast<float*>(sdSt + (kFormDq ? Tr::kTileDs : 0));  // (stage, Br) lse
-  float* sDelta = sL + S * Br;                                                // (stage, Br) delta
-
-  const int T = int(p.T), H = int(p.H);
-  const bool causal = p.causal;
-  const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid & 31;
-  const int h = blockIdx.x, b = blockIdx.y;
-  const int k0 = int(blockIdx.z) * Bc;  // causal: low key blocks see the most queries and start first
-  const int ldq = int(p.q_row_stride), ldk = int(p.k_row_stride), ldv = int(p.v_row_stride);
-  const int lddo = int(p.do_row_stride);
-  const int64_t bt = int64_t(b) * T;
-  const int hd = h * D;
-  const tg::bf16* Q = p.q + bt * ldq + hd;
-  const tg::bf16* K = p.k + bt * ldk + hd;
-  const tg::bf16* V = p.v + bt * ldv + hd;
-  const tg::bf16* dO = p.dout + bt * lddo + hd;
-  tg::bf16* dK = p.dk + bt * p.dk_row_stride + hd;
-  tg::bf16* dV = p.dv + bt * p.dv_row_stride + hd;
-  const float* lse = p.lse + (int64_t(b) * H + h) * T;  // (T,)
-  const float* dlt = delta + (int64_t(b) * H + h) * T;   // (T,)
-  float* dQacc = kFormDq ? dq_accum + (int64_t(b) * H + h) * accum_rows * D : nullptr;  // (accum_rows, D)
-
-  // Causal: query tiles ending before k0 only see keys in their future, never visited.
-  const int i_begin = causal ? k0 / Br : 0;
-  const int n_qb = (T + Br - 1) / Br;
-
-  sm90::load_tile_swizzled<Bc, D, NT>(sK, K, ldk, k0, T, tid);
-  sm90::load_tile_swizzled<Bc, D, NT>(sV, V, ldv, k0, T, tid);
-  sm90::load_tile_swizzled<Br, D, NT>(sQ, Q, ldq, i_begin * Br, T, tid);
-  sm90::load_tile_swizzled<Br, D, NT>(sdO, dO, lddo, i_begin * Br, T, tid);
-  load_row_stats<Br, NT>(sL, lse, i_begin * Br, T, tid);
-  load_row_stats<Br, NT>(sDelta, dlt, i_begin * Br, T, tid);
-  cp_async_commit();
-
-  const float scale_log2 = p.scale * kLog2e;
-  const int key0 = k0 + 64 * wg + 16 * warp;  // this warp's first key
-  const unsigned char* sKw = sK + 64 * wg * sm90::kSwizzleRowBytes;  // the warpgroup's rows, in each panel
-  const unsigned char* sVw = sV + 64 * wg * sm90::kSwizzleRowBytes;
-  float dk[D / 8][4], dv[D / 8][4];  // (16, D) per warp: the warpgroup's (64, D) accumulators
-  zero(dk);
-  zero(dv);
-
-  // Query tile t into its stage (t − i_begin) mod S, once nothing reads that stage any more; one
-  // cp.async group per call, empty past the last tile.
-  auto stage_of = [&](int t) { return int(unsigned(t - i_begin) % S); };
-  auto prefetch = [&](int t) {
-    if (t < n_qb) {
-      const int q1 = t * Br, st1 = stage_of(t);
-      sm90::load_tile_swizzled<Br, D, NT>(sQ + st1 * Tr::kTileStream, Q, ldq, q1, T, tid);
-      sm90::load_tile_swizzled<Br, D, NT>(sdO + st1 * Tr::kTileStream, dO, lddo, q1, T, tid);
-      load_row_stats<Br, NT>(sL + st1 * Br, lse, q1, T, tid);
-      load_row_stats<Br, NT>(sDelta + st1 * Br, dlt, q1, T, tid);
-    }
-    cp_async_commit();
-  };
-  // kAtomic stages each tile's dQ where its Q_i, dO_i were and adds it with the bulk copy engine
-  // (half a tile each from stage_lo and stage_hi): issued one iteration later, after the barrier
-  // that shows every warp's part staged, and read before that stage takes tile i + 2 (S = 3).
-  auto add_staged_dq = [&](int t) {
-    const int st1 = stage_of(t);
-    sm90::bulk_reduce_add_f32(dQacc + int64_t(t * Br) * D, sQ + st1 * Tr::kTileStream, Tr::kTileStream);
-    sm90::bulk_reduce_add_f32(dQacc + int64_t(t * Br + 32) * D, sdO + st1 * Tr::kTileStream, Tr::kTileStream);
-    sm90::bulk_commit();
-  };
-  static_assert(!kFormDq || S == 3, "kAtomic: tile i + 2 loads while tile i - 1's dQ is read out");
-  if constexpr (kFormDq) prefetch(i_begin + 1);
-
-  for (int i = i_begin; i < n_qb; ++i) {
-    const int st = stage_of(i);
-    if constexpr (!kFormDq) prefetch(i + 1);  // its stage freed by the barrier ending the last iteration
-    cp_async_wait<1>();          // tile i landed (tile i + 1 may still be in flight)
-    sm90::fence_async_shared();  // cp.async wrote through the generic proxy; wgmma reads through the async one
-    __syncthreads();             // kAtomic: also, tile i − 1's dQ is staged by every warp
-    if constexpr (kFormDq)
-      if (tid == 0 && i > i_begin) add_staged_dq(i - 1);
-    const unsigned char* Qi = sQ + st * Tr::kTileStream;
-    const unsigned char* dOi = sdO + st * Tr::kTileStream;
-    const float* Li = sL + st * Br;
-    const float* Di = sDelta + st * Br;
-    const int q0 = i * Br;
-
-    // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, (64 keys, Br queries) per warpgroup, in one commit group.
-    float s[Br / 8][4], dp[Br / 8][4];
-    sm90::wgmma_fence();
-    wgmma_abt_ss<D>(s, sKw, Tr::kPanelOwn, Qi, Tr::kPanelStream);
-    wgmma_abt_ss<D>(dp, sVw, Tr::kPanelOwn, dOi, Tr::kPanelStream);
-    sm90::wgmma_commit();
-    sm90::wgmma_wait<0>();
-
-    exp2_scaled_minus_col<Br>(s, scale_log2, Li, lane);  // Pᵀ = exp(S·scale − lse)
-    const bool need_mask = q0 + Br > T || (causal && key0 + kRowsPerWarp - 1 > q0);  // uniform per warp
-    if (need_mask)  // masked entries exactly 0
-      mask_tile<Br>(s, key0, q0, lane, [=](int k, int q) { return q >= T || (causal && k > q); }, 0.0f);
-    uint32_t pf[Br / 16][4];
-    acc_to_a<Br>(pf, s);
-    sm90::wgmma_fence();
-    wgmma_ab_rs<D>(dv, pf, dOi, Tr::kPanelStream);  // dV += Pᵀ dO
-    sm90::wgmma_commit();
-
-    softmax_grad_col_bf16p<Br>(dp, pf, Di, lane);  // dSᵀ = Pᵀ ∘ (dPᵀ − delta), without the scale
-    uint32_t dsf[Br / 16][4];
-    acc_to_a<Br>(dsf, dp);
-    if constexpr (kFormDq) sm90::store_a_frags_swizzled(sdSt + 64 * wg * sm90::kSwizzleRowBytes, dsf, 16 * warp, lane);
-    sm90::wgmma_fence();
-    wgmma_ab_rs<D>(dk, dsf, Qi, Tr::kPanelStream);  // dK += dSᵀ Q
-    sm90::wgmma_commit();
-    sm90::wgmma_wait<0>();
-    if constexpr (!kFormDq) {
-      __syncthreads();  // stage st is overwritten by the next prefetch
-    } else {
-      if (tid == 0) sm90::bulk_wait_read<0>();  // tile i − 1's staged dQ read out: its stage is free
-      sm90::fence_async_shared();               // dSᵀ written by st.shared, read by wgmma
-      __syncthreads();  // every warp's dSᵀ rows are in, every warp is done with Q_i and dO_i
-      prefetch(i + 2);  // into tile i − 1's stage
-      // dQ_i (64 queries, D) = dS K_j over the block's Bc keys, warpgroup g its kDqCols columns
-      // (k-steps of 16 keys are 16 rows of both tiles: 2048 bytes), staged in fp32 in the
-      // dq_accum layout where Q_i and dO_i were (rows 0-31, 32-63: 32·D floats each, warp w of
-      // each warpgroup the rows 16w … 16w + 15), added by add_staged_dq at the next iteration.
-      // With two warpgroups the block adds once per 128 keys, not 64: half the reduction
-      // traffic, which bounds this mode (docs/flash-attention.md).
-      static_assert(32 * D * sizeof(float) == Tr::kTileStream, "half a dQ tile in fp32 fills one streamed tile");
-      float* stage_lo = reinterpret_cast<float*>(sQ + st * Tr::kTileStream);
-      float* stage_hi = reinterpret_cast<float*>(sdO + st * Tr::kTileStream);
-      // Row r of this warp's half at rows + r·D; the pair (c, c + 1) of it at rows + r·D + ((c
-      // & ~7) ^ 8·(r % 8)) + (c & 7) (dq_accum_offset), r % 8 being lane / 4 for both of a lane's rows.
-      float* rows = (warp < 2 ? stage_lo : stage_hi) + (16 * (warp % 2) + (lane >> 2)) * D + frag_col(lane, 0, 0);
-      const uint32_t chunk_xor = sm90::opaque_u32((lane >> 2) * 8);
-      const uint64_t desc_ds = sm90::opaque_u64(sm90::mn_major_descriptor(sdSt, Tr::kTileDs));
-      const uint64_t desc_k =
-          sm90::opaque_u64(sm90::mn_major_descriptor(sK + (wg * kDqCols / 64) * Tr::kPanelOwn, Tr::kPanelOwn));
-      float dq[kDqCols / 8][4];
-      sm90::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < Bc / 16; ++kk)  // descriptors count 16-byte units from bit 0
-        sm90::wgmma_m64n64k16_ss<1, 1>(sm90::flat(dq), desc_ds + kk * 2048 / 16, desc_k + kk * 2048 / 16, kk > 0);
-      sm90::wgmma_commit();
-      sm90::wgmma_wait<0>();
-#pragma unroll
-      for (int e = 0; e < 2; ++e)
-#pragma unroll
-        for (int nt = 0; nt < kDqCols / 8; ++nt)
-          *reinterpret_cast<float2*>(rows + 8 * e * D + ((wg * kDqCols + 8 * nt) ^ chunk_xor)) =
-              make_float2(dq[nt][2 * e], dq[nt][2 * e + 1]);
-      sm90::fence_async_shared();  // the staged rows, written by st.shared, read by the bulk copy engine
-    }
-  }
-
-  if constexpr (kFormDq) {
-    __syncthreads();  // the last tile's dQ staged by every warp
-    if (tid == 0) {
-      add_staged_dq(n_qb - 1);
-      sm90::bulk_wait<0>();  // every reduction done before the block exits
-    }
-  }
-
-  // dK = scale · Σ dSᵀ Q: the softmax scale applied once, in fp32.
-  const float fk[2] = {p.scale, p.scale}, fv[2] = {1.0f, 1.0f};
-  store_rows<D>(dK, int(p.dk_row_stride), dk, fk, key0, T, lane);
-  store_rows<D>(dV, int(p.dv_row_stride), dv, fv, key0, T, lane);
 }
 
 // ── dQ, warp-specialised (the forward's structure: flash_fwd_sm90a.cu) ──
@@ -494,7 +251,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 // and counts itself into the Q barrier. Consumers warpgroups own 64 keys each and run the
 // transposed products of flash_bwd_dkdv_sm90a_kernel per tile; with PingPong they take turns to
 // issue Sᵀ and dPᵀ, as the forward does. Q_i, dO_i are released once dK and dV have read them.
-template <int D_, int Consumers, int Stages, bool PingPong>
+//
+// FormDq (FlashDq::kAtomic, d 128): the block also forms dQ_i = dS K_j over its Bc keys, 5
+// products per tile pair instead of the 7 of the deterministic pair. Each consumer writes its
+// dSᵀ rows to a swizzled tile (two buffers, ds_full / ds_empty mbarriers), then computes the dQ
+// columns [64c, 64c + 64) over all Bc keys (SS, A read transposed), and stages them in fp32 in
+// one (Br, D) tile in the dq_accum layout (dq_accum_offset); the producer's third warp adds the
+// staged tile into dq_accum with one bulk reduction (dq_full / dq_empty) while the consumers go
+// on — unordered across blocks.
+template <int D_, int Consumers, int Stages, bool PingPong, bool FormDq = false>
 struct DkdvWsSm90aTraits {
   static constexpr int kD = D_;
   static constexpr int kConsumers = Consumers;
@@ -503,6 +268,7 @@ struct DkdvWsSm90aTraits {
   static constexpr int kBr = 64;                          // queries per streamed tile
   static constexpr int kStages = Stages;
   static constexpr bool kPingPong = PingPong;
+  static constexpr bool kFormDq = FormDq;
   static constexpr int kPanels = kD / 64;
   static constexpr int kPanelOwn = kBc * sm90::kSwizzleRowBytes, kPanelStream = kBr * sm90::kSwizzleRowBytes;
   static constexpr int kTileOwn = kPanels * kPanelOwn, kTileStream = kPanels * kPanelStream;  // bytes
@@ -511,14 +277,19 @@ struct DkdvWsSm90aTraits {
   static constexpr int kProducerRegs = Consumers == 2 ? 40 : 32;
   static constexpr int kConsumerRegs = Consumers == 2 ? 232 : 160;
   static constexpr int kStatsBytes = 2 * kStages * kBr * int(sizeof(float));  // lse, delta per stage
-  static constexpr int kBarrierBytes = 8 * (1 + 4 * kStages);
-  static constexpr size_t kSmemBytes =
-      size_t(2 * kTileOwn + 2 * kStages * kTileStream + kStatsBytes + kBarrierBytes + sm90::kSwizzleAtomBytes);
+  // FormDq: two dSᵀ tiles (Bc keys × Br queries, one swizzled panel each) and the fp32 dQ tile.
+  static constexpr int kTileDs = kBc * sm90::kSwizzleRowBytes;
+  static constexpr int kTileDq = kBr * kD * int(sizeof(float));
+  static constexpr int kDqBytes = FormDq ? 2 * kTileDs + kTileDq : 0;
+  static constexpr int kBarrierBytes = 8 * (1 + 4 * kStages + (FormDq ? 6 : 0));
+  static constexpr size_t kSmemBytes = size_t(2 * kTileOwn + 2 * kStages * kTileStream + kDqBytes + kStatsBytes +
+                                              kBarrierBytes + sm90::kSwizzleAtomBytes);
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
   static_assert(Consumers == 2 || Consumers == 3, "the register split is written for 2 or 3 consumers");
   static_assert(sm90::fits_launch_registers(kThreads, kProducerRegs, Consumers, kConsumerRegs),
                 "the hand-over must fit the registers the block is launched with (wgmma.cuh, setmaxnreg)");
   static_assert(kSmemBytes <= 227 * 1024, "one block's shared memory");
+  static_assert(!FormDq || (kD == 64 * Consumers && kBr == 64), "FormDq: one m64n64 dQ product per consumer");
 };
 
 // Block shapes, measured on the H200 (2026-11-30, docs/BENCHMARKS.md, seventh session; backward
@@ -532,6 +303,23 @@ struct DkdvWsSm90aTraits {
 template <int D> struct DkdvWsSm90aConfig;
 template <> struct DkdvWsSm90aConfig<64> { using type = DkdvWsSm90aTraits<64, 2, 3, true>; };
 template <> struct DkdvWsSm90aConfig<128> { using type = DkdvWsSm90aTraits<128, 2, 3, true>; };
+// FlashDq::kAtomic's dK/dV kernel, which forms dQ too (5 products per tile pair, not 7), at d 128
+// only. Each block adds a (64 queries, D) fp32 dQ tile per streamed query tile; the L2 performs
+// the reductions. History, all measured on the H200 (docs/BENCHMARKS.md), backward TF/s at d 128
+// causal 8k against the deterministic kernels of the same call: fifth session, a cp.async kernel
+// with all warps in lockstep — one warpgroup per block (64 keys) ran 0.55-0.99× the
+// deterministic pair at T ≥ 4k, bound by the reductions (~2 TB/s into L2); two warpgroups (128
+// keys: half the traffic per FLOP) 1.01-1.18×; three Q/dO stages (the bulk add issued a tile
+// later, one block barrier fewer) 1.17-1.32× (452-464 vs 368-378). Seventh session, on the
+// warp-specialised kernel (reductions issued by a producer thread, consumers never waiting on
+// them but for the staging tile): 520 with ping-pong turns, 534 without (the per-tile dSᵀ
+// exchange already synchronises the consumers), against 462 for the cp.async kernel and 465-479
+// for the deterministic pair. At d 64 the deterministic kernels serve both modes: the cp.async
+// two-warpgroup version (m64n32 dQ halves) ran 0.89-0.94× the deterministic pair at causal
+// T ≤ 16k — GPT-2's 1k causal 0.90×.
+template <int D> constexpr bool kSm90aAtomicDq = D == 128;
+template <int D> struct DkdvAtomicSm90aConfig;
+template <> struct DkdvAtomicSm90aConfig<128> { using type = DkdvWsSm90aTraits<128, 2, 3, false, true>; };
 
 // The tensor maps of k, v (boxes of kBc rows), q, dout (kBr rows): tma.h.
 struct DkdvTmaMaps {
@@ -551,6 +339,7 @@ DkdvTmaMaps dkdv_tma_maps(const FlashAttentionParams& p) {  // p's row strides r
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     flash_bwd_dkdv_sm90a_ws_kernel(const FlashAttentionParams p, const float* __restrict__ delta,
+                                   float* __restrict__ dq_accum, int accum_rows,
                                    const __grid_constant__ DkdvTmaMaps maps) {
   constexpr int D = Tr::kD, Bc = Tr::kBc, Br = Tr::kBr, NS = Tr::kStages, C = Tr::kConsumers;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -558,8 +347,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   unsigned char* sV = sK + Tr::kTileOwn;
   unsigned char* sQ = sV + Tr::kTileOwn;  // (stage) tiles of kTileStream bytes
   unsigned char* sdO = sQ + NS * Tr::kTileStream;
-  float* sL = reinterpret_cast<float*>(sdO + NS * Tr::kTileStream);  // (stage, Br) lse
-  float* sDelta = sL + NS * Br;                                      // (stage, Br) delta
+  unsigned char* sdSt = sdO + NS * Tr::kTileStream;                 // FormDq: (2) dSᵀ tiles of kTileDs bytes
+  float* sDq = reinterpret_cast<float*>(sdSt + 2 * Tr::kTileDs);    // FormDq: (Br, D) fp32
+  float* sL = reinterpret_cast<float*>(sdO + NS * Tr::kTileStream + Tr::kDqBytes);  // (stage, Br) lse
+  float* sDelta = sL + NS * Br;                                                      // (stage, Br) delta
 
   const int T = int(p.T), H = int(p.H);
   const bool causal = p.causal;
@@ -572,9 +363,26 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   // The mbarriers, after the statistics: K/V's (own_full), then the Q/dO stream's; Q's full
   // barriers also count the 32 lanes of the warp that stages lse and delta.
+  // FormDq's after them: ds_full[2], ds_empty[2] (every consumer warp arrives), dq_full (likewise),
+  // dq_empty (the reducing thread).
   uint64_t* own_full;
   const sm90::KvStream qdo = sm90::kv_stream_barriers<NS>(reinterpret_cast<unsigned char*>(sDelta + NS * Br), sQ, sdO,
                                                           &own_full, 4 * C, tid == 0, 32);
+  uint64_t* ds_full = qdo.v_empty + NS;
+  uint64_t* ds_empty = ds_full + 2;
+  uint64_t* dq_full = ds_empty + 2;
+  uint64_t* dq_empty = dq_full + 1;
+  if constexpr (Tr::kFormDq) {
+    if (tid == 0) {
+      for (int k = 0; k < 2; ++k) {
+        sm90::mbarrier_init(&ds_full[k], 4 * C);
+        sm90::mbarrier_init(&ds_empty[k], 4 * C);
+      }
+      sm90::mbarrier_init(dq_full, 4 * C);
+      sm90::mbarrier_init(dq_empty, 1);
+      sm90::fence_barrier_init();
+    }
+  }
   __syncthreads();
 
   if (wg == 0) {
@@ -603,6 +411,20 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         }
         sm90::mbarrier_arrive(&qdo.k_full[st]);  // release: the stores above before the consumers' reads
       }
+    } else if (Tr::kFormDq && tid == 64) {
+      // The dQ reductions: each tile's staged (Br, D) fp32 rows added into this head's dq_accum
+      // rows (accum_rows per head, a multiple of Br ≥ T, zeroed by the launcher) in one bulk
+      // reduction; the staging is free again once the copy engine has read it.
+      float* dq_head = dq_accum + (int64_t(b) * H + h) * accum_rows * D;
+      for (int i = i_begin; i < n_qb; ++i) {
+        const int j = i - i_begin;
+        sm90::mbarrier_wait(dq_full, uint32_t(j) & 1);
+        sm90::bulk_reduce_add_f32(dq_head + int64_t(i) * Br * D, sDq, Tr::kTileDq);
+        sm90::bulk_commit();
+        sm90::bulk_wait_read<0>();
+        sm90::mbarrier_arrive(dq_empty);
+      }
+      sm90::bulk_wait<0>();  // every reduction done before the block exits
     }
     return;
   }
@@ -655,14 +477,57 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     softmax_grad_col_bf16p<Br>(dp, pf, Di, lane);  // dSᵀ = Pᵀ ∘ (dPᵀ − delta), without the scale
     uint32_t dsf[Br / 16][4];
     acc_to_a<Br>(dsf, dp);
+    const int buf = j & 1;
+    if constexpr (Tr::kFormDq) {  // this warp's 16 dSᵀ rows into buffer buf, once tile j − 2's dQ has read it
+      if (j >= 2) sm90::mbarrier_wait(&ds_empty[buf], uint32_t(j / 2 - 1) & 1);
+      sm90::store_a_frags_swizzled(sdSt + buf * Tr::kTileDs + 64 * c * sm90::kSwizzleRowBytes, dsf, 16 * warp, lane);
+      sm90::fence_async_shared();  // st.shared, read by the other warps' wgmma
+    }
     sm90::wgmma_fence();
     wgmma_ab_rs<D>(dk, dsf, Qi, Tr::kPanelStream);  // dK += dSᵀ Q
     sm90::wgmma_commit();
+    if constexpr (Tr::kFormDq) {
+      __syncwarp();
+      if (lane == 0) sm90::mbarrier_arrive(&ds_full[buf]);
+    }
     sm90::wgmma_wait<0>();
     __syncwarp();
     if (lane == 0) {  // this warp is done with Q_i, dO_i and their statistics
       sm90::mbarrier_arrive(&qdo.k_empty[st]);
       sm90::mbarrier_arrive(&qdo.v_empty[st]);
+    }
+
+    if constexpr (Tr::kFormDq) {
+      // dQ_i (Br queries, columns [64c, 64c + 64)) = dS K_j over the block's Bc keys: A = dS read
+      // transposed from the dSᵀ tile, B = K_j MN-major (its panel c); a k-step of 16 keys is 16
+      // rows of both tiles, 2048 bytes.
+      sm90::mbarrier_wait(&ds_full[buf], uint32_t(j / 2) & 1);
+      const uint64_t desc_ds = sm90::opaque_u64(sm90::mn_major_descriptor(sdSt + buf * Tr::kTileDs, Tr::kTileDs));
+      const uint64_t desc_k = sm90::opaque_u64(sm90::mn_major_descriptor(sK + c * Tr::kPanelOwn, Tr::kPanelOwn));
+      float dq[64 / 8][4];
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < Bc / 16; ++kk)  // descriptors count 16-byte units from bit 0
+        sm90::wgmma_m64n64k16_ss<1, 1>(sm90::flat(dq), desc_ds + kk * 2048 / 16, desc_k + kk * 2048 / 16, kk > 0);
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      __syncwarp();
+      if (lane == 0) sm90::mbarrier_arrive(&ds_empty[buf]);
+      // Staged in the dq_accum layout: row r at sDq + r·D, the column pair (col, col + 1) at
+      // ((col & ~7) ^ 8·(r % 8)) + (col & 7) (dq_accum_offset); both of a lane's rows are lane / 4
+      // mod 8, so one XOR term serves all its stores, which hit distinct banks.
+      if (j >= 1) sm90::mbarrier_wait(dq_empty, uint32_t(j - 1) & 1);
+      float* rows = sDq + (16 * warp + (lane >> 2)) * D + frag_col(lane, 0, 0);
+      const uint32_t chunk_xor = sm90::opaque_u32((lane >> 2) * 8);
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+#pragma unroll
+        for (int nt = 0; nt < 64 / 8; ++nt)
+          *reinterpret_cast<float2*>(rows + 8 * e * D + ((64 * c + 8 * nt) ^ chunk_xor)) =
+              make_float2(dq[nt][2 * e], dq[nt][2 * e + 1]);
+      sm90::fence_async_shared();  // st.shared, read by the bulk copy engine
+      __syncwarp();
+      if (lane == 0) sm90::mbarrier_arrive(dq_full);
     }
   }
 
@@ -694,7 +559,7 @@ template <int D>
 void launch_dkdv_sm90a(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
   using Tr = typename flash::DkdvWsSm90aConfig<D>::type;
   flash::launch_tile_kernel<Tr, Tr::kBc>(flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr>, Tr::kSmemBytes, p, stream, delta,
-                                         flash::dkdv_tma_maps<Tr>(p));
+                                         static_cast<float*>(nullptr), 0, flash::dkdv_tma_maps<Tr>(p));
 }
 
 // Block shapes: DkdvWsSm90aConfig, DqSm90aConfig, DkdvAtomicSm90aConfig (above), with the
@@ -704,9 +569,9 @@ void launch_bwd_sm90a(const FlashAttentionParams& p, const float* delta, float* 
                       cudaStream_t stream) {
   if constexpr (flash::kSm90aAtomicDq<D>) {
     if (p.dq_mode == FlashDq::kAtomic) {
-      using Atomic = typename flash::DkdvAtomicSm90aConfig<D>::type;
-      flash::launch_tile_kernel<Atomic>(flash::flash_bwd_dkdv_sm90a_kernel<Atomic, FlashDq::kAtomic>,
-                                        Atomic::kSmemAtomicBytes, p, stream, delta, dq_accum, accum_rows);
+      using Tr = typename flash::DkdvAtomicSm90aConfig<D>::type;
+      flash::launch_tile_kernel<Tr, Tr::kBc>(flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr>, Tr::kSmemBytes, p, stream,
+                                             delta, dq_accum, accum_rows, flash::dkdv_tma_maps<Tr>(p));
       return;
     }
   }
