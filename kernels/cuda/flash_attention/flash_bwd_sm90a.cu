@@ -249,8 +249,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 // through Stages stage buffers (produce_kv, the Q/dO pair in the K/V roles); a second producer
 // warp stages each tile's lse and delta (64 floats each, plain loads: TMA would need T % 4 = 0)
 // and counts itself into the Q barrier. Consumers warpgroups own 64 keys each and run the
-// transposed products of flash_bwd_dkdv_sm90a_kernel per tile; with PingPong they take turns to
-// issue Sᵀ and dPᵀ, as the forward does. Q_i, dO_i are released once dK and dV have read them.
+// transposed products per tile: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (SS), dV += Pᵀ dO and dK += dSᵀ Q
+// (register A, Q and dO MN-major); with PingPong they take turns to issue, as the forward does.
+// Q_i, dO_i are released once dK and dV have read them. The deterministic kernel is pipelined:
+// dK's product for one tile runs while the next tile is exponentiated.
 //
 // FormDq (FlashDq::kAtomic, d 128): the block also forms dQ_i = dS K_j over its Bc keys, 5
 // products per tile pair instead of the 7 of the deterministic pair. Each consumer writes its
@@ -272,10 +274,12 @@ struct DkdvWsSm90aTraits {
   static constexpr int kPanels = kD / 64;
   static constexpr int kPanelOwn = kBc * sm90::kSwizzleRowBytes, kPanelStream = kBr * sm90::kSwizzleRowBytes;
   static constexpr int kTileOwn = kPanels * kPanelOwn, kTileStream = kPanels * kPanelStream;  // bytes
-  // 40 + 2 × 232 (CUTLASS's split; the producer's second warp stages the statistics). The first
-  // version's 32 + 2 × 240 exceeded the launch allocation and hung on the H200 (wgmma.cuh).
-  static constexpr int kProducerRegs = Consumers == 2 ? 40 : 32;
-  static constexpr int kConsumerRegs = Consumers == 2 ? 232 : 160;
+  // 24 + 2 × 240 for the deterministic kernel, whose pipelined loop holds Sᵀ, dPᵀ of one tile
+  // with dSᵀ of the one before beside dK and dV (at 232, d 128 spilled and ptxas serialised the
+  // wgmmas); 40 + 2 × 232 with FormDq, whose producer has a third busy warp. The first version's
+  // 32 + 2 × 240 exceeded the launch allocation and hung on the H200 (wgmma.cuh).
+  static constexpr int kProducerRegs = Consumers == 2 ? (FormDq ? 40 : 24) : 32;
+  static constexpr int kConsumerRegs = Consumers == 2 ? (FormDq ? 232 : 240) : 160;
   static constexpr int kStatsBytes = 2 * kStages * kBr * int(sizeof(float));  // lse, delta per stage
   // FormDq: two dSᵀ tiles (Bc keys × Br queries, one swizzled panel each) and the fp32 dQ tile.
   static constexpr int kTileDs = kBc * sm90::kSwizzleRowBytes;
@@ -294,15 +298,19 @@ struct DkdvWsSm90aTraits {
 
 // Block shapes, measured on the H200 (2026-11-30, docs/BENCHMARKS.md, seventh session; backward
 // TF/s of the deterministic pair, dQ unchanged, T = 8192 causal, d 128 / d 64). Against the
-// cp.async kernel it replaces (one warpgroup per block, 2 blocks per SM at d 128 and 3 at d 64:
+// cp.async kernel it replaced (one warpgroup per block, 2 blocks per SM at d 128 and 3 at d 64:
 // 389 / 340): 2 consumers, 2 stages, ping-pong 436 / 359; without ping-pong 438 / 333; 3 stages,
 // ping-pong 468 / 333 — the best on the mean over the 24 benchmark shapes (1.08× the old kernel,
-// 1.16–1.24× at d 128 causal from 8k). Short causal T at d 64 is the one loss: 1k 212 vs 223, within
-// the run-to-run spread but consistent. 3 stages of 64 queries: Q_i, dO_i stay in their stage
+// 1.16–1.24× at d 128 causal from 8k). 3 stages of 64 queries: Q_i, dO_i stay in their stage
 // until dK += dSᵀ Q_i has run, so two stages leave one load in flight behind the tile in use.
+// Then the pipelined loop (dK_{j−1} issued with Sᵀ_j, dPᵀ_j), two runs each in one call, mean
+// over the 24 shapes: with ping-pong 1.036× the unpipelined kernel — +3-9 % at d 64 (causal 4k
+// 325 → 337, 32k 358 → 372), level at d 128, where it spills 100 bytes —; without ping-pong
+// 1.028× — level or slower at d 64, +2-20 % at d 128 (causal 32k 452 → 476, non-causal 4k
+// 386 → 469). Kept per head dim.
 template <int D> struct DkdvWsSm90aConfig;
 template <> struct DkdvWsSm90aConfig<64> { using type = DkdvWsSm90aTraits<64, 2, 3, true>; };
-template <> struct DkdvWsSm90aConfig<128> { using type = DkdvWsSm90aTraits<128, 2, 3, true>; };
+template <> struct DkdvWsSm90aConfig<128> { using type = DkdvWsSm90aTraits<128, 2, 3, false>; };
 // FlashDq::kAtomic's dK/dV kernel, which forms dQ too (5 products per tile pair, not 7), at d 128
 // only. Each block adds a (64 queries, D) fp32 dQ tile per streamed query tile; the L2 performs
 // the reductions. History, all measured on the H200 (docs/BENCHMARKS.md), backward TF/s at d 128
@@ -442,62 +450,99 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   if (Tr::kPingPong && c == C - 1) sm90::named_barrier_arrive(1, 256);  // consumer 0 takes the first turn
   sm90::mbarrier_wait(own_full, 0);
 
-  for (int i = i_begin; i < n_qb; ++i) {
-    const int j = i - i_begin, st = j % NS;
-    const uint32_t phase = uint32_t(j / NS) & 1;
-    const unsigned char* Qi = sQ + st * Tr::kTileStream;
-    const unsigned char* dOi = sdO + st * Tr::kTileStream;
-    const float* Li = sL + st * Br;
-    const float* Di = sDelta + st * Br;
-    const int q0 = i * Br;
-    sm90::mbarrier_wait(&qdo.k_full[st], phase);
-    sm90::mbarrier_wait(&qdo.v_full[st], phase);
-
-    // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, (64 keys, Br queries) per warpgroup, in one commit group.
-    float s[Br / 8][4], dp[Br / 8][4];
+  const int n_tiles = n_qb - i_begin;  // ≥ 1
+  float s[Br / 8][4], dp[Br / 8][4];
+  uint32_t pf[Br / 16][4], dsf[Br / 16][4];
+  auto stage = [&](int j) { return j % NS; };
+  auto turn_begin = [&] {
     if constexpr (Tr::kPingPong) sm90::named_barrier_sync(my_turn, 256);
-    sm90::wgmma_fence();
-    wgmma_abt_ss<D>(s, sKw, Tr::kPanelOwn, Qi, Tr::kPanelStream);
-    wgmma_abt_ss<D>(dp, sVw, Tr::kPanelOwn, dOi, Tr::kPanelStream);
-    sm90::wgmma_commit();
+  };
+  auto turn_end = [&](int j) {
     if constexpr (Tr::kPingPong)
-      if (c != C - 1 || i + 1 < n_qb) sm90::named_barrier_arrive(next_turn, 256);
-    sm90::wgmma_wait<0>();
-
-    exp2_scaled_minus_col<Br>(s, scale_log2, Li, lane);  // Pᵀ = exp(S·scale − lse)
-    const bool need_mask = q0 + Br > T || (causal && key0 + kRowsPerWarp - 1 > q0);  // uniform per warp
-    if (need_mask)  // masked entries exactly 0
+      if (c != C - 1 || j + 1 < n_tiles) sm90::named_barrier_arrive(next_turn, 256);
+  };
+  auto issue_s_dp = [&](int j) {  // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ of tile j, one commit group
+    const int st = stage(j);
+    sm90::mbarrier_wait(&qdo.k_full[st], uint32_t(j / NS) & 1);
+    sm90::mbarrier_wait(&qdo.v_full[st], uint32_t(j / NS) & 1);
+    sm90::wgmma_fence();
+    wgmma_abt_ss<D>(s, sKw, Tr::kPanelOwn, sQ + st * Tr::kTileStream, Tr::kPanelStream);
+    wgmma_abt_ss<D>(dp, sVw, Tr::kPanelOwn, sdO + st * Tr::kTileStream, Tr::kPanelStream);
+    sm90::wgmma_commit();
+  };
+  auto issue_dk = [&](int j) {  // dK += dSᵀ_j Q_j
+    sm90::wgmma_fence();
+    wgmma_ab_rs<D>(dk, dsf, sQ + stage(j) * Tr::kTileStream, Tr::kPanelStream);
+    sm90::wgmma_commit();
+  };
+  // Pᵀ = exp(S·scale − lse) into pf, then dV += Pᵀ dO issued.
+  auto p_and_dv = [&](int j) {
+    const int st = stage(j), q0 = (i_begin + j) * Br;
+    exp2_scaled_minus_col<Br>(s, scale_log2, sL + st * Br, lane);
+    if (q0 + Br > T || (causal && key0 + kRowsPerWarp - 1 > q0))  // uniform per warp; masked entries exactly 0
       mask_tile<Br>(s, key0, q0, lane, [=](int k, int q) { return q >= T || (causal && k > q); }, 0.0f);
-    uint32_t pf[Br / 16][4];
     acc_to_a<Br>(pf, s);
     sm90::wgmma_fence();
-    wgmma_ab_rs<D>(dv, pf, dOi, Tr::kPanelStream);  // dV += Pᵀ dO
+    wgmma_ab_rs<D>(dv, pf, sdO + st * Tr::kTileStream, Tr::kPanelStream);
     sm90::wgmma_commit();
-
-    softmax_grad_col_bf16p<Br>(dp, pf, Di, lane);  // dSᵀ = Pᵀ ∘ (dPᵀ − delta), without the scale
-    uint32_t dsf[Br / 16][4];
+  };
+  auto ds = [&](int j) {  // dSᵀ = Pᵀ ∘ (dPᵀ − delta), without the scale, into dsf
+    softmax_grad_col_bf16p<Br>(dp, pf, sDelta + stage(j) * Br, lane);
     acc_to_a<Br>(dsf, dp);
-    const int buf = j & 1;
-    if constexpr (Tr::kFormDq) {  // this warp's 16 dSᵀ rows into buffer buf, once tile j − 2's dQ has read it
+  };
+  auto release = [&](int j) {  // this warp is done with tile j's Q_i, dO_i and their statistics
+    __syncwarp();
+    if (lane == 0) {
+      sm90::mbarrier_arrive(&qdo.k_empty[stage(j)]);
+      sm90::mbarrier_arrive(&qdo.v_empty[stage(j)]);
+    }
+  };
+
+  if constexpr (!Tr::kFormDq) {
+    // Each turn issues Sᵀ_j, dPᵀ_j and dK += dSᵀ_{j−1} Q_{j−1}, so that dK's product runs while
+    // this consumer exponentiates; every product is retired within the iteration that issues it
+    // (none in flight across the loop's back edge), as in the dQ kernel.
+    turn_begin();
+    issue_s_dp(0);
+    turn_end(0);
+    sm90::wgmma_wait<0>();
+    p_and_dv(0);
+    ds(0);
+    sm90::wgmma_wait<0>();  // dV_0 has read pf
+    for (int j = 1; j < n_tiles; ++j) {
+      turn_begin();
+      issue_s_dp(j);
+      issue_dk(j - 1);
+      turn_end(j);
+      sm90::wgmma_wait<1>();  // Sᵀ_j, dPᵀ_j have landed; dK_{j−1} may still run
+      p_and_dv(j);
+      sm90::wgmma_wait<1>();  // dK_{j−1} has read dsf and Q_{j−1}; dV_j may still run
+      release(j - 1);
+      ds(j);
+      sm90::wgmma_wait<0>();  // dV_j has read pf
+    }
+    issue_dk(n_tiles - 1);
+    sm90::wgmma_wait<0>();
+    release(n_tiles - 1);
+  } else {
+    // FormDq: the tile's products in turn (its dQ product needs both consumers' dSᵀ), then dQ.
+    for (int j = 0; j < n_tiles; ++j) {
+      turn_begin();
+      issue_s_dp(j);
+      turn_end(j);
+      sm90::wgmma_wait<0>();
+      p_and_dv(j);
+      ds(j);
+      const int buf = j & 1;  // this warp's 16 dSᵀ rows into buffer buf, once tile j − 2's dQ has read it
       if (j >= 2) sm90::mbarrier_wait(&ds_empty[buf], uint32_t(j / 2 - 1) & 1);
       sm90::store_a_frags_swizzled(sdSt + buf * Tr::kTileDs + 64 * c * sm90::kSwizzleRowBytes, dsf, 16 * warp, lane);
       sm90::fence_async_shared();  // st.shared, read by the other warps' wgmma
-    }
-    sm90::wgmma_fence();
-    wgmma_ab_rs<D>(dk, dsf, Qi, Tr::kPanelStream);  // dK += dSᵀ Q
-    sm90::wgmma_commit();
-    if constexpr (Tr::kFormDq) {
+      issue_dk(j);
       __syncwarp();
       if (lane == 0) sm90::mbarrier_arrive(&ds_full[buf]);
-    }
-    sm90::wgmma_wait<0>();
-    __syncwarp();
-    if (lane == 0) {  // this warp is done with Q_i, dO_i and their statistics
-      sm90::mbarrier_arrive(&qdo.k_empty[st]);
-      sm90::mbarrier_arrive(&qdo.v_empty[st]);
-    }
+      sm90::wgmma_wait<0>();
+      release(j);
 
-    if constexpr (Tr::kFormDq) {
       // dQ_i (Br queries, columns [64c, 64c + 64)) = dS K_j over the block's Bc keys: A = dS read
       // transposed from the dSᵀ tile, B = K_j MN-major (its panel c); a k-step of 16 keys is 16
       // rows of both tiles, 2048 bytes.
