@@ -5,6 +5,7 @@
 // machines without a GPU, CI included; speed and the GPU's mma rounding are the GPU tests' job.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <ostream>
 #include <string>
@@ -50,7 +51,8 @@ void expect_matches_reference(const std::vector<tg::bf16>& o, const std::vector<
 
 // The launch sequences of flash_fwd.cu / flash_bwd.cu (launch_fwd, launch_bwd), block for block.
 
-// Grid (head, batch, tiles of `tile_rows`), as every attention launcher builds it.
+// Grid (head, batch, tiles of `tile_rows`), as the attention launchers build it (the sm_90a
+// forward's is 1-D: forward_sm90a).
 EmuDim3 tile_grid(const FlashAttentionParams& p, int tile_rows) {
   return {unsigned(p.H), unsigned(p.B), unsigned((p.T + tile_rows - 1) / tile_rows)};
 }
@@ -176,7 +178,12 @@ void forward_sm90a(const FlashAttentionParams& p_in) {
   const FlashAttentionParams p = flash::with_resolved_row_strides(p_in);
   using Tr = typename flash::FwdSm90aConfig<D>::type;
   const flash::FwdTmaMaps maps = flash::fwd_tma_maps<Tr>(p);
-  emu_launch(tile_grid(p, Tr::kBr), Tr::kThreads, Tr::kSmemBytes, [&] { flash::flash_fwd_sm90a_kernel<Tr>(p, maps); });
+  // One work item per block, as the launcher's default grid; from T = 256 on, 3 blocks taking
+  // several items each (the persistent grid's way), so the K/V stream, Q's hand-over and the
+  // turns run on across items.
+  const int n_items = flash::fwd_work_items<Tr>(p);
+  const unsigned blocks = unsigned(p.T >= 256 ? std::min(n_items, 3) : n_items);
+  emu_launch(EmuDim3{blocks, 1, 1}, Tr::kThreads, Tr::kSmemBytes, [&] { flash::flash_fwd_sm90a_kernel<Tr>(p, maps); });
 }
 
 template <int D>

@@ -292,8 +292,9 @@ __device__ __forceinline__ void store_a_frags_swizzled(unsigned char* dst, const
 // ── The producer of the warp-specialised kernels ──
 // A stream of tile pairs through NS stage buffers — K/V tiles in the forward and the dQ kernel,
 // Q/dO tiles in the dK/dV kernel (the fields keep the K/V names): the j-th pair (tiles first + j),
-// Rows rows of Panels swizzled 64-column panels each, goes to stage j % NS once the consumers
-// have released the pair that stage held (its "empty" barriers' phase (j / NS − 1) & 1), and
+// Rows rows of Panels swizzled 64-column panels each, is the stream's pair seq0 + j (a persistent
+// block's stream runs on across its work items) and goes to stage (seq0 + j) % NS once the consumers
+// have released the pair that stage held (its "empty" barriers' phase ((seq0 + j) / NS − 1) & 1), and
 // completes the stage's "full" barriers with its bytes. Tiles past the sequence's end are
 // zero-filled.
 struct KvStream {
@@ -330,11 +331,11 @@ __device__ __forceinline__ KvStream kv_stream_barriers(unsigned char* at, unsign
 }
 template <int Panels, int Rows, int NS>
 __device__ __forceinline__ void produce_kv(const KvStream& s, const CUtensorMap* k_map, const CUtensorMap* v_map,
-                                           int col, int b, int n_tiles, int first = 0) {
+                                           int col, int b, int n_tiles, int first = 0, int seq0 = 0) {
   constexpr int kPanel = Rows * kSwizzleRowBytes, kTile = Panels * kPanel;
   for (int j = 0; j < n_tiles; ++j) {
-    const int st = j % NS;
-    const uint32_t use = uint32_t(j / NS);  // the stage's use count: its barriers' phase
+    const int st = (seq0 + j) % NS;
+    const uint32_t use = uint32_t((seq0 + j) / NS);  // the stage's use count: its barriers' phase
     if (use > 0) mbarrier_wait(&s.k_empty[st], (use - 1) & 1);
     mbarrier_arrive_expect_tx(&s.k_full[st], kTile);
     for (int pn = 0; pn < Panels; ++pn)
