@@ -197,7 +197,7 @@ void backward_sm90a(const FlashAttentionParams& p_in) {
       using Atomic = typename flash::DkdvAtomicSm90aConfig<D>::type;
       const int accum_rows = int(Ws::accum_rows(p.T));
       std::memset(ws.dq_accum, 0, Ws::accum_bytes(p.B, p.T, p.H));
-      const flash::DkdvTmaMaps maps = flash::dkdv_tma_maps<Atomic>(p);
+      const flash::BwdTmaMaps maps = flash::bwd_tma_maps<Atomic>(p);
       emu_launch(tile_grid(p, Atomic::kBc), Atomic::kThreads, Atomic::kSmemBytes, [&] {
         flash::flash_bwd_dkdv_sm90a_ws_kernel<Atomic>(p, ws.delta, ws.dq_accum, accum_rows, maps);
       });
@@ -206,11 +206,11 @@ void backward_sm90a(const FlashAttentionParams& p_in) {
     }
   }
   using DkdvWs = typename flash::DkdvWsSm90aConfig<D>::type;
-  const flash::DkdvTmaMaps dkdv_maps = flash::dkdv_tma_maps<DkdvWs>(p);
+  const flash::BwdTmaMaps dkdv_maps = flash::bwd_tma_maps<DkdvWs>(p);
   emu_launch(tile_grid(p, DkdvWs::kBc), DkdvWs::kThreads, DkdvWs::kSmemBytes,
              [&] { flash::flash_bwd_dkdv_sm90a_ws_kernel<DkdvWs>(p, ws.delta, nullptr, 0, dkdv_maps); });
   using Dq = typename flash::DqSm90aConfig<D>::type;
-  const flash::DqTmaMaps maps = flash::dq_tma_maps<Dq>(p);
+  const flash::BwdTmaMaps maps = flash::bwd_tma_maps<Dq>(p);
   emu_launch(tile_grid(p, Dq::kBr), Dq::kThreads, Dq::kSmemBytes,
              [&] { flash::flash_bwd_dq_sm90a_kernel<Dq>(p, ws.delta, maps); });
 }

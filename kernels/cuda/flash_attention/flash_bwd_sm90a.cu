@@ -113,12 +113,13 @@ template <int D> struct DqSm90aConfig;
 template <> struct DqSm90aConfig<64> { using type = DqSm90aTraits<64, 2, 128, 3>; };
 template <> struct DqSm90aConfig<128> { using type = DqSm90aTraits<128, 2, 64, 3>; };
 
-// The tensor maps of q, dout (boxes of kBr rows), k, v (kBc rows): tma.h.
-struct DqTmaMaps {
+// The tensor maps of both backward kernels (tma.h): q, dout in boxes of Tr::kBr rows, k, v of
+// Tr::kBc (the dQ kernel streams K/V tiles under its own Q/dO, the dK/dV kernel the reverse).
+struct BwdTmaMaps {
   CUtensorMap q, dout, k, v;
 };
 template <class Tr>
-DqTmaMaps dq_tma_maps(const FlashAttentionParams& p) {  // p's row strides resolved
+BwdTmaMaps bwd_tma_maps(const FlashAttentionParams& p) {  // p's row strides resolved
   const uint64_t cols = uint64_t(p.H * p.D), T = uint64_t(p.T), B = uint64_t(p.B);
   const uint64_t ldq = uint64_t(p.q_row_stride), lddo = uint64_t(p.do_row_stride);
   const uint64_t ldk = uint64_t(p.k_row_stride), ldv = uint64_t(p.v_row_stride);
@@ -131,7 +132,7 @@ DqTmaMaps dq_tma_maps(const FlashAttentionParams& p) {  // p's row strides resol
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     flash_bwd_dq_sm90a_kernel(const FlashAttentionParams p, const float* __restrict__ delta,
-                                 const __grid_constant__ DqTmaMaps maps) {
+                                 const __grid_constant__ BwdTmaMaps maps) {
   constexpr int D = Tr::kD, Br = Tr::kBr, Bc = Tr::kBc, NS = Tr::kStages, C = Tr::kConsumers;
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* sQ = sm90::align_to_swizzle_atom(smem);
@@ -329,26 +330,11 @@ template <int D> constexpr bool kSm90aAtomicDq = D == 128;
 template <int D> struct DkdvAtomicSm90aConfig;
 template <> struct DkdvAtomicSm90aConfig<128> { using type = DkdvWsSm90aTraits<128, 2, 3, false, true>; };
 
-// The tensor maps of k, v (boxes of kBc rows), q, dout (kBr rows): tma.h.
-struct DkdvTmaMaps {
-  CUtensorMap k, v, q, dout;
-};
-template <class Tr>
-DkdvTmaMaps dkdv_tma_maps(const FlashAttentionParams& p) {  // p's row strides resolved
-  const uint64_t cols = uint64_t(p.H * p.D), T = uint64_t(p.T), B = uint64_t(p.B);
-  const uint64_t ldq = uint64_t(p.q_row_stride), lddo = uint64_t(p.do_row_stride);
-  const uint64_t ldk = uint64_t(p.k_row_stride), ldv = uint64_t(p.v_row_stride);
-  return {make_bf16_tensor_map(p.k, cols, T, B, ldk, T * ldk, Tr::kBc),
-          make_bf16_tensor_map(p.v, cols, T, B, ldv, T * ldv, Tr::kBc),
-          make_bf16_tensor_map(p.q, cols, T, B, ldq, T * ldq, Tr::kBr),
-          make_bf16_tensor_map(p.dout, cols, T, B, lddo, T * lddo, Tr::kBr)};
-}
-
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     flash_bwd_dkdv_sm90a_ws_kernel(const FlashAttentionParams p, const float* __restrict__ delta,
                                    float* __restrict__ dq_accum, int accum_rows,
-                                   const __grid_constant__ DkdvTmaMaps maps) {
+                                   const __grid_constant__ BwdTmaMaps maps) {
   constexpr int D = Tr::kD, Bc = Tr::kBc, Br = Tr::kBr, NS = Tr::kStages, C = Tr::kConsumers;
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* sK = sm90::align_to_swizzle_atom(smem);
@@ -596,7 +582,7 @@ template <int D>
 void launch_dq_sm90a(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
   using Tr = typename flash::DqSm90aConfig<D>::type;
   flash::launch_tile_kernel<Tr, Tr::kBr>(flash::flash_bwd_dq_sm90a_kernel<Tr>, Tr::kSmemBytes, p, stream, delta,
-                                         flash::dq_tma_maps<Tr>(p));
+                                         flash::bwd_tma_maps<Tr>(p));
 }
 
 // The dK/dV kernel, likewise.
@@ -604,7 +590,7 @@ template <int D>
 void launch_dkdv_sm90a(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
   using Tr = typename flash::DkdvWsSm90aConfig<D>::type;
   flash::launch_tile_kernel<Tr, Tr::kBc>(flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr>, Tr::kSmemBytes, p, stream, delta,
-                                         static_cast<float*>(nullptr), 0, flash::dkdv_tma_maps<Tr>(p));
+                                         static_cast<float*>(nullptr), 0, flash::bwd_tma_maps<Tr>(p));
 }
 
 // Block shapes: DkdvWsSm90aConfig, DqSm90aConfig, DkdvAtomicSm90aConfig (above), with the
@@ -616,7 +602,7 @@ void launch_bwd_sm90a(const FlashAttentionParams& p, const float* delta, float* 
     if (p.dq_mode == FlashDq::kAtomic) {
       using Tr = typename flash::DkdvAtomicSm90aConfig<D>::type;
       flash::launch_tile_kernel<Tr, Tr::kBc>(flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr>, Tr::kSmemBytes, p, stream,
-                                             delta, dq_accum, accum_rows, flash::dkdv_tma_maps<Tr>(p));
+                                             delta, dq_accum, accum_rows, flash::bwd_tma_maps<Tr>(p));
       return;
     }
   }
