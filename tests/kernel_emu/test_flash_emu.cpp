@@ -304,7 +304,7 @@ std::vector<Sm90aCase> sm90a_cases() {
     for (int64_t T : {129, 256}) out.push_back({{1, T, 2, 128, causal, 0.0}, false, FlashDq::kAtomic});
   out.push_back({{2, 129, 3, 128, true, 0.0}, true, FlashDq::kAtomic});
   // 10 query tiles: every Q/dO stage, dSᵀ buffer and the dQ staging reused several times.
-  out.push_back({{1, 600, 1, 128, false, 0.0}, false, FlashDq::kAtomic});
+  for (bool causal : {false, true}) out.push_back({{1, 600, 1, 128, causal, 0.0}, false, FlashDq::kAtomic});
   for (int64_t D : {64, 128}) out.push_back({{1, 129, 2, D, true, -0.125}, false});
   return out;
 }
