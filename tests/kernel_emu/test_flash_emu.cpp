@@ -181,7 +181,7 @@ void forward_sm90a(const FlashAttentionParams& p_in) {
   // One work item per block, as the launcher's default grid; from T = 256 on, 3 blocks taking
   // several items each (the persistent grid's way), so the K/V stream, Q's hand-over and the
   // turns run on across items.
-  const int n_items = flash::fwd_work_items<Tr>(p);
+  const int n_items = flash::fwd_work_items<Tr>(int(p.T), int(p.H), int(p.B));
   const unsigned blocks = unsigned(p.T >= 256 ? std::min(n_items, 3) : n_items);
   emu_launch(EmuDim3{blocks, 1, 1}, Tr::kThreads, Tr::kSmemBytes, [&] { flash::flash_fwd_sm90a_kernel<Tr>(p, maps); });
 }

@@ -400,26 +400,23 @@ inline void mbarrier_init(uint64_t* bar, uint32_t count) {
   m = EmuMbarrier{int(count), int(count), 0, 0};
 }
 inline void fence_barrier_init() {}
-inline void mbarrier_arrive(uint64_t* bar) {
-  std::lock_guard<std::mutex> lock(g_emu_block->async_mutex);
+// The block's mbarrier at bar (the caller holds async_mutex); one never initialised aborts.
+inline EmuMbarrier& emu_mbarrier(uint64_t* bar) {
   auto it = g_emu_block->mbarriers.find(emu_offset(bar));
-  if (it == g_emu_block->mbarriers.end()) std::abort();  // never initialised
-  --it->second.pending;
-  emu_mbarrier_complete_if_done(it->second);
+  if (it == g_emu_block->mbarriers.end()) std::abort();
+  return it->second;
 }
 inline void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
   std::lock_guard<std::mutex> lock(g_emu_block->async_mutex);
-  auto it = g_emu_block->mbarriers.find(emu_offset(bar));
-  if (it == g_emu_block->mbarriers.end()) std::abort();
-  it->second.tx += bytes;
-  --it->second.pending;
-  emu_mbarrier_complete_if_done(it->second);
+  EmuMbarrier& m = emu_mbarrier(bar);
+  m.tx += bytes;
+  --m.pending;
+  emu_mbarrier_complete_if_done(m);
 }
+inline void mbarrier_arrive(uint64_t* bar) { mbarrier_arrive_expect_tx(bar, 0); }
 inline void mbarrier_wait(uint64_t* bar, uint32_t parity) {
   std::unique_lock<std::mutex> lock(g_emu_block->async_mutex);
-  auto it = g_emu_block->mbarriers.find(emu_offset(bar));
-  if (it == g_emu_block->mbarriers.end()) std::abort();
-  EmuMbarrier& m = it->second;
+  EmuMbarrier& m = emu_mbarrier(bar);
   // The phase of parity `parity` has completed when the current phase's parity differs from it.
   emu_wait_until(lock, [&] { return (m.phase & 1u) != parity; }, "an mbarrier wait at shared offset", emu_offset(bar));
 }
@@ -442,10 +439,9 @@ inline void tma_load_3d(void* dst, const CUtensorMap* map, int c0, int c1, int c
       std::memcpy(emu_smem + (a ^ (((a >> 7) & 7u) << 4)), &v, 2);
     }
   std::lock_guard<std::mutex> lock(g_emu_block->async_mutex);
-  auto it = g_emu_block->mbarriers.find(emu_offset(bar));
-  if (it == g_emu_block->mbarriers.end()) std::abort();
-  it->second.tx -= bytes;
-  emu_mbarrier_complete_if_done(it->second);
+  EmuMbarrier& m = emu_mbarrier(bar);
+  m.tx -= bytes;
+  emu_mbarrier_complete_if_done(m);
 }
 // bar.arrive / bar.sync count warps: the emulated lanes of a warp meet first and its lane 0 counts
 // the warp's 32 arrivals, as the hardware does.

@@ -22,8 +22,6 @@
 // flash_fwd.cu's kernel is the fallback elsewhere and the tests' second opinion.
 #include <cuda_runtime.h>
 
-#include <algorithm>
-#include <climits>
 #include <cmath>
 
 #include "kernels/cuda/check.cuh"
@@ -122,8 +120,8 @@ __device__ __forceinline__ FwdWorkItem fwd_work_item(int w, int T, int H, int B,
   return {h, b, q0, causal ? q_last / Tr::kBc + 1 : (T + Tr::kBc - 1) / Tr::kBc};
 }
 template <class Tr>
-int fwd_work_items(const FlashAttentionParams& p) {
-  return int(p.H * p.B * ((p.T + Tr::kBr - 1) / Tr::kBr));
+__host__ __device__ inline int fwd_work_items(int T, int H, int B) {
+  return H * B * ((T + Tr::kBr - 1) / Tr::kBr);
 }
 
 template <class Tr>
@@ -138,7 +136,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int T = int(p.T), H = int(p.H), B = int(p.B);
   const bool causal = p.causal;
   const int tid = threadIdx.x, wg = tid / 128;
-  const int n_items = int(H) * B * ((T + Tr::kBr - 1) / Tr::kBr), stride = int(gridDim.x);
+  const int n_items = fwd_work_items<Tr>(T, H, B), stride = int(gridDim.x);
 
   // The mbarriers, after the tiles: Q's full (q_full), then the K/V stream's, whose empty ones
   // count one arrival per consumer warp, then Q's empty (q_empty, likewise).
@@ -295,13 +293,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
 namespace {
 
-int sm_count() {  // of the current device
-  int dev = 0, n = 0;
-  TG_CUDA_CHECK(cudaGetDevice(&dev));
-  TG_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-  return n;
-}
-
 // Block shapes: FwdSm90aConfig (above), with the measurements that chose them. The tensor maps are
 // encoded on the host at every call (host time not measured).
 //
@@ -317,12 +308,9 @@ constexpr int64_t kPersistentMaxT = 4096;
 template <int D>
 void launch_fwd_sm90a(const FlashAttentionParams& p, cudaStream_t stream) {
   using Tr = typename flash::FwdSm90aConfig<D>::type;
-  const auto kernel = flash::flash_fwd_sm90a_kernel<Tr>;
-  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tr::kSmemBytes)));
-  const int n_items = flash::fwd_work_items<Tr>(p);
-  const int blocks = p.T <= kPersistentMaxT ? std::min(n_items, sm_count()) : n_items;
-  kernel<<<blocks, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, flash::fwd_tma_maps<Tr>(p));
-  TG_CUDA_CHECK(cudaGetLastError());
+  flash::launch_item_kernel<Tr>(flash::flash_fwd_sm90a_kernel<Tr>, Tr::kSmemBytes,
+                                flash::fwd_work_items<Tr>(int(p.T), int(p.H), int(p.B)), p.T <= kPersistentMaxT, p,
+                                stream, flash::fwd_tma_maps<Tr>(p));
 }
 
 }  // namespace

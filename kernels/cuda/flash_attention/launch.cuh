@@ -1,10 +1,13 @@
-// The one launch shape of the FlashAttention kernels: grid (head, batch, tile of TileRows rows —
-// the rows a block owns: Tr::kOwn for the backward's, Tr::kBr for the warp-specialised ones).
-// Blocks start in launch order, x fastest, so with the tile index slowest every head's heaviest
-// causal tile starts before any lighter one (see flash_fwd_kernel).
+// The launch shapes of the FlashAttention kernels. launch_tile_kernel: grid (head, batch, tile of
+// TileRows rows — the rows a block owns: Tr::kOwn for the backward's, Tr::kBr for the
+// warp-specialised ones). Blocks start in launch order, x fastest, so with the tile index slowest
+// every head's heaviest causal tile starts before any lighter one (see flash_fwd_kernel).
+// launch_item_kernel: a 1-D grid over n_items work items numbered in that same order (the kernel
+// decodes them), one block per item or, persistent, one per SM taking several in turn.
 #pragma once
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 
 #include "kernels/cuda/check.cuh"
@@ -18,6 +21,22 @@ void launch_tile_kernel(Kernel kernel, size_t smem_bytes, const FlashAttentionPa
   TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
   const dim3 grid(unsigned(p.H), unsigned(p.B), unsigned((p.T + TileRows - 1) / TileRows));
   kernel<<<grid, Tr::kThreads, smem_bytes, stream>>>(p, args...);
+  TG_CUDA_CHECK(cudaGetLastError());
+}
+
+inline int sm_count() {  // of the current device
+  int dev = 0, n = 0;
+  TG_CUDA_CHECK(cudaGetDevice(&dev));
+  TG_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+  return n;
+}
+
+template <class Tr, typename Kernel, typename... Args>
+void launch_item_kernel(Kernel kernel, size_t smem_bytes, int n_items, bool persistent, const FlashAttentionParams& p,
+                        cudaStream_t stream, Args... args) {
+  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
+  const int blocks = persistent ? std::min(n_items, sm_count()) : n_items;
+  kernel<<<blocks, Tr::kThreads, smem_bytes, stream>>>(p, args...);
   TG_CUDA_CHECK(cudaGetLastError());
 }
 
