@@ -178,12 +178,16 @@ void forward_sm90a(const FlashAttentionParams& p_in) {
   const FlashAttentionParams p = flash::with_resolved_row_strides(p_in);
   using Tr = typename flash::FwdSm90aConfig<D>::type;
   const flash::FwdTmaMaps maps = flash::fwd_tma_maps<Tr>(p);
-  // One work item per block, as the launcher's default grid; from T = 256 on, 3 blocks taking
-  // several items each (the persistent grid's way), so the K/V stream, Q's hand-over and the
-  // turns run on across items.
+  // One work item per block below T = 256; from there on 3 blocks taking several items each (the
+  // persistent grid's way), so the K/V stream, Q's hand-over and the turns run on across items.
+  // Blocks run one at a time here, so the first one claims every item past the grid's first
+  // ones; the counter must be zero again afterwards.
   const int n_items = flash::fwd_work_items<Tr>(int(p.T), int(p.H), int(p.B));
   const unsigned blocks = unsigned(p.T >= 256 ? std::min(n_items, 3) : n_items);
-  emu_launch(EmuDim3{blocks, 1, 1}, Tr::kThreads, Tr::kSmemBytes, [&] { flash::flash_fwd_sm90a_kernel<Tr>(p, maps); });
+  unsigned counter[2] = {0, 0};
+  emu_launch(EmuDim3{blocks, 1, 1}, Tr::kThreads, Tr::kSmemBytes,
+             [&] { flash::flash_fwd_sm90a_kernel<Tr>(p, maps, counter); });
+  EXPECT_EQ(counter[0] + counter[1], 0u) << "the item counter was not reset";
 }
 
 template <int D>

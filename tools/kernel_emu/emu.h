@@ -18,6 +18,7 @@
 // use these definitions instead of the PTX ones (tests/kernel_emu/ includes them).
 #pragma once
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <chrono>
 #include <condition_variable>
@@ -466,6 +467,12 @@ inline void emu_named_arrive(int id, int threads, bool wait) {
 }
 inline void named_barrier_sync(int id, int threads) { emu_named_arrive(id, threads, true); }
 inline void named_barrier_arrive(int id, int threads) { emu_named_arrive(id, threads, false); }
+// The dynamic item counter (wgmma.cuh): blocks run one at a time here, so the first block claims
+// every item past the grid's first ones — the multi-item path, and each item claimed once.
+inline int claim_item(unsigned* counter) { return int(gridDim.x + std::atomic_ref<unsigned>(*counter).fetch_add(1)); }
+inline void release_items(unsigned* counter) {
+  if (std::atomic_ref<unsigned>(counter[1]).fetch_add(1) == gridDim.x - 1) counter[0] = counter[1] = 0;
+}
 // setmaxnreg moves registers within what the block was launched with (threads × the launch-bounds
 // cap: wgmma.cuh): a dec gives the warpgroup's surplus back, an inc waits until enough is free —
 // forever, on the GPU, if the split does not fit; here a deadlock report. One thread per

@@ -59,7 +59,7 @@ struct FwdSm90aTraits {
   // 32 + 3 × 160 = 4 × 128: the launch allocation exactly).
   static constexpr int kProducerRegs = Consumers == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = Consumers == 2 ? 240 : 160;
-  static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages);  // the mbarriers, after the tiles
+  static constexpr int kBarrierBytes = 8 * (3 + 4 * kStages);  // the mbarriers and the item slot, after the tiles
   static constexpr size_t kSmemBytes = size_t(kTileQ + 2 * kStages * kTileKV + kBarrierBytes + sm90::kSwizzleAtomBytes);
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
   static_assert(kBc == 64 || kBc == 128, "S is one m64n64 or m64n128 product per warpgroup");
@@ -104,10 +104,11 @@ template <> struct FwdSm90aConfig<128> { using type = FwdSm90aTraits<128, 2, 128
 
 // Work items: (query tile, head, batch), numbered heaviest first — the head fastest, then the
 // batch, the tile slowest (reversed when causal), the order in which a grid of one item per
-// block starts its blocks. A block takes items blockIdx.x, + gridDim.x, …: one each when the
-// grid has n_items blocks, several (round-robin) when it has one per SM — persistent, so that
-// the next item's Q and first K/V tiles load while the last one's final products, softmax and
-// epilogue run.
+// block would start its blocks. The grid has one block per SM (persistent, so that the next
+// item's Q and first K/V tiles load while the last one's final products, softmax and epilogue
+// run): block x takes item x first, then claims the lowest unclaimed item from a counter each
+// time its producer is ready for another (a dynamic scheduler, so the heaviest-first order holds
+// however unequal the causal items are).
 struct FwdWorkItem {
   int h, b, q0, n_kb;
 };
@@ -126,7 +127,8 @@ __host__ __device__ inline int fwd_work_items(int T, int H, int B) {
 
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
-    flash_fwd_sm90a_kernel(const FlashAttentionParams p, const __grid_constant__ FwdTmaMaps maps) {
+    flash_fwd_sm90a_kernel(const FlashAttentionParams p, const __grid_constant__ FwdTmaMaps maps,
+                           unsigned* item_counter) {
   constexpr int D = Tr::kD, Bc = Tr::kBc, NS = Tr::kStages, C = Tr::kConsumers;
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* sQ = sm90::align_to_swizzle_atom(smem);
@@ -136,13 +138,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int T = int(p.T), H = int(p.H), B = int(p.B);
   const bool causal = p.causal;
   const int tid = threadIdx.x, wg = tid / 128;
-  const int n_items = fwd_work_items<Tr>(T, H, B), stride = int(gridDim.x);
+  const int n_items = fwd_work_items<Tr>(T, H, B);
 
   // The mbarriers, after the tiles: Q's full (q_full), then the K/V stream's, whose empty ones
   // count one arrival per consumer warp, then Q's empty (q_empty, likewise).
   uint64_t* q_full;
   const sm90::KvStream kv = sm90::kv_stream_barriers<NS>(sV + NS * Tr::kTileKV, sK, sV, &q_full, 4 * C, tid == 0);
   uint64_t* q_empty = kv.v_empty + NS;
+  // The item slot (with Q's lifetime: written before Q's load, read after q_full): the item
+  // being run and the one after it (n_items or more: none), so the consumers know an item is the
+  // block's last before they take its last turn.
+  int* s_item = reinterpret_cast<int*>(q_empty + 1);
   if (tid == 0) {
     sm90::mbarrier_init(q_empty, 4 * C);
     sm90::fence_barrier_init();
@@ -151,19 +157,26 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   if (wg == 0) {
     // The producer: per item, Q once the consumers are done with the last one's, then K_j and
-    // V_j into the stream's next stages as they are released.
+    // V_j into the stream's next stages as they are released. The block's first item is
+    // blockIdx.x, the next ones claimed from item_counter, one item ahead.
     sm90::setmaxnreg_dec<Tr::kProducerRegs>();
     if (tid == 0) {
       int seq = 0;  // the stream position of the item's first K/V tile
-      for (int w = int(blockIdx.x), it = 0; w < n_items; w += stride, ++it) {
+      int w = int(blockIdx.x), next = sm90::claim_item(item_counter);
+      for (int it = 0; w < n_items; ++it) {
         const FwdWorkItem item = fwd_work_item<Tr>(w, T, H, B, causal);
         const int col = item.h * D;
         if (it > 0) sm90::mbarrier_wait(q_empty, uint32_t(it - 1) & 1);
-        sm90::mbarrier_arrive_expect_tx(q_full, Tr::kTileQ);
+        s_item[0] = w;
+        s_item[1] = next;
+        sm90::mbarrier_arrive_expect_tx(q_full, Tr::kTileQ);  // release: the slot before the consumers' reads
         sm90::produce_tile<Tr::kPanels>(sQ, Tr::kPanelQ, &maps.q, col, item.q0, item.b, q_full);
         sm90::produce_kv<Tr::kPanels, Bc, NS>(kv, &maps.k, &maps.v, col, item.b, item.n_kb, 0, seq);
         seq += item.n_kb;
+        w = next;
+        if (w < n_items) next = sm90::claim_item(item_counter);
       }
+      sm90::release_items(item_counter);
     }
     return;
   }
@@ -217,10 +230,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   };
   if (c == C - 1) sm90::named_barrier_arrive(1, 256);  // consumer 0 takes the first turn
 
-  for (int w = int(blockIdx.x), it = 0; w < n_items; w += stride, ++it) {
+  for (int it = 0, last_item = 0; !last_item; ++it) {
+    sm90::mbarrier_wait(q_full, uint32_t(it) & 1);  // Q and the item slot
+    const int w = s_item[0];
+    last_item = s_item[1] >= n_items;
     const FwdWorkItem item = fwd_work_item<Tr>(w, T, H, B, causal);
     const int n_kb = item.n_kb;
-    const bool last_item = w + stride >= n_items;
     const int row0 = item.q0 + 64 * c + 16 * warp;  // this warp's first query row
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     auto softmax = [&](float (&s)[Bc / 8][4], int j, float (&alpha)[2], float (&sum)[2]) {
@@ -235,7 +250,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     zero(o);
     float s[Bc / 8][4], alpha[2], sum[2];
     uint32_t pf[Bc / 16][4];
-    sm90::mbarrier_wait(q_full, uint32_t(it) & 1);
 
     // Turn 0: S of tile 0. Turn j: S of tile j and P_{j−1} V_{j−1}. Q is released once the
     // item's last S has landed, so the next item's Q loads under this one's tail.
@@ -296,21 +310,23 @@ namespace {
 // Block shapes: FwdSm90aConfig (above), with the measurements that chose them. The tensor maps are
 // encoded on the host at every call (host time not measured).
 //
-// The grid: one block per SM (persistent, each taking several work items) up to T = 4096, one
-// block per work item beyond. Measured on the H200 (2026-11-30, seventh session,
-// docs/BENCHMARKS.md; `bench attention --backward 0`, two runs each, forward TF/s one-per-item →
-// persistent): short T gains, as a block's start and epilogue now overlap the next item's loads —
-// d 64 causal 1k 226 → 268, 2k 336 → 376, 4k 412 → 430, non-causal 1k 358 → 402; d 128 causal
-// 1k 323 → 345, 2k 417 → 442 —, but from 8k on causal loses, the round-robin split of the
-// heaviest-first items being less even than the hardware's handing out of blocks as SMs free up
-// (d 128 causal 8k 623 → 592, 32k 604 → 545; d 64 32k 492 → 471); non-causal level.
-constexpr int64_t kPersistentMaxT = 4096;
+// The grid: one block per SM, each taking several work items, the next one claimed from a
+// counter (launch.cuh, item_counter). Measured on the H200 (docs/BENCHMARKS.md; `bench
+// attention --backward 0`, forward TF/s, best of two runs each, one block per work item →
+// persistent): the seventh session's static round-robin version gained at short T, a block's
+// start and epilogue now overlapping the next item's loads (d 64 causal 1k 226 → 268, 2k
+// 336 → 376), but from 8k on causal it lost, its split of the heaviest-first items less even than
+// the hardware's handing out of blocks as SMs free up (d 128 causal 8k 623 → 592, 32k 604 → 545),
+// so it ran up to T = 4096 only. Claiming items dynamically (eighth session, 2026-11-30, 24
+// shapes, all four grids in one call) keeps the short-T gains and loses nothing at long T: mean
+// 1.045× one block per item (static round-robin 1.009×, the T ≤ 4096 rule 1.025×); d 64 causal
+// 1k 226 → 273, 8k 491 → 510; d 128 causal 4k 540 → 571, 8k 620 → 636, 32k 604 → 595.
 template <int D>
 void launch_fwd_sm90a(const FlashAttentionParams& p, cudaStream_t stream) {
   using Tr = typename flash::FwdSm90aConfig<D>::type;
   flash::launch_item_kernel<Tr>(flash::flash_fwd_sm90a_kernel<Tr>, Tr::kSmemBytes,
-                                flash::fwd_work_items<Tr>(int(p.T), int(p.H), int(p.B)), p.T <= kPersistentMaxT, p,
-                                stream, flash::fwd_tma_maps<Tr>(p));
+                                flash::fwd_work_items<Tr>(int(p.T), int(p.H), int(p.B)), /*persistent=*/true, p,
+                                stream, flash::fwd_tma_maps<Tr>(p), flash::item_counter(stream));
 }
 
 }  // namespace

@@ -9,6 +9,9 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/flash_attention/flash.h"
@@ -38,6 +41,24 @@ void launch_item_kernel(Kernel kernel, size_t smem_bytes, int n_items, bool pers
   const int blocks = persistent ? std::min(n_items, sm_count()) : n_items;
   kernel<<<blocks, Tr::kThreads, smem_bytes, stream>>>(p, args...);
   TG_CUDA_CHECK(cudaGetLastError());
+}
+
+// A dynamic scheduler's item counter (wgmma.cuh: claim_item, release_items): two words in
+// global memory, zero between launches — the kernel's last block resets them —, one pair per
+// device and stream, so that kernels on different streams never share one. Allocated at first
+// use, kept for the process.
+inline unsigned* item_counter(cudaStream_t stream) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, cudaStream_t>, unsigned*> counters;
+  int dev = 0;
+  TG_CUDA_CHECK(cudaGetDevice(&dev));
+  const std::lock_guard<std::mutex> lock(mutex);
+  unsigned*& c = counters[{dev, stream}];
+  if (!c) {
+    TG_CUDA_CHECK(cudaMalloc(&c, 2 * sizeof(unsigned)));
+    TG_CUDA_CHECK(cudaMemset(c, 0, 2 * sizeof(unsigned)));
+  }
+  return c;
 }
 
 }  // namespace tg::cuda::flash

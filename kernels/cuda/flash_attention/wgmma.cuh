@@ -158,6 +158,17 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// A persistent grid's dynamic item counter (two words in global memory, zero at launch): the
+// calling block's next work item is gridDim.x + the count of items claimed so far
+// (claim_item); a block that has run out calls release_items once, and the last of them
+// zeroes both words, so the next launch on the stream finds them zero again.
+__device__ __forceinline__ int claim_item(unsigned* counter) { return int(gridDim.x + atomicAdd(counter, 1u)); }
+__device__ __forceinline__ void release_items(unsigned* counter) {
+  if (atomicAdd(counter + 1, 1u) == gridDim.x - 1) {  // every block is past its last claim
+    atomicExch(counter, 0u);
+    atomicExch(counter + 1, 0u);
+  }
+}
 // Moves registers between warpgroups (all 128 threads of a warpgroup execute it): the producer
 // gives most of its registers back, the consumers take them. The block keeps the registers it was
 // launched with — threads × the count ptxas gives a setmaxnreg kernel, the __launch_bounds__ cap
