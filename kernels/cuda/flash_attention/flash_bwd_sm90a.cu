@@ -356,12 +356,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int n_qb = (T + Br - 1) / Br;
 
   // The mbarriers, after the statistics: K/V's (own_full), then the Q/dO stream's; Q's full
-  // barriers also count the 32 lanes of the warp that stages lse and delta.
+  // barriers also count the 32 lanes of the warp that stages lse and delta, and Q's empty ones
+  // every consumer thread (each releases its own plain loads of the statistics: one arrival per
+  // warp after __syncwarp orders them as well, but compute-sanitizer's racecheck follows the
+  // ordering only from the threads that arrive, and reported the stage's reuse as a race).
   // FormDq's after them: ds_full[2], ds_empty[2] (every consumer warp arrives), dq_full (likewise),
   // dq_empty (the reducing thread).
   uint64_t* own_full;
   const sm90::KvStream qdo = sm90::kv_stream_barriers<NS>(reinterpret_cast<unsigned char*>(sDelta + NS * Br), sQ, sdO,
-                                                          &own_full, 4 * C, tid == 0, 32);
+                                                          &own_full, 4 * C, tid == 0, 32, 128 * C);
   uint64_t* ds_full = qdo.v_empty + NS;
   uint64_t* ds_empty = ds_full + 2;
   uint64_t* dq_full = ds_empty + 2;
@@ -477,11 +480,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     acc_to_a<Br>(dsf, dp);
   };
   auto release = [&](int j) {  // this warp is done with tile j's Q_i, dO_i and their statistics
+    sm90::mbarrier_arrive(&qdo.k_empty[stage(j)]);  // every thread: its statistics loads
     __syncwarp();
-    if (lane == 0) {
-      sm90::mbarrier_arrive(&qdo.k_empty[stage(j)]);
-      sm90::mbarrier_arrive(&qdo.v_empty[stage(j)]);
-    }
+    if (lane == 0) sm90::mbarrier_arrive(&qdo.v_empty[stage(j)]);
   };
 
   if constexpr (!Tr::kFormDq) {

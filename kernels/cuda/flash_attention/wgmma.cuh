@@ -309,11 +309,13 @@ struct KvStream {
 // for the block's own tiles, then per stage K full, K empty, V full, V empty (8·(1 + 4·NS) bytes).
 // With init (one thread), initialises them: full ones for one arrival (the producer's, with the
 // bytes; K's also for k_full_extra more, from producer threads that stage something beside the
-// tile), empty ones for consumer_warps; a block barrier must follow before anyone uses them.
+// tile), empty ones for consumer_warps (K's for k_empty_count instead where that is not 0: where
+// consumer threads release what they read with plain loads each, see flash_bwd_sm90a.cu); a
+// block barrier must follow before anyone uses them.
 template <int NS>
 __device__ __forceinline__ KvStream kv_stream_barriers(unsigned char* at, unsigned char* sK, unsigned char* sV,
                                                        uint64_t** own_full, int consumer_warps, bool init,
-                                                       int k_full_extra = 0) {
+                                                       int k_full_extra = 0, int k_empty_count = 0) {
   uint64_t* bars = reinterpret_cast<uint64_t*>(at);
   *own_full = bars;
   const KvStream kv{sK, sV, bars + 1, bars + 1 + NS, bars + 1 + 2 * NS, bars + 1 + 3 * NS};
@@ -322,7 +324,7 @@ __device__ __forceinline__ KvStream kv_stream_barriers(unsigned char* at, unsign
     for (int st = 0; st < NS; ++st) {
       mbarrier_init(&kv.k_full[st], 1 + k_full_extra);
       mbarrier_init(&kv.v_full[st], 1);
-      mbarrier_init(&kv.k_empty[st], consumer_warps);
+      mbarrier_init(&kv.k_empty[st], k_empty_count ? k_empty_count : consumer_warps);
       mbarrier_init(&kv.v_empty[st], consumer_warps);
     }
     fence_barrier_init();
