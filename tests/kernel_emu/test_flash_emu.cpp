@@ -190,6 +190,14 @@ void forward_sm90a(const FlashAttentionParams& p_in) {
   EXPECT_EQ(counter[0] + counter[1], 0u) << "the item counter was not reset";
 }
 
+// The persistent kernels' 1-D grid over work items of tile_rows rows: one item per block, as the
+// launchers' default; from T = 256 on, 3 blocks taking several items each (the persistent
+// grid's way), so the streams, the own tiles' hand-over and the turns run on across items.
+EmuDim3 item_grid(const FlashAttentionParams& p, int tile_rows) {
+  const int n_items = int(p.H * p.B * ((p.T + tile_rows - 1) / tile_rows));
+  return {unsigned(p.T >= 256 ? std::min(n_items, 3) : n_items), 1, 1};
+}
+
 template <int D>
 void backward_sm90a(const FlashAttentionParams& p_in) {
   const FlashAttentionParams p = flash::with_resolved_row_strides(p_in);
@@ -202,7 +210,7 @@ void backward_sm90a(const FlashAttentionParams& p_in) {
       const int accum_rows = int(Ws::accum_rows(p.T));
       std::memset(ws.dq_accum, 0, Ws::accum_bytes(p.B, p.T, p.H));
       const flash::BwdTmaMaps maps = flash::bwd_tma_maps<Atomic>(p);
-      emu_launch(tile_grid(p, Atomic::kBc), Atomic::kThreads, Atomic::kSmemBytes, [&] {
+      emu_launch(item_grid(p, Atomic::kBc), Atomic::kThreads, Atomic::kSmemBytes, [&] {
         flash::flash_bwd_dkdv_sm90a_ws_kernel<Atomic>(p, ws.delta, ws.dq_accum, accum_rows, maps);
       });
       dq_convert_pass<D>(p, ws);
@@ -211,11 +219,11 @@ void backward_sm90a(const FlashAttentionParams& p_in) {
   }
   using DkdvWs = typename flash::DkdvWsSm90aConfig<D>::type;
   const flash::BwdTmaMaps dkdv_maps = flash::bwd_tma_maps<DkdvWs>(p);
-  emu_launch(tile_grid(p, DkdvWs::kBc), DkdvWs::kThreads, DkdvWs::kSmemBytes,
+  emu_launch(item_grid(p, DkdvWs::kBc), DkdvWs::kThreads, DkdvWs::kSmemBytes,
              [&] { flash::flash_bwd_dkdv_sm90a_ws_kernel<DkdvWs>(p, ws.delta, nullptr, 0, dkdv_maps); });
   using Dq = typename flash::DqSm90aConfig<D>::type;
   const flash::BwdTmaMaps maps = flash::bwd_tma_maps<Dq>(p);
-  emu_launch(tile_grid(p, Dq::kBr), Dq::kThreads, Dq::kSmemBytes,
+  emu_launch(item_grid(p, Dq::kBr), Dq::kThreads, Dq::kSmemBytes,
              [&] { flash::flash_bwd_dq_sm90a_kernel<Dq>(p, ws.delta, maps); });
 }
 

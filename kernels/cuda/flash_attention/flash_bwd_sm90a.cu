@@ -86,7 +86,7 @@ struct DqSm90aTraits {
   static constexpr int kTileQ = kPanels * kPanelQ, kTileKV = kPanels * kPanelKV;  // bytes
   static constexpr int kProducerRegs = Consumers == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = Consumers == 2 ? 240 : 160;
-  static constexpr int kBarrierBytes = 8 * (1 + 4 * kStages);
+  static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages);
   // Q and dO, K and V in kStages stages each, the barriers, swizzle-atom slack.
   static constexpr size_t kSmemBytes =
       size_t(2 * kTileQ + 2 * kStages * kTileKV + kBarrierBytes + sm90::kSwizzleAtomBytes);
@@ -140,29 +140,42 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   unsigned char* sK = sdO + Tr::kTileQ;  // (stage) tiles of Tr::kTileKV bytes
   unsigned char* sV = sK + NS * Tr::kTileKV;
 
-  const int T = int(p.T), H = int(p.H);
+  const int T = int(p.T), H = int(p.H), B = int(p.B);
   const bool causal = p.causal;
   const int tid = threadIdx.x, wg = tid / 128;
-  const int qb = causal ? int(gridDim.z) - 1 - int(blockIdx.z) : int(blockIdx.z);  // heaviest first
-  const int h = blockIdx.x, b = blockIdx.y;
-  const int q0 = qb * Br;
-  const int q_last = min(q0 + Br, T) - 1;
-  const int n_kb = causal ? q_last / Bc + 1 : (T + Bc - 1) / Bc;
+  // Work items (query tile, head, batch), heaviest first (sm90::item_tile); this block's are
+  // blockIdx.x, + gridDim.x, … (launch_item_kernel).
+  const int n_qb = (T + Br - 1) / Br, n_items = H * B * n_qb, stride = int(gridDim.x);
+  auto keys_of = [=](int q0) {  // key tiles a query tile sees
+    const int q_last = min(q0 + Br, T) - 1;
+    return causal ? q_last / Bc + 1 : (T + Bc - 1) / Bc;
+  };
 
-  // The mbarriers, after the tiles: the block's own tiles' (q_full), then the K/V stream's, whose
-  // empty ones count one arrival per consumer warp.
+  // The mbarriers, after the tiles: the own tiles' (q_full), then the K/V stream's, whose empty
+  // ones count one arrival per consumer warp, then the own tiles' empty one (likewise).
   uint64_t* q_full;
   const sm90::KvStream kv = sm90::kv_stream_barriers<NS>(sV + NS * Tr::kTileKV, sK, sV, &q_full, 4 * C, tid == 0);
+  uint64_t* q_empty = kv.v_empty + NS;
+  if (tid == 0) {
+    sm90::mbarrier_init(q_empty, 4 * C);
+    sm90::fence_barrier_init();
+  }
   __syncthreads();
 
   if (wg == 0) {
     sm90::setmaxnreg_dec<Tr::kProducerRegs>();
     if (tid == 0) {
-      const int col = h * D;
-      sm90::mbarrier_arrive_expect_tx(q_full, 2 * Tr::kTileQ);
-      sm90::produce_tile<Tr::kPanels>(sQ, Tr::kPanelQ, &maps.q, col, q0, b, q_full);
-      sm90::produce_tile<Tr::kPanels>(sdO, Tr::kPanelQ, &maps.dout, col, q0, b, q_full);
-      sm90::produce_kv<Tr::kPanels, Bc, NS>(kv, &maps.k, &maps.v, col, b, n_kb);
+      int seq = 0;  // the K/V stream's position at the item's first tile
+      for (int w = int(blockIdx.x), it = 0; w < n_items; w += stride, ++it) {
+        const sm90::ItemTile item = sm90::item_tile(w, H, B, n_qb, Br, causal);
+        const int col = item.h * D, n_kb = keys_of(item.row0);
+        if (it > 0) sm90::mbarrier_wait(q_empty, uint32_t(it - 1) & 1);
+        sm90::mbarrier_arrive_expect_tx(q_full, 2 * Tr::kTileQ);
+        sm90::produce_tile<Tr::kPanels>(sQ, Tr::kPanelQ, &maps.q, col, item.row0, item.b, q_full);
+        sm90::produce_tile<Tr::kPanels>(sdO, Tr::kPanelQ, &maps.dout, col, item.row0, item.b, q_full);
+        sm90::produce_kv<Tr::kPanels, Bc, NS>(kv, &maps.k, &maps.v, col, item.b, n_kb, 0, seq);
+        seq += n_kb;
+      }
     }
     return;
   }
@@ -170,16 +183,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   sm90::setmaxnreg_inc<Tr::kConsumerRegs>();
   const int c = wg - 1, warp = (tid % 128) / 32, lane = tid & 31;
   const float scale_log2 = p.scale * kLog2e;
-  const int row0 = q0 + 64 * c + 16 * warp;  // this warp's first query row
-  // This lane's rows g and g+8: lse (log2 units) and delta, 0 past T (those rows are never stored).
-  float lse2[2], dlt[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int row = row0 + (lane >> 2) + 8 * i;
-    const int64_t at = (int64_t(b) * H + h) * T + row;
-    lse2[i] = row < T ? p.lse[at] * kLog2e : 0.0f;
-    dlt[i] = row < T ? delta[at] : 0.0f;
-  }
   const unsigned char* sQw = sQ + 64 * c * sm90::kSwizzleRowBytes;  // the warpgroup's rows, in each panel
   const unsigned char* sdOw = sdO + 64 * c * sm90::kSwizzleRowBytes;
   const int my_turn = 1 + c, next_turn = 1 + (c + 1) % C;  // as in the forward
@@ -187,62 +190,86 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     __syncwarp();
     if (lane == 0) sm90::mbarrier_arrive(bar);
   };
+  int seq = 0;  // as the producer's
   // S = Q K_jᵀ and dP = dO V_jᵀ, (64 queries, Bc keys) per warpgroup, one commit group.
   auto issue_s_dp = [&](float (&s)[Bc / 8][4], float (&dp)[Bc / 8][4], int j) {
-    sm90::mbarrier_wait(&kv.k_full[j % NS], uint32_t(j / NS) & 1);
-    sm90::mbarrier_wait(&kv.v_full[j % NS], uint32_t(j / NS) & 1);
+    const int st = (seq + j) % NS;
+    const uint32_t phase = uint32_t((seq + j) / NS) & 1;
+    sm90::mbarrier_wait(&kv.k_full[st], phase);
+    sm90::mbarrier_wait(&kv.v_full[st], phase);
     sm90::wgmma_fence();
-    wgmma_abt_ss<D, Bc>(s, sQw, Tr::kPanelQ, sK + (j % NS) * Tr::kTileKV, Tr::kPanelKV);
-    wgmma_abt_ss<D, Bc>(dp, sdOw, Tr::kPanelQ, sV + (j % NS) * Tr::kTileKV, Tr::kPanelKV);
+    wgmma_abt_ss<D, Bc>(s, sQw, Tr::kPanelQ, sK + st * Tr::kTileKV, Tr::kPanelKV);
+    wgmma_abt_ss<D, Bc>(dp, sdOw, Tr::kPanelQ, sV + st * Tr::kTileKV, Tr::kPanelKV);
     sm90::wgmma_commit();
   };
   auto issue_dq = [&](float (&dq)[D / 8][4], const uint32_t (&dsf)[Bc / 16][4], int j) {  // dQ += dS K_j
     sm90::wgmma_fence();
-    wgmma_ab_rs<D, Bc>(dq, dsf, sK + (j % NS) * Tr::kTileKV, Tr::kPanelKV);
+    wgmma_ab_rs<D, Bc>(dq, dsf, sK + ((seq + j) % NS) * Tr::kTileKV, Tr::kPanelKV);
     sm90::wgmma_commit();
   };
-  // P = exp2(S·scale₂ − lse₂), masked to 0; dS = P ∘ (dP − delta) (unscaled) into dp, in fp32.
-  auto grad = [&](float (&s)[Bc / 8][4], float (&dp)[Bc / 8][4], int j) {
-    const int k0 = j * Bc;
-    exp2_scaled_minus_row<Bc>(s, scale_log2, lse2);
-    if (k0 + Bc > T || (causal && k0 + Bc - 1 > row0))  // uniform per warp
-      mask_tile<Bc>(s, row0, k0, lane, [=](int q, int k) { return k >= T || (causal && k > q); }, 0.0f);
-    softmax_grad_row<Bc>(dp, s, dlt);
-  };
-
-  float dq[D / 8][4];  // (16, D) per warp: the warpgroup's (64, D) accumulator
-  zero(dq);
-  float s[Bc / 8][4], dp[Bc / 8][4];
-  uint32_t dsf[Bc / 16][4];
   if (c == C - 1) sm90::named_barrier_arrive(1, 256);  // consumer 0 takes the first turn
-  sm90::mbarrier_wait(q_full, 0);
 
-  // Turn 0: S, dP of tile 0. Turn j: S, dP of tile j and dQ += dS_{j−1} K_{j−1}.
-  sm90::named_barrier_sync(my_turn, 256);
-  issue_s_dp(s, dp, 0);
-  if (c != C - 1 || n_kb > 1) sm90::named_barrier_arrive(next_turn, 256);
-  sm90::wgmma_wait<0>();
-  release(&kv.v_empty[0]);  // V_0 is done with; K_0 waits for its dQ product
-  grad(s, dp, 0);
-  acc_to_a<Bc>(dsf, dp);
-  for (int j = 1; j < n_kb; ++j) {
+  for (int w = int(blockIdx.x), it = 0; w < n_items; w += stride, ++it) {
+    const sm90::ItemTile item = sm90::item_tile(w, H, B, n_qb, Br, causal);
+    const int n_kb = keys_of(item.row0);
+    const bool last_item = w + stride >= n_items;  // the ring's very last turn hands on to no one
+    const int row0 = item.row0 + 64 * c + 16 * warp;  // this warp's first query row
+    // This lane's rows g and g+8: lse (log2 units) and delta, 0 past T (those rows are never stored).
+    float lse2[2], dlt[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = row0 + (lane >> 2) + 8 * i;
+      const int64_t at = (int64_t(item.b) * H + item.h) * T + row;
+      lse2[i] = row < T ? p.lse[at] * kLog2e : 0.0f;
+      dlt[i] = row < T ? delta[at] : 0.0f;
+    }
+    // P = exp2(S·scale₂ − lse₂), masked to 0; dS = P ∘ (dP − delta) (unscaled) into dp, in fp32.
+    auto grad = [&](float (&s)[Bc / 8][4], float (&dp)[Bc / 8][4], int j) {
+      const int k0 = j * Bc;
+      exp2_scaled_minus_row<Bc>(s, scale_log2, lse2);
+      if (k0 + Bc > T || (causal && k0 + Bc - 1 > row0))  // uniform per warp
+        mask_tile<Bc>(s, row0, k0, lane, [=](int q, int k) { return k >= T || (causal && k > q); }, 0.0f);
+      softmax_grad_row<Bc>(dp, s, dlt);
+    };
+
+    float dq[D / 8][4];  // (16, D) per warp: the warpgroup's (64, D) accumulator
+    zero(dq);
+    float s[Bc / 8][4], dp[Bc / 8][4];
+    uint32_t dsf[Bc / 16][4];
+    sm90::mbarrier_wait(q_full, uint32_t(it) & 1);
+
+    // Turn 0: S, dP of tile 0. Turn j: S, dP of tile j and dQ += dS_{j−1} K_{j−1}. Q and dO are
+    // released once the item's last S, dP have landed: the next item's load under this one's tail.
     sm90::named_barrier_sync(my_turn, 256);
-    issue_s_dp(s, dp, j);
-    issue_dq(dq, dsf, j - 1);
-    if (c != C - 1 || j + 1 < n_kb) sm90::named_barrier_arrive(next_turn, 256);
-    sm90::wgmma_wait<1>();  // S, dP of tile j have landed; dS_{j−1} K_{j−1} may still run
-    release(&kv.v_empty[j % NS]);
-    grad(s, dp, j);
-    sm90::wgmma_wait<0>();  // dS_{j−1} K_{j−1} has read dsf: it may be rewritten, K_{j−1} released
-    release(&kv.k_empty[(j - 1) % NS]);
+    issue_s_dp(s, dp, 0);
+    if (c != C - 1 || n_kb > 1 || !last_item) sm90::named_barrier_arrive(next_turn, 256);
+    sm90::wgmma_wait<0>();
+    release(&kv.v_empty[seq % NS]);  // V_0 is done with; K_0 waits for its dQ product
+    if (n_kb == 1) release(q_empty);
+    grad(s, dp, 0);
     acc_to_a<Bc>(dsf, dp);
-  }
-  issue_dq(dq, dsf, n_kb - 1);
-  sm90::wgmma_wait<0>();
+    for (int j = 1; j < n_kb; ++j) {
+      sm90::named_barrier_sync(my_turn, 256);
+      issue_s_dp(s, dp, j);
+      issue_dq(dq, dsf, j - 1);
+      if (c != C - 1 || j + 1 < n_kb || !last_item) sm90::named_barrier_arrive(next_turn, 256);
+      sm90::wgmma_wait<1>();  // S, dP of tile j have landed; dS_{j−1} K_{j−1} may still run
+      release(&kv.v_empty[(seq + j) % NS]);
+      if (j + 1 == n_kb) release(q_empty);
+      grad(s, dp, j);
+      sm90::wgmma_wait<0>();  // dS_{j−1} K_{j−1} has read dsf: it may be rewritten, K_{j−1} released
+      release(&kv.k_empty[(seq + j - 1) % NS]);
+      acc_to_a<Bc>(dsf, dp);
+    }
+    issue_dq(dq, dsf, n_kb - 1);
+    sm90::wgmma_wait<0>();
+    release(&kv.k_empty[(seq + n_kb - 1) % NS]);
+    seq += n_kb;
 
-  tg::bf16* dQ = p.dq + int64_t(b) * T * p.dq_row_stride + h * D;
-  const float fq[2] = {p.scale, p.scale};
-  store_rows<D>(dQ, int(p.dq_row_stride), dq, fq, row0, T, lane);
+    tg::bf16* dQ = p.dq + int64_t(item.b) * T * p.dq_row_stride + item.h * D;
+    const float fq[2] = {p.scale, p.scale};
+    store_rows<D>(dQ, int(p.dq_row_stride), dq, fq, row0, T, lane);
+  }
 }
 
 // ── dK/dV, warp-specialised ──
@@ -286,7 +313,7 @@ struct DkdvWsSm90aTraits {
   static constexpr int kTileDs = kBc * sm90::kSwizzleRowBytes;
   static constexpr int kTileDq = kBr * kD * int(sizeof(float));
   static constexpr int kDqBytes = FormDq ? 2 * kTileDs + kTileDq : 0;
-  static constexpr int kBarrierBytes = 8 * (1 + 4 * kStages + (FormDq ? 6 : 0));
+  static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages + (FormDq ? 6 : 0));
   static constexpr size_t kSmemBytes = size_t(2 * kTileOwn + 2 * kStages * kTileStream + kDqBytes + kStatsBytes +
                                               kBarrierBytes + sm90::kSwizzleAtomBytes);
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
@@ -346,26 +373,30 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   float* sL = reinterpret_cast<float*>(sdO + NS * Tr::kTileStream + Tr::kDqBytes);  // (stage, Br) lse
   float* sDelta = sL + NS * Br;                                                      // (stage, Br) delta
 
-  const int T = int(p.T), H = int(p.H);
+  const int T = int(p.T), H = int(p.H), B = int(p.B);
   const bool causal = p.causal;
   const int tid = threadIdx.x, wg = tid / 128;
-  const int h = blockIdx.x, b = blockIdx.y;
-  const int k0 = int(blockIdx.z) * Bc;  // causal: low key blocks see the most queries and start first
-  // Causal: query tiles ending before k0 only see keys in their future, never visited.
-  const int i_begin = causal ? k0 / Br : 0;
+  // Work items (key block, head, batch), the low key blocks first (causal: they see the most
+  // queries); this block's are blockIdx.x, + gridDim.x, … (launch_item_kernel).
+  const int n_kb = (T + Bc - 1) / Bc, n_items = H * B * n_kb, stride = int(gridDim.x);
   const int n_qb = (T + Br - 1) / Br;
+  // Causal: query tiles ending before the key block's first key only see keys in their future,
+  // never visited.
+  auto first_tile = [=](int k0) { return causal ? k0 / Br : 0; };
 
   // The mbarriers, after the statistics: K/V's (own_full), then the Q/dO stream's; Q's full
   // barriers also count the 32 lanes of the warp that stages lse and delta, and Q's empty ones
   // every consumer thread (each releases its own plain loads of the statistics: one arrival per
   // warp after __syncwarp orders them as well, but compute-sanitizer's racecheck follows the
   // ordering only from the threads that arrive, and reported the stage's reuse as a race).
-  // FormDq's after them: ds_full[2], ds_empty[2] (every consumer warp arrives), dq_full (likewise),
-  // dq_empty (the reducing thread).
+  // Then K/V's empty one (every consumer warp arrives), then FormDq's: ds_full[2], ds_empty[2]
+  // (likewise), dq_full (likewise), dq_empty (the reducing thread).
   uint64_t* own_full;
   const sm90::KvStream qdo = sm90::kv_stream_barriers<NS>(reinterpret_cast<unsigned char*>(sDelta + NS * Br), sQ, sdO,
                                                           &own_full, 4 * C, tid == 0, 32, 128 * C);
-  uint64_t* ds_full = qdo.v_empty + NS;
+  uint64_t* own_empty = qdo.v_empty + NS;
+  if (tid == 0) sm90::mbarrier_init(own_empty, 4 * C);
+  uint64_t* ds_full = own_empty + 1;
   uint64_t* ds_empty = ds_full + 2;
   uint64_t* dq_full = ds_empty + 2;
   uint64_t* dq_empty = dq_full + 1;
@@ -379,47 +410,62 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       sm90::mbarrier_init(dq_empty, 1);
       sm90::fence_barrier_init();
     }
+  } else {
+    if (tid == 0) sm90::fence_barrier_init();
   }
   __syncthreads();
 
+  // seq: the Q/dO stream's position at an item's first tile, counted alike by every role (the
+  // stages, and FormDq's dSᵀ buffers and staging tile, go by it). Each producer role walks the
+  // items on its own (24 registers: one loop's state each).
   if (wg == 0) {
     sm90::setmaxnreg_dec<Tr::kProducerRegs>();
     const int warp = tid / 32, lane = tid & 31;
-    if (tid == 0) {
-      const int col = h * D;
-      sm90::mbarrier_arrive_expect_tx(own_full, 2 * Tr::kTileOwn);
-      sm90::produce_tile<Tr::kPanels>(sK, Tr::kPanelOwn, &maps.k, col, k0, b, own_full);
-      sm90::produce_tile<Tr::kPanels>(sV, Tr::kPanelOwn, &maps.v, col, k0, b, own_full);
-      sm90::produce_kv<Tr::kPanels, Br, NS>(qdo, &maps.q, &maps.dout, col, b, n_qb - i_begin, i_begin);
+    if (tid == 0) {  // per item, K_j, V_j once the last item's are done with, then its Q/dO tiles
+      for (int w = int(blockIdx.x), it = 0, seq = 0; w < n_items; w += stride, ++it) {
+        const sm90::ItemTile item = sm90::item_tile(w, H, B, n_kb, Bc, false);
+        const int i_begin = first_tile(item.row0), col = item.h * D;
+        if (it > 0) sm90::mbarrier_wait(own_empty, uint32_t(it - 1) & 1);
+        sm90::mbarrier_arrive_expect_tx(own_full, 2 * Tr::kTileOwn);
+        sm90::produce_tile<Tr::kPanels>(sK, Tr::kPanelOwn, &maps.k, col, item.row0, item.b, own_full);
+        sm90::produce_tile<Tr::kPanels>(sV, Tr::kPanelOwn, &maps.v, col, item.row0, item.b, own_full);
+        sm90::produce_kv<Tr::kPanels, Br, NS>(qdo, &maps.q, &maps.dout, col, item.b, n_qb - i_begin, i_begin, seq);
+        seq += n_qb - i_begin;
+      }
     } else if (warp == 1) {
-      // lse and delta of tile i into its stage, 2 of the 64 rows per lane (0 past T: those
-      // queries are masked).
-      const float* lse = p.lse + (int64_t(b) * H + h) * T;
-      const float* dlt = delta + (int64_t(b) * H + h) * T;
-      for (int i = i_begin; i < n_qb; ++i) {
-        const int j = i - i_begin, st = j % NS;
-        const uint32_t use = uint32_t(j / NS);
-        if (use > 0) sm90::mbarrier_wait(&qdo.k_empty[st], (use - 1) & 1);
+      // lse and delta of each query tile into its stage, 2 of the 64 rows per lane (0 past T:
+      // those queries are masked).
+      for (int w = int(blockIdx.x), seq = 0; w < n_items; w += stride) {
+        const sm90::ItemTile item = sm90::item_tile(w, H, B, n_kb, Bc, false);
+        const float* lse = p.lse + (int64_t(item.b) * H + item.h) * T;
+        const float* dlt = delta + (int64_t(item.b) * H + item.h) * T;
+        for (int i = first_tile(item.row0); i < n_qb; ++i, ++seq) {
+          const int st = seq % NS;
+          const uint32_t use = uint32_t(seq / NS);
+          if (use > 0) sm90::mbarrier_wait(&qdo.k_empty[st], (use - 1) & 1);
 #pragma unroll
-        for (int r = lane; r < Br; r += 32) {
-          const int row = i * Br + r;
-          sL[st * Br + r] = row < T ? lse[row] : 0.0f;
-          sDelta[st * Br + r] = row < T ? dlt[row] : 0.0f;
+          for (int r = lane; r < Br; r += 32) {
+            const int row = i * Br + r;
+            sL[st * Br + r] = row < T ? lse[row] : 0.0f;
+            sDelta[st * Br + r] = row < T ? dlt[row] : 0.0f;
+          }
+          sm90::mbarrier_arrive(&qdo.k_full[st]);  // release: the stores above before the consumers' reads
         }
-        sm90::mbarrier_arrive(&qdo.k_full[st]);  // release: the stores above before the consumers' reads
       }
     } else if (Tr::kFormDq && tid == 64) {
-      // The dQ reductions: each tile's staged (Br, D) fp32 rows added into this head's dq_accum
+      // The dQ reductions: each tile's staged (Br, D) fp32 rows added into its head's dq_accum
       // rows (accum_rows per head, a multiple of Br ≥ T, zeroed by the launcher) in one bulk
       // reduction; the staging is free again once the copy engine has read it.
-      float* dq_head = dq_accum + (int64_t(b) * H + h) * accum_rows * D;
-      for (int i = i_begin; i < n_qb; ++i) {
-        const int j = i - i_begin;
-        sm90::mbarrier_wait(dq_full, uint32_t(j) & 1);
-        sm90::bulk_reduce_add_f32(dq_head + int64_t(i) * Br * D, sDq, Tr::kTileDq);
-        sm90::bulk_commit();
-        sm90::bulk_wait_read<0>();
-        sm90::mbarrier_arrive(dq_empty);
+      for (int w = int(blockIdx.x), seq = 0; w < n_items; w += stride) {
+        const sm90::ItemTile item = sm90::item_tile(w, H, B, n_kb, Bc, false);
+        float* dq_head = dq_accum + (int64_t(item.b) * H + item.h) * accum_rows * D;
+        for (int i = first_tile(item.row0); i < n_qb; ++i, ++seq) {
+          sm90::mbarrier_wait(dq_full, uint32_t(seq) & 1);
+          sm90::bulk_reduce_add_f32(dq_head + int64_t(i) * Br * D, sDq, Tr::kTileDq);
+          sm90::bulk_commit();
+          sm90::bulk_wait_read<0>();
+          sm90::mbarrier_arrive(dq_empty);
+        }
       }
       sm90::bulk_wait<0>();  // every reduction done before the block exits
     }
@@ -428,35 +474,40 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   sm90::setmaxnreg_inc<Tr::kConsumerRegs>();
   const int c = wg - 1, warp = (tid % 128) / 32, lane = tid & 31;
-  const float scale_log2 = p.scale * kLog2e;
-  const int key0 = k0 + 64 * c + 16 * warp;  // this warp's first key
-  const unsigned char* sKw = sK + 64 * c * sm90::kSwizzleRowBytes;  // the warpgroup's rows, in each panel
-  const unsigned char* sVw = sV + 64 * c * sm90::kSwizzleRowBytes;
+  // (The scale, the warpgroup's rows of K and V and the item's parity are recomputed where used:
+  // at d 128 the pipelined loop has no registers to spare for them.)
   const int my_turn = 1 + c, next_turn = 1 + (c + 1) % C;
+  if (Tr::kPingPong && c == C - 1) sm90::named_barrier_arrive(1, 256);  // consumer 0 takes the first turn
+  int seq = 0;  // as the producer's
+
+  for (int w = int(blockIdx.x); w < n_items; w += stride) {
+  const sm90::ItemTile item = sm90::item_tile(w, H, B, n_kb, Bc, false);
+  const int i_begin = first_tile(item.row0), n_tiles = n_qb - i_begin;  // ≥ 1
+  const bool last_item = w + stride >= n_items;  // the ring's very last turn hands on to no one
+  const int key0 = item.row0 + 64 * c + 16 * warp;  // this warp's first key
   float dk[D / 8][4], dv[D / 8][4];  // (16, D) per warp: the warpgroup's (64, D) accumulators
   zero(dk);
   zero(dv);
-  if (Tr::kPingPong && c == C - 1) sm90::named_barrier_arrive(1, 256);  // consumer 0 takes the first turn
-  sm90::mbarrier_wait(own_full, 0);
+  sm90::mbarrier_wait(own_full, uint32_t((w - int(blockIdx.x)) / stride) & 1);
 
-  const int n_tiles = n_qb - i_begin;  // ≥ 1
   float s[Br / 8][4], dp[Br / 8][4];
   uint32_t pf[Br / 16][4], dsf[Br / 16][4];
-  auto stage = [&](int j) { return j % NS; };
+  auto stage = [&](int j) { return (seq + j) % NS; };
   auto turn_begin = [&] {
     if constexpr (Tr::kPingPong) sm90::named_barrier_sync(my_turn, 256);
   };
   auto turn_end = [&](int j) {
     if constexpr (Tr::kPingPong)
-      if (c != C - 1 || j + 1 < n_tiles) sm90::named_barrier_arrive(next_turn, 256);
+      if (c != C - 1 || j + 1 < n_tiles || !last_item) sm90::named_barrier_arrive(next_turn, 256);
   };
   auto issue_s_dp = [&](int j) {  // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ of tile j, one commit group
     const int st = stage(j);
-    sm90::mbarrier_wait(&qdo.k_full[st], uint32_t(j / NS) & 1);
-    sm90::mbarrier_wait(&qdo.v_full[st], uint32_t(j / NS) & 1);
+    sm90::mbarrier_wait(&qdo.k_full[st], uint32_t((seq + j) / NS) & 1);
+    sm90::mbarrier_wait(&qdo.v_full[st], uint32_t((seq + j) / NS) & 1);
     sm90::wgmma_fence();
-    wgmma_abt_ss<D>(s, sKw, Tr::kPanelOwn, sQ + st * Tr::kTileStream, Tr::kPanelStream);
-    wgmma_abt_ss<D>(dp, sVw, Tr::kPanelOwn, sdO + st * Tr::kTileStream, Tr::kPanelStream);
+    const int own_row = 64 * c * sm90::kSwizzleRowBytes;  // the warpgroup's rows, in each panel
+    wgmma_abt_ss<D>(s, sK + own_row, Tr::kPanelOwn, sQ + st * Tr::kTileStream, Tr::kPanelStream);
+    wgmma_abt_ss<D>(dp, sV + own_row, Tr::kPanelOwn, sdO + st * Tr::kTileStream, Tr::kPanelStream);
     sm90::wgmma_commit();
   };
   auto issue_dk = [&](int j) {  // dK += dSᵀ_j Q_j
@@ -467,7 +518,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // Pᵀ = exp(S·scale − lse) into pf, then dV += Pᵀ dO issued.
   auto p_and_dv = [&](int j) {
     const int st = stage(j), q0 = (i_begin + j) * Br;
-    exp2_scaled_minus_col<Br>(s, scale_log2, sL + st * Br, lane);
+    exp2_scaled_minus_col<Br>(s, p.scale * kLog2e, sL + st * Br, lane);
     if (q0 + Br > T || (causal && key0 + kRowsPerWarp - 1 > q0))  // uniform per warp; masked entries exactly 0
       mask_tile<Br>(s, key0, q0, lane, [=](int k, int q) { return q >= T || (causal && k > q); }, 0.0f);
     acc_to_a<Br>(pf, s);
@@ -520,8 +571,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       sm90::wgmma_wait<0>();
       p_and_dv(j);
       ds(j);
-      const int buf = j & 1;  // this warp's 16 dSᵀ rows into buffer buf, once tile j − 2's dQ has read it
-      if (j >= 2) sm90::mbarrier_wait(&ds_empty[buf], uint32_t(j / 2 - 1) & 1);
+      const int g = seq + j;  // the block's tile count: FormDq's buffers and staging go by it
+      const int buf = g & 1;  // this warp's 16 dSᵀ rows into buffer buf, once tile g − 2's dQ has read it
+      if (g >= 2) sm90::mbarrier_wait(&ds_empty[buf], uint32_t(g / 2 - 1) & 1);
       sm90::store_a_frags_swizzled(sdSt + buf * Tr::kTileDs + 64 * c * sm90::kSwizzleRowBytes, dsf, 16 * warp, lane);
       sm90::fence_async_shared();  // st.shared, read by the other warps' wgmma
       issue_dk(j);
@@ -533,7 +585,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       // dQ_i (Br queries, columns [64c, 64c + 64)) = dS K_j over the block's Bc keys: A = dS read
       // transposed from the dSᵀ tile, B = K_j MN-major (its panel c); a k-step of 16 keys is 16
       // rows of both tiles, 2048 bytes.
-      sm90::mbarrier_wait(&ds_full[buf], uint32_t(j / 2) & 1);
+      sm90::mbarrier_wait(&ds_full[buf], uint32_t(g / 2) & 1);
       const uint64_t desc_ds = sm90::opaque_u64(sm90::mn_major_descriptor(sdSt + buf * Tr::kTileDs, Tr::kTileDs));
       const uint64_t desc_k = sm90::opaque_u64(sm90::mn_major_descriptor(sK + c * Tr::kPanelOwn, Tr::kPanelOwn));
       float dq[64 / 8][4];
@@ -548,7 +600,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       // Staged in the dq_accum layout: row r at sDq + r·D, the column pair (col, col + 1) at
       // ((col & ~7) ^ 8·(r % 8)) + (col & 7) (dq_accum_offset); both of a lane's rows are lane / 4
       // mod 8, so one XOR term serves all its stores, which hit distinct banks.
-      if (j >= 1) sm90::mbarrier_wait(dq_empty, uint32_t(j - 1) & 1);
+      if (g >= 1) sm90::mbarrier_wait(dq_empty, uint32_t(g - 1) & 1);
       float* rows = sDq + (16 * warp + (lane >> 2)) * D + frag_col(lane, 0, 0);
       const uint32_t chunk_xor = sm90::opaque_u32((lane >> 2) * 8);
 #pragma unroll
@@ -563,13 +615,22 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
   }
 
-  // dK = scale · Σ dSᵀ Q: the softmax scale applied once, in fp32.
-  const int64_t bt = int64_t(b) * T;
-  tg::bf16* dK = p.dk + bt * p.dk_row_stride + h * D;
-  tg::bf16* dV = p.dv + bt * p.dv_row_stride + h * D;
+  // Every product of the item has retired: K_j, V_j may take the next item's.
+  __syncwarp();
+  if (lane == 0) sm90::mbarrier_arrive(own_empty);
+  seq += n_tiles;
+
+  // dK = scale · Σ dSᵀ Q: the softmax scale applied once, in fp32. The item decoded afresh (w
+  // laundered, so it is not kept from the top: at d 128 the loop has no registers to spare).
+  const sm90::ItemTile out = sm90::item_tile(int(sm90::opaque_u32(uint32_t(w))), H, B, n_kb, Bc, false);
+  const int64_t bt = int64_t(out.b) * T;
+  tg::bf16* dK = p.dk + bt * p.dk_row_stride + out.h * D;
+  tg::bf16* dV = p.dv + bt * p.dv_row_stride + out.h * D;
   const float fk[2] = {p.scale, p.scale}, fv[2] = {1.0f, 1.0f};
-  store_rows<D>(dK, int(p.dk_row_stride), dk, fk, key0, T, lane);
-  store_rows<D>(dV, int(p.dv_row_stride), dv, fv, key0, T, lane);
+  const int key_row = out.row0 + 64 * c + 16 * warp;
+  store_rows<D>(dK, int(p.dk_row_stride), dk, fk, key_row, T, lane);
+  store_rows<D>(dV, int(p.dv_row_stride), dv, fv, key_row, T, lane);
+  }
 }
 
 }  // namespace flash
@@ -578,20 +639,35 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
 namespace {
 
+// The grid: one block per SM taking work items in turn, round-robin (launch_item_kernel), for
+// causal attention up to T = 2048; one block per work item otherwise. Measured on the H200
+// (2026-11-30, eighth session, docs/BENCHMARKS.md; `bench attention`, deterministic backward
+// TF/s, best of two runs each, one block per item → persistent): causal short T gains as the
+// forward's did, a block's start and epilogue overlapping the next item's loads — d 64 1k
+// 215 → 240, 2k 277 → 298; d 128 1k 252 → 274, 2k 338 → 351 —; from 8k causal loses 3–7 %
+// (the static split of the items is less even than the hardware's block scheduling: d 128 32k
+// 452 → 426), and non-causal is level or worse (d 128 1k–2k −2 to −9 %: its dK/dV consumers
+// spill 72 bytes in the item loop).
+constexpr int64_t kBwdPersistentMaxT = 2048;
+bool persistent_bwd(const FlashAttentionParams& p) { return p.causal && p.T <= kBwdPersistentMaxT; }
+// Work items of tiles of `rows` rows (the kernels decode them: sm90::item_tile).
+int item_count(const FlashAttentionParams& p, int rows) { return int(p.H * p.B * ((p.T + rows - 1) / rows)); }
+
 // The dQ kernel: its tensor maps are encoded on the host at every call (host time not measured).
 template <int D>
 void launch_dq_sm90a(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
   using Tr = typename flash::DqSm90aConfig<D>::type;
-  flash::launch_tile_kernel<Tr, Tr::kBr>(flash::flash_bwd_dq_sm90a_kernel<Tr>, Tr::kSmemBytes, p, stream, delta,
-                                         flash::bwd_tma_maps<Tr>(p));
+  flash::launch_item_kernel<Tr>(flash::flash_bwd_dq_sm90a_kernel<Tr>, Tr::kSmemBytes, item_count(p, Tr::kBr),
+                                persistent_bwd(p), p, stream, delta, flash::bwd_tma_maps<Tr>(p));
 }
 
 // The dK/dV kernel, likewise.
 template <int D>
 void launch_dkdv_sm90a(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
   using Tr = typename flash::DkdvWsSm90aConfig<D>::type;
-  flash::launch_tile_kernel<Tr, Tr::kBc>(flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr>, Tr::kSmemBytes, p, stream, delta,
-                                         static_cast<float*>(nullptr), 0, flash::bwd_tma_maps<Tr>(p));
+  flash::launch_item_kernel<Tr>(flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr>, Tr::kSmemBytes, item_count(p, Tr::kBc),
+                                persistent_bwd(p), p, stream, delta, static_cast<float*>(nullptr), 0,
+                                flash::bwd_tma_maps<Tr>(p));
 }
 
 // Block shapes: DkdvWsSm90aConfig, DqSm90aConfig, DkdvAtomicSm90aConfig (above), with the
@@ -602,8 +678,9 @@ void launch_bwd_sm90a(const FlashAttentionParams& p, const float* delta, float* 
   if constexpr (flash::kSm90aAtomicDq<D>) {
     if (p.dq_mode == FlashDq::kAtomic) {
       using Tr = typename flash::DkdvAtomicSm90aConfig<D>::type;
-      flash::launch_tile_kernel<Tr, Tr::kBc>(flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr>, Tr::kSmemBytes, p, stream,
-                                             delta, dq_accum, accum_rows, flash::bwd_tma_maps<Tr>(p));
+      flash::launch_item_kernel<Tr>(flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr>, Tr::kSmemBytes,
+                                    item_count(p, Tr::kBc), persistent_bwd(p), p, stream, delta, dq_accum,
+                                    accum_rows, flash::bwd_tma_maps<Tr>(p));
       return;
     }
   }

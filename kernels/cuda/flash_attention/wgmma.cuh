@@ -289,6 +289,19 @@ __device__ __forceinline__ void store_a_frags_swizzled(unsigned char* dst, const
           a[kk][e];
 }
 
+// ── Work items of the persistent kernels ──
+// Item w of H · B · n_tiles: head w % H, batch (w / H) % B, tile w / (H · B) — reversed (last
+// tile first) when the heaviest tiles are the last ones, as a causal forward's and dQ pass's are;
+// the order in which a grid of one item per block starts its blocks (launch.cuh,
+// launch_item_kernel). row0: the tile's first row.
+struct ItemTile {
+  int h, b, row0;
+};
+__device__ __forceinline__ ItemTile item_tile(int w, int H, int B, int n_tiles, int rows, bool reversed) {
+  const int z = w / (H * B);
+  return {w % H, (w / H) % B, (reversed ? n_tiles - 1 - z : z) * rows};
+}
+
 // ── The producer of the warp-specialised kernels ──
 // A stream of tile pairs through NS stage buffers — K/V tiles in the forward and the dQ kernel,
 // Q/dO tiles in the dK/dV kernel (the fields keep the K/V names): the j-th pair (tiles first + j),
