@@ -132,6 +132,14 @@ inline bool __any_sync(unsigned, bool v) {
   emu_warp_barrier();
   return any;
 }
+inline int __shfl_sync(unsigned, int v, int src_lane) {  // the int's bits through the float slots
+  std::memcpy(&emu_slots().f[emu_lane()], &v, sizeof v);
+  emu_warp_barrier();
+  int r;
+  std::memcpy(&r, &emu_slots().f[src_lane], sizeof r);
+  emu_warp_barrier();
+  return r;
+}
 inline float __shfl_xor_sync(unsigned, float v, int mask) {
   emu_slots().f[emu_lane()] = v;
   emu_warp_barrier();
