@@ -169,6 +169,20 @@ std::string case_name(const ::testing::TestParamInfo<EmuCase>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, FlashEmulated, ::testing::ValuesIn(cases()), case_name);
 
+// The persistent kernels' 1-D grid over work items of tile_rows rows: one item per block below
+// T = 256; from there on 3 blocks taking several items each (the persistent grid's way), so the
+// streams, the own tiles' hand-over and the turns run on across items. Blocks run one at a time
+// here, so the first one claims every item past the grid's first ones from the item counter
+// (ItemCounter), which must be zero again afterwards.
+EmuDim3 item_grid(const FlashAttentionParams& p, int tile_rows) {
+  const int n_items = int(p.H * p.B * ((p.T + tile_rows - 1) / tile_rows));
+  return {unsigned(p.T >= 256 ? std::min(n_items, 3) : n_items), 1, 1};
+}
+struct ItemCounter {
+  unsigned words[2] = {0, 0};
+  ~ItemCounter() { EXPECT_EQ(words[0] + words[1], 0u) << "the item counter was not reset"; }
+};
+
 // The sm_90a kernels (flash_fwd_sm90a.cu, flash_bwd_sm90a.cu: wgmma, swizzled tiles, two
 // warpgroups) against the same reference and bounds, with wgmma emulated as
 // tests/cuda/test_wgmma.cpp found it on the H200; the launch sequences of their launchers.
@@ -178,24 +192,9 @@ void forward_sm90a(const FlashAttentionParams& p_in) {
   const FlashAttentionParams p = flash::with_resolved_row_strides(p_in);
   using Tr = typename flash::FwdSm90aConfig<D>::type;
   const flash::FwdTmaMaps maps = flash::fwd_tma_maps<Tr>(p);
-  // One work item per block below T = 256; from there on 3 blocks taking several items each (the
-  // persistent grid's way), so the K/V stream, Q's hand-over and the turns run on across items.
-  // Blocks run one at a time here, so the first one claims every item past the grid's first
-  // ones; the counter must be zero again afterwards.
-  const int n_items = flash::fwd_work_items<Tr>(int(p.T), int(p.H), int(p.B));
-  const unsigned blocks = unsigned(p.T >= 256 ? std::min(n_items, 3) : n_items);
-  unsigned counter[2] = {0, 0};
-  emu_launch(EmuDim3{blocks, 1, 1}, Tr::kThreads, Tr::kSmemBytes,
-             [&] { flash::flash_fwd_sm90a_kernel<Tr>(p, maps, counter); });
-  EXPECT_EQ(counter[0] + counter[1], 0u) << "the item counter was not reset";
-}
-
-// The persistent kernels' 1-D grid over work items of tile_rows rows: one item per block, as the
-// launchers' default; from T = 256 on, 3 blocks taking several items each (the persistent
-// grid's way), so the streams, the own tiles' hand-over and the turns run on across items.
-EmuDim3 item_grid(const FlashAttentionParams& p, int tile_rows) {
-  const int n_items = int(p.H * p.B * ((p.T + tile_rows - 1) / tile_rows));
-  return {unsigned(p.T >= 256 ? std::min(n_items, 3) : n_items), 1, 1};
+  ItemCounter counter;
+  emu_launch(item_grid(p, Tr::kBr), Tr::kThreads, Tr::kSmemBytes,
+             [&] { flash::flash_fwd_sm90a_kernel<Tr>(p, maps, counter.words); });
 }
 
 template <int D>
@@ -210,8 +209,9 @@ void backward_sm90a(const FlashAttentionParams& p_in) {
       const int accum_rows = int(Ws::accum_rows(p.T));
       std::memset(ws.dq_accum, 0, Ws::accum_bytes(p.B, p.T, p.H));
       const flash::BwdTmaMaps maps = flash::bwd_tma_maps<Atomic>(p);
+      ItemCounter counter;
       emu_launch(item_grid(p, Atomic::kBc), Atomic::kThreads, Atomic::kSmemBytes, [&] {
-        flash::flash_bwd_dkdv_sm90a_ws_kernel<Atomic>(p, ws.delta, ws.dq_accum, accum_rows, maps);
+        flash::flash_bwd_dkdv_sm90a_ws_kernel<Atomic>(p, ws.delta, ws.dq_accum, accum_rows, maps, counter.words);
       });
       dq_convert_pass<D>(p, ws);
       return;
@@ -219,12 +219,14 @@ void backward_sm90a(const FlashAttentionParams& p_in) {
   }
   using DkdvWs = typename flash::DkdvWsSm90aConfig<D>::type;
   const flash::BwdTmaMaps dkdv_maps = flash::bwd_tma_maps<DkdvWs>(p);
-  emu_launch(item_grid(p, DkdvWs::kBc), DkdvWs::kThreads, DkdvWs::kSmemBytes,
-             [&] { flash::flash_bwd_dkdv_sm90a_ws_kernel<DkdvWs>(p, ws.delta, nullptr, 0, dkdv_maps); });
+  ItemCounter dkdv_counter, dq_counter;
+  emu_launch(item_grid(p, DkdvWs::kBc), DkdvWs::kThreads, DkdvWs::kSmemBytes, [&] {
+    flash::flash_bwd_dkdv_sm90a_ws_kernel<DkdvWs>(p, ws.delta, nullptr, 0, dkdv_maps, dkdv_counter.words);
+  });
   using Dq = typename flash::DqSm90aConfig<D>::type;
   const flash::BwdTmaMaps maps = flash::bwd_tma_maps<Dq>(p);
   emu_launch(item_grid(p, Dq::kBr), Dq::kThreads, Dq::kSmemBytes,
-             [&] { flash::flash_bwd_dq_sm90a_kernel<Dq>(p, ws.delta, maps); });
+             [&] { flash::flash_bwd_dq_sm90a_kernel<Dq>(p, ws.delta, maps, dq_counter.words); });
 }
 
 struct Sm90aCase {

@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdlib>
 
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/common.cuh"
@@ -86,7 +87,7 @@ struct DqSm90aTraits {
   static constexpr int kTileQ = kPanels * kPanelQ, kTileKV = kPanels * kPanelKV;  // bytes
   static constexpr int kProducerRegs = Consumers == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = Consumers == 2 ? 240 : 160;
-  static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages);
+  static constexpr int kBarrierBytes = 8 * (3 + 4 * kStages);  // and the item slot
   // Q and dO, K and V in kStages stages each, the barriers, swizzle-atom slack.
   static constexpr size_t kSmemBytes =
       size_t(2 * kTileQ + 2 * kStages * kTileKV + kBarrierBytes + sm90::kSwizzleAtomBytes);
@@ -132,7 +133,7 @@ BwdTmaMaps bwd_tma_maps(const FlashAttentionParams& p) {  // p's row strides res
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     flash_bwd_dq_sm90a_kernel(const FlashAttentionParams p, const float* __restrict__ delta,
-                                 const __grid_constant__ BwdTmaMaps maps) {
+                                 const __grid_constant__ BwdTmaMaps maps, unsigned* item_counter) {
   constexpr int D = Tr::kD, Br = Tr::kBr, Bc = Tr::kBc, NS = Tr::kStages, C = Tr::kConsumers;
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* sQ = sm90::align_to_swizzle_atom(smem);
@@ -143,9 +144,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int T = int(p.T), H = int(p.H), B = int(p.B);
   const bool causal = p.causal;
   const int tid = threadIdx.x, wg = tid / 128;
-  // Work items (query tile, head, batch), heaviest first (sm90::item_tile); this block's are
-  // blockIdx.x, + gridDim.x, … (launch_item_kernel).
-  const int n_qb = (T + Br - 1) / Br, n_items = H * B * n_qb, stride = int(gridDim.x);
+  // Work items (query tile, head, batch), heaviest first (sm90::item_tile); this block's first
+  // is blockIdx.x, the next ones claimed from item_counter, as in the forward.
+  const int n_qb = (T + Br - 1) / Br, n_items = H * B * n_qb;
   auto keys_of = [=](int q0) {  // key tiles a query tile sees
     const int q_last = min(q0 + Br, T) - 1;
     return causal ? q_last / Bc + 1 : (T + Bc - 1) / Bc;
@@ -156,6 +157,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   uint64_t* q_full;
   const sm90::KvStream kv = sm90::kv_stream_barriers<NS>(sV + NS * Tr::kTileKV, sK, sV, &q_full, 4 * C, tid == 0);
   uint64_t* q_empty = kv.v_empty + NS;
+  int* s_item = reinterpret_cast<int*>(q_empty + 1);  // the item slot (sm90::read_item_slot), Q's lifetime
   if (tid == 0) {
     sm90::mbarrier_init(q_empty, 4 * C);
     sm90::fence_barrier_init();
@@ -166,16 +168,22 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     sm90::setmaxnreg_dec<Tr::kProducerRegs>();
     if (tid == 0) {
       int seq = 0;  // the K/V stream's position at the item's first tile
-      for (int w = int(blockIdx.x), it = 0; w < n_items; w += stride, ++it) {
+      int w = int(blockIdx.x), next = sm90::claim_item(item_counter);
+      for (int it = 0; w < n_items; ++it) {
         const sm90::ItemTile item = sm90::item_tile(w, H, B, n_qb, Br, causal);
         const int col = item.h * D, n_kb = keys_of(item.row0);
         if (it > 0) sm90::mbarrier_wait(q_empty, uint32_t(it - 1) & 1);
-        sm90::mbarrier_arrive_expect_tx(q_full, 2 * Tr::kTileQ);
+        s_item[0] = w;
+        s_item[1] = next;
+        sm90::mbarrier_arrive_expect_tx(q_full, 2 * Tr::kTileQ);  // release: the slot before the consumers' reads
         sm90::produce_tile<Tr::kPanels>(sQ, Tr::kPanelQ, &maps.q, col, item.row0, item.b, q_full);
         sm90::produce_tile<Tr::kPanels>(sdO, Tr::kPanelQ, &maps.dout, col, item.row0, item.b, q_full);
         sm90::produce_kv<Tr::kPanels, Bc, NS>(kv, &maps.k, &maps.v, col, item.b, n_kb, 0, seq);
         seq += n_kb;
+        w = next;
+        if (w < n_items) next = sm90::claim_item(item_counter);
       }
+      sm90::release_items(item_counter);
     }
     return;
   }
@@ -209,10 +217,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   };
   if (c == C - 1) sm90::named_barrier_arrive(1, 256);  // consumer 0 takes the first turn
 
-  for (int w = int(blockIdx.x), it = 0; w < n_items; w += stride, ++it) {
-    const sm90::ItemTile item = sm90::item_tile(w, H, B, n_qb, Br, causal);
+  for (int it = 0, last_item = 0; !last_item; ++it) {
+    sm90::mbarrier_wait(q_full, uint32_t(it) & 1);  // Q, dO and the item slot
+    const sm90::ItemSlot slot = sm90::read_item_slot(s_item, lane);
+    last_item = slot.next >= n_items;  // the ring's very last turn hands on to no one
+    const sm90::ItemTile item = sm90::item_tile(slot.item, H, B, n_qb, Br, causal);
     const int n_kb = keys_of(item.row0);
-    const bool last_item = w + stride >= n_items;  // the ring's very last turn hands on to no one
     const int row0 = item.row0 + 64 * c + 16 * warp;  // this warp's first query row
     // This lane's rows g and g+8: lse (log2 units) and delta, 0 past T (those rows are never stored).
     float lse2[2], dlt[2];
@@ -236,7 +246,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     zero(dq);
     float s[Bc / 8][4], dp[Bc / 8][4];
     uint32_t dsf[Bc / 16][4];
-    sm90::mbarrier_wait(q_full, uint32_t(it) & 1);
 
     // Turn 0: S, dP of tile 0. Turn j: S, dP of tile j and dQ += dS_{j−1} K_{j−1}. Q and dO are
     // released once the item's last S, dP have landed: the next item's load under this one's tail.
@@ -313,7 +322,8 @@ struct DkdvWsSm90aTraits {
   static constexpr int kTileDs = kBc * sm90::kSwizzleRowBytes;
   static constexpr int kTileDq = kBr * kD * int(sizeof(float));
   static constexpr int kDqBytes = FormDq ? 2 * kTileDs + kTileDq : 0;
-  static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages + (FormDq ? 6 : 0));
+  // The mbarriers, then the item slot (2 ints) and FormDq's reduction slot (2 int64s).
+  static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages + (FormDq ? 6 : 0)) + 8 + (FormDq ? 16 : 0);
   static constexpr size_t kSmemBytes = size_t(2 * kTileOwn + 2 * kStages * kTileStream + kDqBytes + kStatsBytes +
                                               kBarrierBytes + sm90::kSwizzleAtomBytes);
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
@@ -361,7 +371,7 @@ template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     flash_bwd_dkdv_sm90a_ws_kernel(const FlashAttentionParams p, const float* __restrict__ delta,
                                    float* __restrict__ dq_accum, int accum_rows,
-                                   const __grid_constant__ BwdTmaMaps maps) {
+                                   const __grid_constant__ BwdTmaMaps maps, unsigned* item_counter) {
   constexpr int D = Tr::kD, Bc = Tr::kBc, Br = Tr::kBr, NS = Tr::kStages, C = Tr::kConsumers;
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* sK = sm90::align_to_swizzle_atom(smem);
@@ -377,8 +387,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const bool causal = p.causal;
   const int tid = threadIdx.x, wg = tid / 128;
   // Work items (key block, head, batch), the low key blocks first (causal: they see the most
-  // queries); this block's are blockIdx.x, + gridDim.x, … (launch_item_kernel).
-  const int n_kb = (T + Bc - 1) / Bc, n_items = H * B * n_kb, stride = int(gridDim.x);
+  // queries); this block's first is blockIdx.x, the next ones claimed from item_counter by the
+  // producer thread, which publishes each in the item slot with K_j, V_j (own_full).
+  const int n_kb = (T + Bc - 1) / Bc, n_items = H * B * n_kb;
   const int n_qb = (T + Br - 1) / Br;
   // Causal: query tiles ending before the key block's first key only see keys in their future,
   // never visited.
@@ -400,6 +411,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   uint64_t* ds_empty = ds_full + 2;
   uint64_t* dq_full = ds_empty + 2;
   uint64_t* dq_empty = dq_full + 1;
+  int* s_item = reinterpret_cast<int*>(ds_full + (Tr::kFormDq ? 6 : 0));  // K_j, V_j's lifetime
+  // FormDq: the staged dQ tile's destination in dq_accum (elements) and whether it is the block's
+  // last, written with the tile by one consumer thread, read by the reducing thread (which cannot
+  // go by the item slot: with one-tile items it may lag the producer by more than an item).
+  long long* s_dq = reinterpret_cast<long long*>(s_item + 2);
   if constexpr (Tr::kFormDq) {
     if (tid == 0) {
       for (int k = 0; k < 2; ++k) {
@@ -416,27 +432,36 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   __syncthreads();
 
   // seq: the Q/dO stream's position at an item's first tile, counted alike by every role (the
-  // stages, and FormDq's dSᵀ buffers and staging tile, go by it). Each producer role walks the
-  // items on its own (24 registers: one loop's state each).
+  // stages, and FormDq's dSᵀ buffers and staging tile, go by it).
   if (wg == 0) {
     sm90::setmaxnreg_dec<Tr::kProducerRegs>();
     const int warp = tid / 32, lane = tid & 31;
     if (tid == 0) {  // per item, K_j, V_j once the last item's are done with, then its Q/dO tiles
-      for (int w = int(blockIdx.x), it = 0, seq = 0; w < n_items; w += stride, ++it) {
+      int w = int(blockIdx.x), next = sm90::claim_item(item_counter);
+      for (int it = 0, seq = 0; w < n_items; ++it) {
         const sm90::ItemTile item = sm90::item_tile(w, H, B, n_kb, Bc, false);
         const int i_begin = first_tile(item.row0), col = item.h * D;
         if (it > 0) sm90::mbarrier_wait(own_empty, uint32_t(it - 1) & 1);
-        sm90::mbarrier_arrive_expect_tx(own_full, 2 * Tr::kTileOwn);
+        s_item[0] = w;
+        s_item[1] = next;
+        sm90::mbarrier_arrive_expect_tx(own_full, 2 * Tr::kTileOwn);  // release: the slot before its reads
         sm90::produce_tile<Tr::kPanels>(sK, Tr::kPanelOwn, &maps.k, col, item.row0, item.b, own_full);
         sm90::produce_tile<Tr::kPanels>(sV, Tr::kPanelOwn, &maps.v, col, item.row0, item.b, own_full);
         sm90::produce_kv<Tr::kPanels, Br, NS>(qdo, &maps.q, &maps.dout, col, item.b, n_qb - i_begin, i_begin, seq);
         seq += n_qb - i_begin;
+        w = next;
+        if (w < n_items) next = sm90::claim_item(item_counter);
       }
+      sm90::release_items(item_counter);
     } else if (warp == 1) {
       // lse and delta of each query tile into its stage, 2 of the 64 rows per lane (0 past T:
-      // those queries are masked).
-      for (int w = int(blockIdx.x), seq = 0; w < n_items; w += stride) {
-        const sm90::ItemTile item = sm90::item_tile(w, H, B, n_kb, Bc, false);
+      // those queries are masked). The item from its slot: the consumers cannot finish an item
+      // (and the producer overwrite its slot) before this warp has staged all its tiles.
+      for (int it = 0, seq = 0, last_item = 0; !last_item; ++it) {
+        sm90::mbarrier_wait(own_full, uint32_t(it) & 1);
+        const sm90::ItemSlot slot = sm90::read_item_slot(s_item, lane);
+        last_item = slot.next >= n_items;
+        const sm90::ItemTile item = sm90::item_tile(slot.item, H, B, n_kb, Bc, false);
         const float* lse = p.lse + (int64_t(item.b) * H + item.h) * T;
         const float* dlt = delta + (int64_t(item.b) * H + item.h) * T;
         for (int i = first_tile(item.row0); i < n_qb; ++i, ++seq) {
@@ -454,18 +479,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
     } else if (Tr::kFormDq && tid == 64) {
       // The dQ reductions: each tile's staged (Br, D) fp32 rows added into its head's dq_accum
-      // rows (accum_rows per head, a multiple of Br ≥ T, zeroed by the launcher) in one bulk
-      // reduction; the staging is free again once the copy engine has read it.
-      for (int w = int(blockIdx.x), seq = 0; w < n_items; w += stride) {
-        const sm90::ItemTile item = sm90::item_tile(w, H, B, n_kb, Bc, false);
-        float* dq_head = dq_accum + (int64_t(item.b) * H + item.h) * accum_rows * D;
-        for (int i = first_tile(item.row0); i < n_qb; ++i, ++seq) {
-          sm90::mbarrier_wait(dq_full, uint32_t(seq) & 1);
-          sm90::bulk_reduce_add_f32(dq_head + int64_t(i) * Br * D, sDq, Tr::kTileDq);
-          sm90::bulk_commit();
-          sm90::bulk_wait_read<0>();
-          sm90::mbarrier_arrive(dq_empty);
-        }
+      // rows (accum_rows per head, a multiple of Br ≥ T, zeroed by the launcher; the destination
+      // from s_dq) in one bulk reduction; the staging is free again once the copy engine has
+      // read it.
+      for (int g = 0, last = 0; !last; ++g) {
+        sm90::mbarrier_wait(dq_full, uint32_t(g) & 1);
+        const long long dst = s_dq[0];
+        last = int(s_dq[1]);
+        sm90::bulk_reduce_add_f32(dq_accum + dst, sDq, Tr::kTileDq);
+        sm90::bulk_commit();
+        sm90::bulk_wait_read<0>();
+        sm90::mbarrier_arrive(dq_empty);
       }
       sm90::bulk_wait<0>();  // every reduction done before the block exits
     }
@@ -480,15 +504,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   if (Tr::kPingPong && c == C - 1) sm90::named_barrier_arrive(1, 256);  // consumer 0 takes the first turn
   int seq = 0;  // as the producer's
 
-  for (int w = int(blockIdx.x); w < n_items; w += stride) {
-  const sm90::ItemTile item = sm90::item_tile(w, H, B, n_kb, Bc, false);
+  for (int it = 0, last_item = 0; !last_item; ++it) {
+  sm90::mbarrier_wait(own_full, uint32_t(it) & 1);  // K_j, V_j and the item slot
+  const sm90::ItemSlot slot = sm90::read_item_slot(s_item, lane);
+  last_item = slot.next >= n_items;  // the ring's very last turn hands on to no one
+  const sm90::ItemTile item = sm90::item_tile(slot.item, H, B, n_kb, Bc, false);
   const int i_begin = first_tile(item.row0), n_tiles = n_qb - i_begin;  // ≥ 1
-  const bool last_item = w + stride >= n_items;  // the ring's very last turn hands on to no one
   const int key0 = item.row0 + 64 * c + 16 * warp;  // this warp's first key
   float dk[D / 8][4], dv[D / 8][4];  // (16, D) per warp: the warpgroup's (64, D) accumulators
   zero(dk);
   zero(dv);
-  sm90::mbarrier_wait(own_full, uint32_t((w - int(blockIdx.x)) / stride) & 1);
 
   float s[Br / 8][4], dp[Br / 8][4];
   uint32_t pf[Br / 16][4], dsf[Br / 16][4];
@@ -609,20 +634,27 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         for (int nt = 0; nt < 64 / 8; ++nt)
           *reinterpret_cast<float2*>(rows + 8 * e * D + ((64 * c + 8 * nt) ^ chunk_xor)) =
               make_float2(dq[nt][2 * e], dq[nt][2 * e + 1]);
+      if (c == 0 && warp == 0 && lane == 0) {  // the tile's destination, for the reducing thread
+        const sm90::ItemTile at = sm90::item_tile(s_item[0], H, B, n_kb, Bc, false);
+        s_dq[0] = ((int64_t(at.b) * H + at.h) * accum_rows + int64_t(first_tile(at.row0) + j) * Br) * D;
+        s_dq[1] = last_item && j + 1 == n_tiles;
+      }
       sm90::fence_async_shared();  // st.shared, read by the bulk copy engine
       __syncwarp();
       if (lane == 0) sm90::mbarrier_arrive(dq_full);
     }
   }
 
-  // Every product of the item has retired: K_j, V_j may take the next item's.
+  // Every product of the item has retired: K_j, V_j (and the item slot) may take the next
+  // item's. The item read again first, so that it is not kept from the top (at d 128 the loop
+  // has no registers to spare).
+  const sm90::ItemSlot done = sm90::read_item_slot(s_item, lane);
   __syncwarp();
   if (lane == 0) sm90::mbarrier_arrive(own_empty);
   seq += n_tiles;
 
-  // dK = scale · Σ dSᵀ Q: the softmax scale applied once, in fp32. The item decoded afresh (w
-  // laundered, so it is not kept from the top: at d 128 the loop has no registers to spare).
-  const sm90::ItemTile out = sm90::item_tile(int(sm90::opaque_u32(uint32_t(w))), H, B, n_kb, Bc, false);
+  // dK = scale · Σ dSᵀ Q: the softmax scale applied once, in fp32.
+  const sm90::ItemTile out = sm90::item_tile(done.item, H, B, n_kb, Bc, false);
   const int64_t bt = int64_t(out.b) * T;
   tg::bf16* dK = p.dk + bt * p.dk_row_stride + out.h * D;
   tg::bf16* dV = p.dv + bt * p.dv_row_stride + out.h * D;
@@ -639,17 +671,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
 namespace {
 
-// The grid: one block per SM taking work items in turn, round-robin (launch_item_kernel), for
-// causal attention up to T = 2048; one block per work item otherwise. Measured on the H200
-// (2026-11-30, eighth session, docs/BENCHMARKS.md; `bench attention`, deterministic backward
-// TF/s, best of two runs each, one block per item → persistent): causal short T gains as the
-// forward's did, a block's start and epilogue overlapping the next item's loads — d 64 1k
-// 215 → 240, 2k 277 → 298; d 128 1k 252 → 274, 2k 338 → 351 —; from 8k causal loses 3–7 %
-// (the static split of the items is less even than the hardware's block scheduling: d 128 32k
-// 452 → 426), and non-causal is level or worse (d 128 1k–2k −2 to −9 %: its dK/dV consumers
-// spill 72 bytes in the item loop).
+// WIP A/B switch TG_BWD_SCHED (the items claimed dynamically in every case): 0 one block per SM
+// for causal T <= 2048 (the seventh session's static rule), 1 one block per SM at every T, 3 one
+// block per item.
 constexpr int64_t kBwdPersistentMaxT = 2048;
-bool persistent_bwd(const FlashAttentionParams& p) { return p.causal && p.T <= kBwdPersistentMaxT; }
+bool persistent_bwd(const FlashAttentionParams& p) {
+  const char* e = std::getenv("TG_BWD_SCHED");
+  const int v = e ? std::atoi(e) : 0;
+  return v == 0 ? p.causal && p.T <= kBwdPersistentMaxT : v == 1;
+}
 // Work items of tiles of `rows` rows (the kernels decode them: sm90::item_tile).
 int item_count(const FlashAttentionParams& p, int rows) { return int(p.H * p.B * ((p.T + rows - 1) / rows)); }
 
@@ -658,7 +688,8 @@ template <int D>
 void launch_dq_sm90a(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
   using Tr = typename flash::DqSm90aConfig<D>::type;
   flash::launch_item_kernel<Tr>(flash::flash_bwd_dq_sm90a_kernel<Tr>, Tr::kSmemBytes, item_count(p, Tr::kBr),
-                                persistent_bwd(p), p, stream, delta, flash::bwd_tma_maps<Tr>(p));
+                                persistent_bwd(p), p, stream, delta, flash::bwd_tma_maps<Tr>(p),
+                                flash::item_counter(stream));
 }
 
 // The dK/dV kernel, likewise.
@@ -667,7 +698,7 @@ void launch_dkdv_sm90a(const FlashAttentionParams& p, const float* delta, cudaSt
   using Tr = typename flash::DkdvWsSm90aConfig<D>::type;
   flash::launch_item_kernel<Tr>(flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr>, Tr::kSmemBytes, item_count(p, Tr::kBc),
                                 persistent_bwd(p), p, stream, delta, static_cast<float*>(nullptr), 0,
-                                flash::bwd_tma_maps<Tr>(p));
+                                flash::bwd_tma_maps<Tr>(p), flash::item_counter(stream));
 }
 
 // Block shapes: DkdvWsSm90aConfig, DqSm90aConfig, DkdvAtomicSm90aConfig (above), with the
@@ -680,7 +711,7 @@ void launch_bwd_sm90a(const FlashAttentionParams& p, const float* delta, float* 
       using Tr = typename flash::DkdvAtomicSm90aConfig<D>::type;
       flash::launch_item_kernel<Tr>(flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr>, Tr::kSmemBytes,
                                     item_count(p, Tr::kBc), persistent_bwd(p), p, stream, delta, dq_accum,
-                                    accum_rows, flash::bwd_tma_maps<Tr>(p));
+                                    accum_rows, flash::bwd_tma_maps<Tr>(p), flash::item_counter(stream));
       return;
     }
   }

@@ -231,14 +231,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   if (c == C - 1) sm90::named_barrier_arrive(1, 256);  // consumer 0 takes the first turn
 
   for (int it = 0, last_item = 0; !last_item; ++it) {
-    // Q and the item slot. Lane 0 reads the slot for its warp: the thread that later releases Q
-    // (and with it the slot) is then the one that read it, which is the ordering
-    // compute-sanitizer's racecheck follows (it reported every lane's read otherwise).
-    sm90::mbarrier_wait(q_full, uint32_t(it) & 1);
-    int slot[2] = {0, 0};
-    if (lane == 0) slot[0] = s_item[0], slot[1] = s_item[1];
-    const int w = __shfl_sync(0xffffffffu, slot[0], 0);
-    last_item = __shfl_sync(0xffffffffu, slot[1], 0) >= n_items;
+    sm90::mbarrier_wait(q_full, uint32_t(it) & 1);  // Q and the item slot
+    const sm90::ItemSlot slot = sm90::read_item_slot(s_item, lane);
+    const int w = slot.item;
+    last_item = slot.next >= n_items;
     const FwdWorkItem item = fwd_work_item<Tr>(w, T, H, B, causal);
     const int n_kb = item.n_kb;
     const int row0 = item.q0 + 64 * c + 16 * warp;  // this warp's first query row

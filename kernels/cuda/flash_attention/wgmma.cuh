@@ -169,6 +169,18 @@ __device__ __forceinline__ void release_items(unsigned* counter) {
     atomicExch(counter + 1, 0u);
   }
 }
+// The item slot of such a block: the producer writes (item, next claimed item) before the
+// mbarrier arrival that publishes the item's own tiles; after waiting on that barrier a warp's
+// lane 0 reads it and broadcasts it, so that the thread that later releases the tiles (and with
+// them the slot) is the one that read it (the ordering compute-sanitizer's racecheck follows).
+struct ItemSlot {
+  int item, next;
+};
+__device__ __forceinline__ ItemSlot read_item_slot(const int* slot, int lane) {
+  int v[2] = {0, 0};
+  if (lane == 0) v[0] = slot[0], v[1] = slot[1];
+  return {__shfl_sync(0xffffffffu, v[0], 0), __shfl_sync(0xffffffffu, v[1], 0)};
+}
 // Moves registers between warpgroups (all 128 threads of a warpgroup execute it): the producer
 // gives most of its registers back, the consumers take them. The block keeps the registers it was
 // launched with — threads × the count ptxas gives a setmaxnreg kernel, the __launch_bounds__ cap
