@@ -16,7 +16,6 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
-#include <cstdlib>
 
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/common.cuh"
@@ -671,15 +670,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
 namespace {
 
-// WIP A/B switch TG_BWD_SCHED (the items claimed dynamically in every case): 0 one block per SM
-// for causal T <= 2048 (the seventh session's static rule), 1 one block per SM at every T, 3 one
-// block per item.
-constexpr int64_t kBwdPersistentMaxT = 2048;
-bool persistent_bwd(const FlashAttentionParams& p) {
-  const char* e = std::getenv("TG_BWD_SCHED");
-  const int v = e ? std::atoi(e) : 0;
-  return v == 0 ? p.causal && p.T <= kBwdPersistentMaxT : v == 1;
-}
+// The grid: one block per SM, each taking several work items, the next one claimed from a
+// counter (launch.cuh, item_counter), as the forward's. Measured on the H200 (2026-11-30, eighth
+// session, docs/BENCHMARKS.md; `bench attention`, deterministic backward TF/s, best of two runs,
+// all in one call, one block per work item → persistent): mean 1.031× over the 24 shapes; causal
+// short T gains most, a block's start and epilogue overlapping the next item's loads (d 64 1k
+// 196 → 225, 2k 262 → 286; d 128 1k 236 → 257, 2k 323 → 344), long T is level (d 128 causal 32k
+// 450 → 453). The seventh session's static round-robin split had lost 3–7 % from 8k causal, so it
+// ran for causal T ≤ 2048 only (1.012× on the same shapes).
 // Work items of tiles of `rows` rows (the kernels decode them: sm90::item_tile).
 int item_count(const FlashAttentionParams& p, int rows) { return int(p.H * p.B * ((p.T + rows - 1) / rows)); }
 
@@ -688,7 +686,7 @@ template <int D>
 void launch_dq_sm90a(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
   using Tr = typename flash::DqSm90aConfig<D>::type;
   flash::launch_item_kernel<Tr>(flash::flash_bwd_dq_sm90a_kernel<Tr>, Tr::kSmemBytes, item_count(p, Tr::kBr),
-                                persistent_bwd(p), p, stream, delta, flash::bwd_tma_maps<Tr>(p),
+                                p, stream, delta, flash::bwd_tma_maps<Tr>(p),
                                 flash::item_counter(stream));
 }
 
@@ -697,7 +695,7 @@ template <int D>
 void launch_dkdv_sm90a(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
   using Tr = typename flash::DkdvWsSm90aConfig<D>::type;
   flash::launch_item_kernel<Tr>(flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr>, Tr::kSmemBytes, item_count(p, Tr::kBc),
-                                persistent_bwd(p), p, stream, delta, static_cast<float*>(nullptr), 0,
+                                p, stream, delta, static_cast<float*>(nullptr), 0,
                                 flash::bwd_tma_maps<Tr>(p), flash::item_counter(stream));
 }
 
@@ -710,7 +708,7 @@ void launch_bwd_sm90a(const FlashAttentionParams& p, const float* delta, float* 
     if (p.dq_mode == FlashDq::kAtomic) {
       using Tr = typename flash::DkdvAtomicSm90aConfig<D>::type;
       flash::launch_item_kernel<Tr>(flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr>, Tr::kSmemBytes,
-                                    item_count(p, Tr::kBc), persistent_bwd(p), p, stream, delta, dq_accum,
+                                    item_count(p, Tr::kBc), p, stream, delta, dq_accum,
                                     accum_rows, flash::bwd_tma_maps<Tr>(p), flash::item_counter(stream));
       return;
     }

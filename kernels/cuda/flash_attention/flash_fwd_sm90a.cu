@@ -326,7 +326,7 @@ template <int D>
 void launch_fwd_sm90a(const FlashAttentionParams& p, cudaStream_t stream) {
   using Tr = typename flash::FwdSm90aConfig<D>::type;
   flash::launch_item_kernel<Tr>(flash::flash_fwd_sm90a_kernel<Tr>, Tr::kSmemBytes,
-                                flash::fwd_work_items<Tr>(int(p.T), int(p.H), int(p.B)), /*persistent=*/true, p,
+                                flash::fwd_work_items<Tr>(int(p.T), int(p.H), int(p.B)), p,
                                 stream, flash::fwd_tma_maps<Tr>(p), flash::item_counter(stream));
 }
 

@@ -2,8 +2,9 @@
 // TileRows rows — the rows a block owns: Tr::kOwn for the backward's, Tr::kBr for the
 // warp-specialised ones). Blocks start in launch order, x fastest, so with the tile index slowest
 // every head's heaviest causal tile starts before any lighter one (see flash_fwd_kernel).
-// launch_item_kernel: a 1-D grid over n_items work items numbered in that same order (the kernel
-// decodes them), one block per item or, persistent, one per SM taking several in turn.
+// launch_item_kernel: a persistent 1-D grid over n_items work items numbered in that same order
+// (the kernel decodes them): one block per SM (fewer if there are fewer items), each taking its
+// first item by its index and claiming the next ones from item_counter (below).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -35,10 +36,10 @@ inline int sm_count() {  // of the current device
 }
 
 template <class Tr, typename Kernel, typename... Args>
-void launch_item_kernel(Kernel kernel, size_t smem_bytes, int n_items, bool persistent, const FlashAttentionParams& p,
+void launch_item_kernel(Kernel kernel, size_t smem_bytes, int n_items, const FlashAttentionParams& p,
                         cudaStream_t stream, Args... args) {
   TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
-  const int blocks = persistent ? std::min(n_items, sm_count()) : n_items;
+  const int blocks = std::min(n_items, sm_count());
   kernel<<<blocks, Tr::kThreads, smem_bytes, stream>>>(p, args...);
   TG_CUDA_CHECK(cudaGetLastError());
 }
