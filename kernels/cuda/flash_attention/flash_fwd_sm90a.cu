@@ -114,11 +114,9 @@ struct FwdWorkItem {
 };
 template <class Tr>
 __device__ __forceinline__ FwdWorkItem fwd_work_item(int w, int T, int H, int B, bool causal) {
-  const int n_qb = (T + Tr::kBr - 1) / Tr::kBr;
-  const int h = w % H, b = (w / H) % B, z = w / (H * B);
-  const int q0 = (causal ? n_qb - 1 - z : z) * Tr::kBr;
-  const int q_last = min(q0 + Tr::kBr, T) - 1;
-  return {h, b, q0, causal ? q_last / Tr::kBc + 1 : (T + Tr::kBc - 1) / Tr::kBc};
+  const sm90::ItemTile t = sm90::item_tile(w, H, B, (T + Tr::kBr - 1) / Tr::kBr, Tr::kBr, causal);
+  const int q_last = min(t.row0 + Tr::kBr, T) - 1;
+  return {t.h, t.b, t.row0, causal ? q_last / Tr::kBc + 1 : (T + Tr::kBc - 1) / Tr::kBc};
 }
 template <class Tr>
 __host__ __device__ inline int fwd_work_items(int T, int H, int B) {
