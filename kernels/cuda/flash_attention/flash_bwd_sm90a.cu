@@ -34,15 +34,20 @@ namespace flash {
 
 // acc (64 × N per warpgroup, N = 64 or 128) = A Bᵀ over the D columns of two K-major swizzled
 // tiles: A the warpgroup's 64 rows (panels panel_a bytes apart), B the streamed tile's N rows
-// (panels panel_b apart). k-steps of 16 along D are 32 bytes along a panel's rows.
+// (panels panel_b apart). k-steps of 16 along D are 32 bytes along a panel's rows. The k-steps'
+// descriptors are one opaque base each plus immediate offsets (the address field counts 16-byte
+// units from bit 0): hoisted as 16 loop-invariant 64-bit values, they made the d 128 dK/dV
+// consumers spill 116 bytes inside their loop; computed per call, 0 (the same in wgmma_ab_rs).
 template <int D, int N = 64>
 __device__ __forceinline__ void wgmma_abt_ss(float (&acc)[N / 8][4], const unsigned char* a, int panel_a,
                                              const unsigned char* b, int panel_b) {
+  const uint64_t da0 = sm90::opaque_u64(sm90::k_major_descriptor(a));
+  const uint64_t db0 = sm90::opaque_u64(sm90::k_major_descriptor(b));
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
     const int at = 32 * (ks % 4);
-    const uint64_t da = sm90::k_major_descriptor(a + (ks / 4) * panel_a + at);
-    const uint64_t db = sm90::k_major_descriptor(b + (ks / 4) * panel_b + at);
+    const uint64_t da = da0 + uint64_t(((ks / 4) * panel_a + at) >> 4);
+    const uint64_t db = db0 + uint64_t(((ks / 4) * panel_b + at) >> 4);
     if constexpr (N == 128)
       sm90::wgmma_m64n128k16_ss<0>(sm90::flat(acc), da, db, ks > 0);
     else
@@ -56,9 +61,10 @@ __device__ __forceinline__ void wgmma_abt_ss(float (&acc)[N / 8][4], const unsig
 template <int D, int K = 64>
 __device__ __forceinline__ void wgmma_ab_rs(float (&acc)[D / 8][4], const uint32_t (&a)[K / 16][4], const unsigned char* b,
                                             int panel_b) {
+  const uint64_t desc0 = sm90::opaque_u64(sm90::mn_major_descriptor(b, panel_b));
 #pragma unroll
   for (int kk = 0; kk < K / 16; ++kk) {
-    const uint64_t desc = sm90::mn_major_descriptor(b + kk * 16 * sm90::kSwizzleRowBytes, panel_b);
+    const uint64_t desc = desc0 + uint64_t(kk * 16 * sm90::kSwizzleRowBytes / 16);
     if constexpr (D == 64)
       sm90::wgmma_m64n64k16_rs<1>(sm90::flat(acc), a[kk], desc, true);
     else
