@@ -298,7 +298,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 //
 // FormDq (FlashDq::kAtomic, d 128): the block also forms dQ_i = dS K_j over its Bc keys, 5
 // products per tile pair instead of the 7 of the deterministic pair. Each consumer writes its
-// dSᵀ rows to a swizzled tile (two buffers, ds_full / ds_empty mbarriers), then computes the dQ
+// dSᵀ rows to a swizzled tile (two buffers, ds_full / ds_empty mbarriers), then — a tile later,
+// issued with the next tile's dK product — computes the dQ
 // columns [64c, 64c + 64) over all Bc keys (SS, A read transposed), and stages them in fp32 in
 // one (Br, D) tile in the dq_accum layout (dq_accum_offset); the producer's third warp adds the
 // staged tile into dq_accum with one bulk reduction (dq_full / dq_empty) while the consumers go
@@ -365,7 +366,12 @@ template <> struct DkdvWsSm90aConfig<128> { using type = DkdvWsSm90aTraits<128, 
 // warp-specialised kernel (reductions issued by a producer thread, consumers never waiting on
 // them but for the staging tile): 520 with ping-pong turns, 534 without (the per-tile dSᵀ
 // exchange already synchronises the consumers), against 462 for the cp.async kernel and 465-479
-// for the deterministic pair. At d 64 the deterministic kernels serve both modes: the cp.async
+// for the deterministic pair. Ninth session: tile j's dQ product issued with dK_{j+1} rather
+// than after dK_j has retired (the consumers no longer meet at every tile): 1.018× over the 12
+// d 128 shapes (best of two runs each, one call) — non-causal 1.058× (8k–32k +9–16 %, 32k 430 →
+// 499), causal 0.981× (1k–2k −2 %, 8k 479 → 473, 32k 502 → 522); with ping-pong turns 1.002×,
+// so still without.
+// At d 64 the deterministic kernels serve both modes: the cp.async
 // two-warpgroup version (m64n32 dQ halves) ran 0.89-0.94× the deterministic pair at causal
 // T ≤ 16k — GPT-2's 1k causal 0.90×.
 template <int D> constexpr bool kSm90aAtomicDq = D == 128;
@@ -593,43 +599,33 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     sm90::wgmma_wait<0>();
     release(n_tiles - 1);
   } else {
-    // FormDq: the tile's products in turn (its dQ product needs both consumers' dSᵀ), then dQ.
-    for (int j = 0; j < n_tiles; ++j) {
-      turn_begin();
-      issue_s_dp(j);
-      turn_end(j);
-      sm90::wgmma_wait<0>();
-      p_and_dv(j);
-      ds(j);
-      const int g = seq + j;  // the block's tile count: FormDq's buffers and staging go by it
-      const int buf = g & 1;  // this warp's 16 dSᵀ rows into buffer buf, once tile g − 2's dQ has read it
-      if (g >= 2) sm90::mbarrier_wait(&ds_empty[buf], uint32_t(g / 2 - 1) & 1);
-      sm90::store_a_frags_swizzled(sdSt + buf * Tr::kTileDs + 64 * c * sm90::kSwizzleRowBytes, dsf, 16 * warp, lane);
-      sm90::fence_async_shared();  // st.shared, read by the other warps' wgmma
-      issue_dk(j);
-      __syncwarp();
-      if (lane == 0) sm90::mbarrier_arrive(&ds_full[buf]);
-      sm90::wgmma_wait<0>();
-      release(j);
-
-      // dQ_i (Br queries, columns [64c, 64c + 64)) = dS K_j over the block's Bc keys: A = dS read
-      // transposed from the dSᵀ tile, B = K_j MN-major (its panel c); a k-step of 16 keys is 16
-      // rows of both tiles, 2048 bytes.
-      sm90::mbarrier_wait(&ds_full[buf], uint32_t(g / 2) & 1);
+    // FormDq: tile j's dQ product needs both consumers' dSᵀ_j, so it is issued a tile later —
+    // with dK_{j+1}, once the other consumer has long written its half — and staged for the
+    // reduction at the top of the next iteration, under Sᵀ_{j+2}, dPᵀ_{j+2}. The consumers may
+    // then run up to a tile apart instead of meeting at every tile. g, the block's tile count
+    // (seq + j), picks the dSᵀ buffer (g & 1) and the staging tile's phase.
+    // dq: (64 queries, this consumer's 64 columns of dQ), declared where it is used: the wgmma's
+    // accumulator operands are read-write, so one declared outside the loop stays live across
+    // it (32 registers more at the loop's peak; ptxas then spilled 440 bytes).
+    auto issue_dq = [&](float (&dq)[64 / 8][4], int g) {  // dQ of tile g = dS K_j over the block's Bc keys (SS, A read transposed)
+      const int buf = g & 1;
+      sm90::mbarrier_wait(&ds_full[buf], uint32_t(g / 2) & 1);  // both consumers' dSᵀ rows
       const uint64_t desc_ds = sm90::opaque_u64(sm90::mn_major_descriptor(sdSt + buf * Tr::kTileDs, Tr::kTileDs));
       const uint64_t desc_k = sm90::opaque_u64(sm90::mn_major_descriptor(sK + c * Tr::kPanelOwn, Tr::kPanelOwn));
-      float dq[64 / 8][4];
       sm90::wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < Bc / 16; ++kk)  // descriptors count 16-byte units from bit 0
+      for (int kk = 0; kk < Bc / 16; ++kk)  // a k-step of 16 keys is 16 rows of both tiles, 2048 bytes
         sm90::wgmma_m64n64k16_ss<1, 1>(sm90::flat(dq), desc_ds + kk * 2048 / 16, desc_k + kk * 2048 / 16, kk > 0);
       sm90::wgmma_commit();
-      sm90::wgmma_wait<0>();
+    };
+    // Tile g (the item's tile j)'s dQ product has retired: its dSᵀ buffer is free, and dq goes to
+    // the staging tile once the previous tile's reduction has read it, in the dq_accum layout: row
+    // r at sDq + r·D, the column pair (col, col + 1) at ((col & ~7) ^ 8·(r % 8)) + (col & 7)
+    // (dq_accum_offset); both of a lane's rows are lane / 4 mod 8, so one XOR term serves all its
+    // stores, which hit distinct banks.
+    auto stage_dq = [&](const float (&dq)[64 / 8][4], int g, int j) {
       __syncwarp();
-      if (lane == 0) sm90::mbarrier_arrive(&ds_empty[buf]);
-      // Staged in the dq_accum layout: row r at sDq + r·D, the column pair (col, col + 1) at
-      // ((col & ~7) ^ 8·(r % 8)) + (col & 7) (dq_accum_offset); both of a lane's rows are lane / 4
-      // mod 8, so one XOR term serves all its stores, which hit distinct banks.
+      if (lane == 0) sm90::mbarrier_arrive(&ds_empty[g & 1]);
       if (g >= 1) sm90::mbarrier_wait(dq_empty, uint32_t(g - 1) & 1);
       float* rows = sDq + (16 * warp + (lane >> 2)) * D + frag_col(lane, 0, 0);
       const uint32_t chunk_xor = sm90::opaque_u32((lane >> 2) * 8);
@@ -647,7 +643,41 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       sm90::fence_async_shared();  // st.shared, read by the bulk copy engine
       __syncwarp();
       if (lane == 0) sm90::mbarrier_arrive(dq_full);
+    };
+    // Tile j's four products (dK's issued), its dSᵀ rows published.
+    auto tile_products = [&](int j) {
+      const int g = seq + j;
+      turn_begin();
+      issue_s_dp(j);
+      turn_end(j);
+      sm90::wgmma_wait<0>();
+      p_and_dv(j);
+      ds(j);
+      // This warp's 16 dSᵀ rows into buffer g & 1, once tile g − 2's dQ products have read it.
+      if (g >= 2) sm90::mbarrier_wait(&ds_empty[g & 1], uint32_t(g / 2 - 1) & 1);
+      sm90::store_a_frags_swizzled(sdSt + (g & 1) * Tr::kTileDs + 64 * c * sm90::kSwizzleRowBytes, dsf, 16 * warp,
+                                   lane);
+      sm90::fence_async_shared();  // st.shared, read by the other warps' wgmma
+      issue_dk(j);
+      __syncwarp();
+      if (lane == 0) sm90::mbarrier_arrive(&ds_full[g & 1]);
+    };
+    // The first tile alone (no conditional wgmma inside the loop: ptxas would serialise them).
+    tile_products(0);
+    sm90::wgmma_wait<0>();
+    release(0);
+    for (int j = 1; j < n_tiles; ++j) {
+      tile_products(j);
+      float dq[64 / 8][4];
+      issue_dq(dq, seq + j - 1);
+      sm90::wgmma_wait<0>();  // dV_j, dK_j and dQ_{j−1}
+      release(j);
+      stage_dq(dq, seq + j - 1, j - 1);
     }
+    float dq[64 / 8][4];
+    issue_dq(dq, seq + n_tiles - 1);
+    sm90::wgmma_wait<0>();
+    stage_dq(dq, seq + n_tiles - 1, n_tiles - 1);
   }
 
   // Every product of the item has retired: K_j, V_j (and the item slot) may take the next

@@ -198,12 +198,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const int st = (seq + j) % NS;
     sm90::mbarrier_wait(&kv.k_full[st], uint32_t((seq + j) / NS) & 1);
     const unsigned char* Kj = sK + st * Tr::kTileKV;
+    // One opaque base descriptor per operand plus immediate offsets (address field in 16-byte
+    // units): not hoisted out of the loop as a 64-bit value per k-step (flash_bwd_sm90a.cu).
+    const uint64_t dq0 = sm90::opaque_u64(sm90::k_major_descriptor(sQw));
+    const uint64_t dk0 = sm90::opaque_u64(sm90::k_major_descriptor(Kj));
     sm90::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
       const int at = 32 * (ks % 4);
-      const uint64_t dq = sm90::k_major_descriptor(sQw + (ks / 4) * Tr::kPanelQ + at);
-      const uint64_t dk = sm90::k_major_descriptor(Kj + (ks / 4) * Tr::kPanelKV + at);
+      const uint64_t dq = dq0 + uint64_t(((ks / 4) * Tr::kPanelQ + at) >> 4);
+      const uint64_t dk = dk0 + uint64_t(((ks / 4) * Tr::kPanelKV + at) >> 4);
       if constexpr (Bc == 128)
         sm90::wgmma_m64n128k16_ss<0>(sm90::flat(s), dq, dk, ks > 0);
       else
@@ -215,10 +219,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const int st = (seq + j) % NS;
     sm90::mbarrier_wait(&kv.v_full[st], uint32_t((seq + j) / NS) & 1);
     const unsigned char* Vj = sV + st * Tr::kTileKV;
+    const uint64_t dv0 = sm90::opaque_u64(sm90::mn_major_descriptor(Vj, Tr::kPanelKV));
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < Bc / 16; ++kk) {
-      const uint64_t desc_v = sm90::mn_major_descriptor(Vj + kk * 16 * sm90::kSwizzleRowBytes, Tr::kPanelKV);
+      const uint64_t desc_v = dv0 + uint64_t(kk * 16 * sm90::kSwizzleRowBytes / 16);
       if constexpr (D == 64)
         sm90::wgmma_m64n64k16_rs<1>(sm90::flat(o), pf[kk], desc_v, true);
       else
