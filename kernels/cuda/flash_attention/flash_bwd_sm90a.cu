@@ -55,6 +55,22 @@ __device__ __forceinline__ void wgmma_abt_ss(float (&acc)[N / 8][4], const unsig
   }
 }
 
+// The same with A from registers: the warpgroup's 64 rows as D/16 k-steps of A fragments
+// (sm90::load_a_frags_swizzled), B read from shared memory as above.
+template <int D, int N>
+__device__ __forceinline__ void wgmma_abt_rs(float (&acc)[N / 8][4], const uint32_t (&a)[D / 16][4],
+                                             const unsigned char* b, int panel_b) {
+  const uint64_t db0 = sm90::opaque_u64(sm90::k_major_descriptor(b));
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    const uint64_t db = db0 + uint64_t(((ks / 4) * panel_b + 32 * (ks % 4)) >> 4);
+    if constexpr (N == 128)
+      sm90::wgmma_m64n128k16_rs<0>(sm90::flat(acc), a[ks], db, ks > 0);
+    else
+      sm90::wgmma_m64n64k16_rs<0>(sm90::flat(acc), a[ks], db, ks > 0);
+  }
+}
+
 // acc (64 × D per warpgroup) += A B: A (64 × K, K = 64 or 128) from registers as K/16 k-steps of
 // A fragments, B the (K, D) streamed or owned tile at b read MN-major (rows are K; 64-column
 // panels panel_b bytes apart): a k-step of 16 rows starts 16·128 bytes further.
@@ -304,9 +320,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 // one (Br, D) tile in the dq_accum layout (dq_accum_offset); the producer's third warp adds the
 // staged tile into dq_accum with one bulk reduction (dq_full / dq_empty) while the consumers go
 // on — unordered across blocks.
-template <int D_, int Consumers, int Stages, bool PingPong, bool FormDq = false>
+template <int D_, int Consumers, int Stages, bool PingPong, bool FormDq = false, bool OwnInRegisters = false>
 struct DkdvWsSm90aTraits {
   static constexpr int kD = D_;
+  // Sᵀ = K Qᵀ, dPᵀ = V dOᵀ with the warpgroup's K and V rows loaded once per item as A fragments
+  // (RS) rather than read from shared memory at every tile (SS): half the shared-memory traffic of
+  // those two products; 2·D/4 registers more per thread.
+  static constexpr bool kOwnInRegisters = OwnInRegisters;
   static constexpr int kConsumers = Consumers;
   static constexpr int kThreads = 128 * (Consumers + 1);  // warpgroup 0 is the producer
   static constexpr int kBc = 64 * Consumers;              // keys per block
@@ -351,9 +371,12 @@ struct DkdvWsSm90aTraits {
 // over the 24 shapes: with ping-pong 1.036× the unpipelined kernel — +3-9 % at d 64 (causal 4k
 // 325 → 337, 32k 358 → 372), level at d 128, where it spills 100 bytes —; without ping-pong
 // 1.028× — level or slower at d 64, +2-20 % at d 128 (causal 32k 452 → 476, non-causal 4k
-// 386 → 469). Kept per head dim.
+// 386 → 469). Kept per head dim. Ninth session, K and V in registers (best of 3 interleaved runs
+// in one call): d 64 1.025× over its 12 shapes (causal 8k 340 → 371, non-causal 32k 355 → 376;
+// 0 consumer spills); d 128 has no registers for them (dK, dV and the pipelined tile fill 240).
+// The dQ kernel's Q in registers measured 1.002× (d 64) and 0.997× (d 128): not kept.
 template <int D> struct DkdvWsSm90aConfig;
-template <> struct DkdvWsSm90aConfig<64> { using type = DkdvWsSm90aTraits<64, 2, 3, true>; };
+template <> struct DkdvWsSm90aConfig<64> { using type = DkdvWsSm90aTraits<64, 2, 3, true, false, true>; };
 template <> struct DkdvWsSm90aConfig<128> { using type = DkdvWsSm90aTraits<128, 2, 3, false>; };
 // FlashDq::kAtomic's dK/dV kernel, which forms dQ too (5 products per tile pair, not 7), at d 128
 // only. Each block adds a (64 queries, D) fp32 dQ tile per streamed query tile; the L2 performs
@@ -514,9 +537,19 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int my_turn = 1 + c, next_turn = 1 + (c + 1) % C;
   if (Tr::kPingPong && c == C - 1) sm90::named_barrier_arrive(1, 256);  // consumer 0 takes the first turn
   int seq = 0;  // as the producer's
+  // kOwnInRegisters: this warp's rows of K_j and V_j as A fragments, loaded per item.
+  uint32_t kf[Tr::kOwnInRegisters ? D / 16 : 1][4], vf[Tr::kOwnInRegisters ? D / 16 : 1][4];
 
   for (int it = 0, last_item = 0; !last_item; ++it) {
   sm90::mbarrier_wait(own_full, uint32_t(it) & 1);  // K_j, V_j and the item slot
+  if constexpr (Tr::kOwnInRegisters)
+#pragma unroll
+    for (int pn = 0; pn < Tr::kPanels; ++pn) {
+      sm90::load_a_frags_swizzled(reinterpret_cast<uint32_t(&)[4][4]>(kf[4 * pn]), sK + pn * Tr::kPanelOwn,
+                                  64 * c + 16 * warp, lane);
+      sm90::load_a_frags_swizzled(reinterpret_cast<uint32_t(&)[4][4]>(vf[4 * pn]), sV + pn * Tr::kPanelOwn,
+                                  64 * c + 16 * warp, lane);
+    }
   const sm90::ItemSlot slot = sm90::read_item_slot(s_item, lane);
   last_item = slot.next >= n_items;  // the ring's very last turn hands on to no one
   const sm90::ItemTile item = sm90::item_tile(slot.item, H, B, n_kb, Bc, false);
@@ -541,9 +574,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     sm90::mbarrier_wait(&qdo.k_full[st], uint32_t((seq + j) / NS) & 1);
     sm90::mbarrier_wait(&qdo.v_full[st], uint32_t((seq + j) / NS) & 1);
     sm90::wgmma_fence();
-    const int own_row = 64 * c * sm90::kSwizzleRowBytes;  // the warpgroup's rows, in each panel
-    wgmma_abt_ss<D>(s, sK + own_row, Tr::kPanelOwn, sQ + st * Tr::kTileStream, Tr::kPanelStream);
-    wgmma_abt_ss<D>(dp, sV + own_row, Tr::kPanelOwn, sdO + st * Tr::kTileStream, Tr::kPanelStream);
+    if constexpr (Tr::kOwnInRegisters) {
+      wgmma_abt_rs<D, Br>(s, kf, sQ + st * Tr::kTileStream, Tr::kPanelStream);
+      wgmma_abt_rs<D, Br>(dp, vf, sdO + st * Tr::kTileStream, Tr::kPanelStream);
+    } else {
+      const int own_row = 64 * c * sm90::kSwizzleRowBytes;  // the warpgroup's rows, in each panel
+      wgmma_abt_ss<D>(s, sK + own_row, Tr::kPanelOwn, sQ + st * Tr::kTileStream, Tr::kPanelStream);
+      wgmma_abt_ss<D>(dp, sV + own_row, Tr::kPanelOwn, sdO + st * Tr::kTileStream, Tr::kPanelStream);
+    }
     sm90::wgmma_commit();
   };
   auto issue_dk = [&](int j) {  // dK += dSᵀ_j Q_j

@@ -44,9 +44,12 @@ namespace flash {
 // the consumers. The consumers take turns: named barriers pass the right to issue a tile's two
 // products around the ring of consumer warpgroups, so one warpgroup's softmax overlaps the
 // others' products rather than coinciding with them (FlashAttention-3's ping-pong).
-template <int D_, int Consumers, int Bc_, int Stages>
+template <int D_, int Consumers, int Bc_, int Stages, bool QInRegisters = false>
 struct FwdSm90aTraits {
   static constexpr int kD = D_;
+  // S = Q K_jᵀ with Q's A fragments loaded once per item into registers (RS) instead of read from
+  // shared memory at every tile (SS): a third of the product's shared-memory traffic less.
+  static constexpr bool kQInRegisters = QInRegisters;
   static constexpr int kConsumers = Consumers;            // warpgroups of 64 query rows
   static constexpr int kThreads = 128 * (Consumers + 1);  // warpgroup 0 is the producer
   static constexpr int kBr = 64 * Consumers;              // query rows per block
@@ -98,9 +101,13 @@ FwdTmaMaps fwd_tma_maps(const FlashAttentionParams& p) {  // p's row strides res
 //          1 block per SM, most blocks a few tiles long) it is 232 against the old kernel's 265:
 //          a block's start (barriers, Q's load, the first tile) is not hidden under another
 //          block's tail. The persistent grid (launch_fwd_sm90a) took it to 268 (seventh session).
+// Q in registers (ninth session, best of 3 interleaved runs in one call): d 128 1.017× over its
+// 12 shapes (non-causal 8k 559 → 615, 32k 560 → 577; causal 8k 613 → 619), with 0 consumer
+// spills at 240; at d 64 (3 × 160 registers) it spills 96 bytes and ptxas serialises the
+// wgmmas, so d 64 reads Q from shared memory.
 template <int D> struct FwdSm90aConfig;
 template <> struct FwdSm90aConfig<64> { using type = FwdSm90aTraits<64, 3, 128, 2>; };
-template <> struct FwdSm90aConfig<128> { using type = FwdSm90aTraits<128, 2, 128, 2>; };
+template <> struct FwdSm90aConfig<128> { using type = FwdSm90aTraits<128, 2, 128, 2, true>; };
 
 // Work items: (query tile, head, batch), numbered heaviest first — the head fastest, then the
 // batch, the tile slowest (reversed when causal), the order in which a grid of one item per
@@ -194,24 +201,36 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if (lane == 0) sm90::mbarrier_arrive(bar);
   };
   int seq = 0;  // as the producer's
+  uint32_t qf[Tr::kQInRegisters ? D / 16 : 1][4];  // kQInRegisters: this warp's Q rows, per item
   auto issue_s = [&](float (&s)[Bc / 8][4], int j) {
     const int st = (seq + j) % NS;
     sm90::mbarrier_wait(&kv.k_full[st], uint32_t((seq + j) / NS) & 1);
     const unsigned char* Kj = sK + st * Tr::kTileKV;
     // One opaque base descriptor per operand plus immediate offsets (address field in 16-byte
     // units): not hoisted out of the loop as a 64-bit value per k-step (flash_bwd_sm90a.cu).
-    const uint64_t dq0 = sm90::opaque_u64(sm90::k_major_descriptor(sQw));
     const uint64_t dk0 = sm90::opaque_u64(sm90::k_major_descriptor(Kj));
     sm90::wgmma_fence();
+    if constexpr (Tr::kQInRegisters) {
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      const int at = 32 * (ks % 4);
-      const uint64_t dq = dq0 + uint64_t(((ks / 4) * Tr::kPanelQ + at) >> 4);
-      const uint64_t dk = dk0 + uint64_t(((ks / 4) * Tr::kPanelKV + at) >> 4);
-      if constexpr (Bc == 128)
-        sm90::wgmma_m64n128k16_ss<0>(sm90::flat(s), dq, dk, ks > 0);
-      else
-        sm90::wgmma_m64n64k16_ss<0>(sm90::flat(s), dq, dk, ks > 0);
+      for (int ks = 0; ks < D / 16; ++ks) {
+        const uint64_t dk = dk0 + uint64_t(((ks / 4) * Tr::kPanelKV + 32 * (ks % 4)) >> 4);
+        if constexpr (Bc == 128)
+          sm90::wgmma_m64n128k16_rs<0>(sm90::flat(s), qf[ks], dk, ks > 0);
+        else
+          sm90::wgmma_m64n64k16_rs<0>(sm90::flat(s), qf[ks], dk, ks > 0);
+      }
+    } else {
+      const uint64_t dq0 = sm90::opaque_u64(sm90::k_major_descriptor(sQw));
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        const int at = 32 * (ks % 4);
+        const uint64_t dq = dq0 + uint64_t(((ks / 4) * Tr::kPanelQ + at) >> 4);
+        const uint64_t dk = dk0 + uint64_t(((ks / 4) * Tr::kPanelKV + at) >> 4);
+        if constexpr (Bc == 128)
+          sm90::wgmma_m64n128k16_ss<0>(sm90::flat(s), dq, dk, ks > 0);
+        else
+          sm90::wgmma_m64n64k16_ss<0>(sm90::flat(s), dq, dk, ks > 0);
+      }
     }
     sm90::wgmma_commit();
   };
@@ -235,6 +254,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   for (int it = 0, last_item = 0; !last_item; ++it) {
     sm90::mbarrier_wait(q_full, uint32_t(it) & 1);  // Q and the item slot
+    if constexpr (Tr::kQInRegisters)
+#pragma unroll
+      for (int pn = 0; pn < Tr::kPanels; ++pn)
+        sm90::load_a_frags_swizzled(reinterpret_cast<uint32_t(&)[4][4]>(qf[4 * pn]), sQw + pn * Tr::kPanelQ,
+                                    16 * warp, lane);
     const sm90::ItemSlot slot = sm90::read_item_slot(s_item, lane);
     const int w = slot.item;
     last_item = slot.next >= n_items;

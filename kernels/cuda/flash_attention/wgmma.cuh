@@ -301,6 +301,21 @@ __device__ __forceinline__ void store_a_frags_swizzled(unsigned char* dst, const
           a[kk][e];
 }
 
+// The inverse: rows [row0, row0 + 16) of a 64-column swizzled tile at src → the warp's A
+// fragments for 4 k-steps (a tile that stays in registers as a wgmma A operand). The same
+// addresses as the stores, so no bank conflicts either.
+__device__ __forceinline__ void load_a_frags_swizzled(uint32_t (&a)[4][4], const unsigned char* src, int row0,
+                                                      int lane) {
+  const unsigned char* base = src + (row0 + (lane >> 2)) * kSwizzleRowBytes + 4 * (lane & 3);
+  const uint32_t chunk_xor = opaque_u32(16 * (lane >> 2));
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      a[kk][e] = *reinterpret_cast<const uint32_t*>(base + 8 * kSwizzleRowBytes * (e & 1) +
+                                                    ((32 * kk + 16 * (e >> 1)) ^ chunk_xor));
+}
+
 // ── Work items of the persistent kernels ──
 // Item w of H · B · n_tiles: head w % H, batch (w / H) % B, tile w / (H · B) — reversed (last
 // tile first) when the heaviest tiles are the last ones, as a causal forward's and dQ pass's are;
