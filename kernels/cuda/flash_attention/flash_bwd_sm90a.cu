@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       int seq = 0;  // the K/V stream's position at the item's first tile
       int w = int(blockIdx.x), next = sm90::claim_item(item_counter);
       for (int it = 0; w < n_items; ++it) {
-        const sm90::ItemTile item = sm90::item_tile(w, H, B, n_qb, Br, causal);
+        const sm90::ItemTile item = sm90::item_tile(w, H, B, n_qb, Br, causal, true);
         const int col = item.h * D, n_kb = keys_of(item.row0);
         if (it > 0) sm90::mbarrier_wait(q_empty, uint32_t(it - 1) & 1);
         s_item[0] = w;
@@ -242,7 +242,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     sm90::mbarrier_wait(q_full, uint32_t(it) & 1);  // Q, dO and the item slot
     const sm90::ItemSlot slot = sm90::read_item_slot(s_item, lane);
     last_item = slot.next >= n_items;  // the ring's very last turn hands on to no one
-    const sm90::ItemTile item = sm90::item_tile(slot.item, H, B, n_qb, Br, causal);
+    const sm90::ItemTile item = sm90::item_tile(slot.item, H, B, n_qb, Br, causal, true);
     const int n_kb = keys_of(item.row0);
     const int row0 = item.row0 + 64 * c + 16 * warp;  // this warp's first query row
     // This lane's rows g and g+8: lse (log2 units) and delta, 0 past T (those rows are never stored).
@@ -473,7 +473,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if (tid == 0) {  // per item, K_j, V_j once the last item's are done with, then its Q/dO tiles
       int w = int(blockIdx.x), next = sm90::claim_item(item_counter);
       for (int it = 0, seq = 0; w < n_items; ++it) {
-        const sm90::ItemTile item = sm90::item_tile(w, H, B, n_kb, Bc, false);
+        const sm90::ItemTile item = sm90::item_tile(w, H, B, n_kb, Bc, causal, false);
         const int i_begin = first_tile(item.row0), col = item.h * D;
         if (it > 0) sm90::mbarrier_wait(own_empty, uint32_t(it - 1) & 1);
         s_item[0] = w;
@@ -495,7 +495,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         sm90::mbarrier_wait(own_full, uint32_t(it) & 1);
         const sm90::ItemSlot slot = sm90::read_item_slot(s_item, lane);
         last_item = slot.next >= n_items;
-        const sm90::ItemTile item = sm90::item_tile(slot.item, H, B, n_kb, Bc, false);
+        const sm90::ItemTile item = sm90::item_tile(slot.item, H, B, n_kb, Bc, causal, false);
         const float* lse = p.lse + (int64_t(item.b) * H + item.h) * T;
         const float* dlt = delta + (int64_t(item.b) * H + item.h) * T;
         for (int i = first_tile(item.row0); i < n_qb; ++i, ++seq) {
@@ -552,7 +552,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
   const sm90::ItemSlot slot = sm90::read_item_slot(s_item, lane);
   last_item = slot.next >= n_items;  // the ring's very last turn hands on to no one
-  const sm90::ItemTile item = sm90::item_tile(slot.item, H, B, n_kb, Bc, false);
+  const sm90::ItemTile item = sm90::item_tile(slot.item, H, B, n_kb, Bc, causal, false);
   const int i_begin = first_tile(item.row0), n_tiles = n_qb - i_begin;  // ≥ 1
   const int key0 = item.row0 + 64 * c + 16 * warp;  // this warp's first key
   float dk[D / 8][4], dv[D / 8][4];  // (16, D) per warp: the warpgroup's (64, D) accumulators
@@ -674,7 +674,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           *reinterpret_cast<float2*>(rows + 8 * e * D + ((64 * c + 8 * nt) ^ chunk_xor)) =
               make_float2(dq[nt][2 * e], dq[nt][2 * e + 1]);
       if (c == 0 && warp == 0 && lane == 0) {  // the tile's destination, for the reducing thread
-        const sm90::ItemTile at = sm90::item_tile(s_item[0], H, B, n_kb, Bc, false);
+        const sm90::ItemTile at = sm90::item_tile(s_item[0], H, B, n_kb, Bc, causal, false);
         s_dq[0] = ((int64_t(at.b) * H + at.h) * accum_rows + int64_t(first_tile(at.row0) + j) * Br) * D;
         s_dq[1] = last_item && j + 1 == n_tiles;
       }
@@ -727,7 +727,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   seq += n_tiles;
 
   // dK = scale · Σ dSᵀ Q: the softmax scale applied once, in fp32.
-  const sm90::ItemTile out = sm90::item_tile(done.item, H, B, n_kb, Bc, false);
+  const sm90::ItemTile out = sm90::item_tile(done.item, H, B, n_kb, Bc, causal, false);
   const int64_t bt = int64_t(out.b) * T;
   tg::bf16* dK = p.dk + bt * p.dk_row_stride + out.h * D;
   tg::bf16* dV = p.dv + bt * p.dv_row_stride + out.h * D;

@@ -121,7 +121,7 @@ struct FwdWorkItem {
 };
 template <class Tr>
 __device__ __forceinline__ FwdWorkItem fwd_work_item(int w, int T, int H, int B, bool causal) {
-  const sm90::ItemTile t = sm90::item_tile(w, H, B, (T + Tr::kBr - 1) / Tr::kBr, Tr::kBr, causal);
+  const sm90::ItemTile t = sm90::item_tile(w, H, B, (T + Tr::kBr - 1) / Tr::kBr, Tr::kBr, causal, true);
   const int q_last = min(t.row0 + Tr::kBr, T) - 1;
   return {t.h, t.b, t.row0, causal ? q_last / Tr::kBc + 1 : (T + Tr::kBc - 1) / Tr::kBc};
 }

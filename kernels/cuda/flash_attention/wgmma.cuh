@@ -317,16 +317,25 @@ __device__ __forceinline__ void load_a_frags_swizzled(uint32_t (&a)[4][4], const
 }
 
 // ── Work items of the persistent kernels ──
-// Item w of H · B · n_tiles: head w % H, batch (w / H) % B, tile w / (H · B) — reversed (last
-// tile first) when the heaviest tiles are the last ones, as a causal forward's and dQ pass's are;
-// the order in which a grid of one item per block starts its blocks (launch.cuh,
-// launch_item_kernel). row0: the tile's first row.
+// Item w of H · B · n_tiles, in one of two orders (blocks claim items in increasing w):
+//   causal — heaviest first: head w % H, batch (w / H) % B, tile w / (H · B), reversed (last tile
+//     first) when the heaviest tiles are the last ones (heaviest_last: the forward's and the dQ
+//     pass's query tiles; the dK/dV pass's key blocks are heaviest first as they are);
+//   non-causal — every item equally long, so head-major: tile w % n_tiles, head (w / n_tiles) % H,
+//     batch w / (n_tiles · H). The blocks running at once then work on few heads, and each K/V (or
+//     Q/dO) tile they stream is read by many of them while it is in L2. Measured on the H200
+//     (ninth session, docs/BENCHMARKS.md): over the 12 non-causal shapes 1.049× the tile-major
+//     order for the forward, 1.062× for the deterministic backward, 1.113× for the atomic one
+//     (d 128 forward 1k 448 → 526 TF/s).
+// row0: the tile's first row.
 struct ItemTile {
   int h, b, row0;
 };
-__device__ __forceinline__ ItemTile item_tile(int w, int H, int B, int n_tiles, int rows, bool reversed) {
+__device__ __forceinline__ ItemTile item_tile(int w, int H, int B, int n_tiles, int rows, bool causal,
+                                              bool heaviest_last) {
+  if (!causal) return {(w / n_tiles) % H, w / (n_tiles * H), (w % n_tiles) * rows};
   const int z = w / (H * B);
-  return {w % H, (w / H) % B, (reversed ? n_tiles - 1 - z : z) * rows};
+  return {w % H, (w / H) % B, (heaviest_last ? n_tiles - 1 - z : z) * rows};
 }
 
 // ── The producer of the warp-specialised kernels ──
