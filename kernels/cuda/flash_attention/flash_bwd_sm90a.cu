@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int T = int(p.T), H = int(p.H), B = int(p.B);
   const bool causal = p.causal;
   const int tid = threadIdx.x, wg = tid / 128;
-  // Work items (query tile, head, batch), heaviest first (sm90::item_tile); this block's first
+  // Work items (query tile, head, batch), heaviest first when causal (sm90::item_tile); this block's first
   // is blockIdx.x, the next ones claimed from item_counter, as in the forward.
   const int n_qb = (T + Br - 1) / Br, n_items = H * B * n_qb;
   auto keys_of = [=](int q0) {  // key tiles a query tile sees
@@ -420,8 +420,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int T = int(p.T), H = int(p.H), B = int(p.B);
   const bool causal = p.causal;
   const int tid = threadIdx.x, wg = tid / 128;
-  // Work items (key block, head, batch), the low key blocks first (causal: they see the most
-  // queries); this block's first is blockIdx.x, the next ones claimed from item_counter by the
+  // Work items (key block, head, batch), causal: the low key blocks first (they see the most
+  // queries); non-causal: head-major (sm90::item_tile). This block's first is blockIdx.x, the next ones claimed from item_counter by the
   // producer thread, which publishes each in the item slot with K_j, V_j (own_full).
   const int n_kb = (T + Bc - 1) / Bc, n_items = H * B * n_kb;
   const int n_qb = (T + Br - 1) / Br;

@@ -14,9 +14,10 @@
 //     warpgroup's softmax runs while another's products do.
 // Within a consumer the loop is pipelined: S for tile j is issued with P_{j−1} V_{j−1}, and tile
 // j's softmax runs while the second product does; the scale is folded into the exponent's FFMA
-// (tile.cuh, "raw scores"). Work items (query tile, head, batch) go heaviest first; up to
-// T = 4096 the grid is one block per SM, each taking several items in turn, its producer loading
-// the next item's Q and K/V while the consumers finish the last (launch_fwd_sm90a).
+// (tile.cuh, "raw scores"). Work items (query tile, head, batch) go heaviest first when causal,
+// head-major when not (sm90::item_tile); the grid is one block per SM, each taking several items
+// in turn, its producer loading the next item's Q and K/V while the consumers finish the last
+// (launch_fwd_sm90a).
 //
 // flash_attention_forward runs it on compute capability 9.0 (FlashKernels::kAuto) for scale > 0;
 // flash_fwd.cu's kernel is the fallback elsewhere and the tests' second opinion.
@@ -109,9 +110,9 @@ template <int D> struct FwdSm90aConfig;
 template <> struct FwdSm90aConfig<64> { using type = FwdSm90aTraits<64, 3, 128, 2>; };
 template <> struct FwdSm90aConfig<128> { using type = FwdSm90aTraits<128, 2, 128, 2, true>; };
 
-// Work items: (query tile, head, batch), numbered heaviest first — the head fastest, then the
-// batch, the tile slowest (reversed when causal), the order in which a grid of one item per
-// block would start its blocks. The grid has one block per SM (persistent, so that the next
+// Work items: (query tile, head, batch), numbered heaviest first when causal — the head fastest,
+// then the batch, the tile slowest and reversed, the order in which a grid of one item per block
+// would start its blocks — and head-major when not (sm90::item_tile). The grid has one block per SM (persistent, so that the next
 // item's Q and first K/V tiles load while the last one's final products, softmax and epilogue
 // run): block x takes item x first, then claims the lowest unclaimed item from a counter each
 // time its producer is ready for another (a dynamic scheduler, so the heaviest-first order holds
