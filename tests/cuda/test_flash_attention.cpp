@@ -286,6 +286,9 @@ std::vector<Case> cases() {
       }
   out.push_back({1, 4096, 1, 64, false, 0.0});  // many key tiles: the online rescale over a long row
   out.push_back({1, 2048, 1, 128, true, 0.0});
+  // Causal past 2048 at d 128: where the opt-in atomic dQ runs its own wgmma kernel
+  // (sm90a_runs_atomic_dq; at T ≤ 2048 it takes the faster deterministic pair), ragged end.
+  out.push_back({1, 2200, 1, 128, true, 0.0});
   out.push_back({1, 300, 2, 64, true, 1.0});    // scale 1: peaked rows, large running-max jumps
   out.push_back({1, 300, 2, 128, false, 1.0});
   // More work items than an H200 has SMs (192 and 288 query tiles × heads × batches for 132):

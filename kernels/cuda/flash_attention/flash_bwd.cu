@@ -373,9 +373,9 @@ void launch_bwd(const FlashAttentionParams& p_in, cudaStream_t stream) {
                                                                         ws.delta, rows, int(p.T), int(p.H));
   TG_CUDA_CHECK(cudaGetLastError());
 
-  // On compute capability 9.0 kAtomic has a kernel of its own at d 128 only; at d 64 the
-  // deterministic wgmma kernels are the faster and serve both modes (flash_bwd_sm90a.cu).
-  const bool atomic_dq = p.dq_mode == FlashDq::kAtomic && (!wgmma || flash::sm90a_has_atomic_dq(p.D));
+  // On compute capability 9.0 kAtomic has a kernel of its own at d 128 only, and runs it where it
+  // is the faster; elsewhere the deterministic wgmma kernels serve both modes (flash_bwd_sm90a.cu).
+  const bool atomic_dq = p.dq_mode == FlashDq::kAtomic && (!wgmma || flash::sm90a_runs_atomic_dq(p));
   const int accum_rows = int(Ws::accum_rows(p.T));
   if (atomic_dq)  // every key block adds
     TG_CUDA_CHECK(cudaMemsetAsync(ws.dq_accum, 0, Ws::accum_bytes(p.B, p.T, p.H), stream));

@@ -795,7 +795,16 @@ void launch_bwd_sm90a(const FlashAttentionParams& p, const float* delta, float* 
 
 namespace flash {
 
-bool sm90a_has_atomic_dq(int64_t D) { return D == 128 ? kSm90aAtomicDq<128> : kSm90aAtomicDq<64>; }
+// kAtomic permits a run-dependent dQ; it does not require one. Causal at T ≤ 2048 the
+// deterministic pair is the faster at d 128 too (the atomic kernel's accumulator is zeroed and
+// converted in passes of their own, and its short causal items end in an unhidden dQ product):
+// measured on the H200 in three calls of the ninth session (docs/BENCHMARKS.md), deterministic /
+// atomic TF/s, causal 1k 270–275 / 220–226, 2k 360–365 / 284–287, 4k 423–450 / 395–466; the
+// non-causal atomic kernel is level at 1k–2k (403 / 407, 447 / 428) and ahead from 4k.
+bool sm90a_runs_atomic_dq(const FlashAttentionParams& p) {
+  const bool has_kernel = p.D == 128 ? kSm90aAtomicDq<128> : kSm90aAtomicDq<64>;
+  return has_kernel && !(p.causal && p.T <= 2048);
+}
 
 void flash_bwd_sm90a(const FlashAttentionParams& p, const float* delta, float* dq_accum, int accum_rows,
                      cudaStream_t stream) {

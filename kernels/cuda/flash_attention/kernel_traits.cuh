@@ -52,10 +52,10 @@ bool device_is_sm90();
 bool use_wgmma(const FlashAttentionParams& p, const char* fn);
 // The wgmma kernels' launchers (built for sm_90a alone), on parameters the public entry points
 // have checked and whose row strides are resolved: the forward, and the backward after delta.
-// With p.dq_mode kAtomic (only where sm90a_has_atomic_dq(D): the callers pass kRecompute
+// With p.dq_mode kAtomic (only where sm90a_runs_atomic_dq(p): the callers pass kRecompute
 // otherwise) the backward only adds dS K into dq_accum (accum_rows rows per head, a multiple of 64
 // ≥ T, zeroed by the caller), which the caller then converts into dq.
-bool sm90a_has_atomic_dq(int64_t D);
+bool sm90a_runs_atomic_dq(const FlashAttentionParams& p);
 void flash_fwd_sm90a(const FlashAttentionParams& p, cudaStream_t stream);
 void flash_bwd_sm90a(const FlashAttentionParams& p, const float* delta, float* dq_accum, int accum_rows,
                      cudaStream_t stream);
