@@ -320,6 +320,10 @@ std::vector<Sm90aCase> sm90a_cases() {
   // 10 query tiles: every Q/dO stage, dSᵀ buffer and the dQ staging reused several times.
   for (bool causal : {false, true}) out.push_back({{1, 600, 1, 128, causal, 0.0}, false, FlashDq::kAtomic});
   for (int64_t D : {64, 128}) out.push_back({{1, 129, 2, D, true, -0.125}, false});
+  // Several batches and heads over 3 blocks, non-causal: the head-major item order
+  // (sm90::item_tile) decoded alike by every role of every kernel, batch index included.
+  for (int64_t D : {64, 128}) out.push_back({{2, 300, 3, D, false, 0.0}, false});
+  out.push_back({{2, 300, 3, 128, false, 0.0}, false, FlashDq::kAtomic});
   return out;
 }
 
