@@ -165,8 +165,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int T = int(p.T), H = int(p.H), B = int(p.B);
   const bool causal = p.causal;
   const int tid = threadIdx.x, wg = tid / 128;
-  // Work items (query tile, head, batch), heaviest first when causal (sm90::item_tile); this block's first
-  // is blockIdx.x, the next ones claimed from item_counter, as in the forward.
+  // Work items (query tile, head, batch), heaviest first when causal (sm90::item_tile); this
+  // block's first is blockIdx.x, the next ones claimed from item_counter, as in the forward.
   const int n_qb = (T + Br - 1) / Br, n_items = H * B * n_qb;
   auto keys_of = [=](int q0) {  // key tiles a query tile sees
     const int q_last = min(q0 + Br, T) - 1;
@@ -315,9 +315,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 // FormDq (FlashDq::kAtomic, d 128): the block also forms dQ_i = dS K_j over its Bc keys, 5
 // products per tile pair instead of the 7 of the deterministic pair. Each consumer writes its
 // dSᵀ rows to a swizzled tile (two buffers, ds_full / ds_empty mbarriers), then — a tile later,
-// issued with the next tile's dK product — computes the dQ
-// columns [64c, 64c + 64) over all Bc keys (SS, A read transposed), and stages them in fp32 in
-// one (Br, D) tile in the dq_accum layout (dq_accum_offset); the producer's third warp adds the
+// issued with the next tile's dK product — computes the dQ columns [64c, 64c + 64) over all Bc
+// keys (SS, A read transposed), and stages them in fp32 in one (Br, D) tile in the dq_accum
+// layout (dq_accum_offset); the producer's third warp adds the
 // staged tile into dq_accum with one bulk reduction (dq_full / dq_empty) while the consumers go
 // on — unordered across blocks.
 template <int D_, int Consumers, int Stages, bool PingPong, bool FormDq = false, bool OwnInRegisters = false>
@@ -393,10 +393,9 @@ template <> struct DkdvWsSm90aConfig<128> { using type = DkdvWsSm90aTraits<128, 
 // than after dK_j has retired (the consumers no longer meet at every tile): 1.018× over the 12
 // d 128 shapes (best of two runs each, one call) — non-causal 1.058× (8k–32k +9–16 %, 32k 430 →
 // 499), causal 0.981× (1k–2k −2 %, 8k 479 → 473, 32k 502 → 522); with ping-pong turns 1.002×,
-// so still without.
-// At d 64 the deterministic kernels serve both modes: the cp.async
+// so still without. At d 64 the deterministic kernels serve both modes: the cp.async
 // two-warpgroup version (m64n32 dQ halves) ran 0.89-0.94× the deterministic pair at causal
-// T ≤ 16k — GPT-2's 1k causal 0.90×.
+// T ≤ 16k — GPT-2's 1k causal 0.90×. Causal T ≤ 2048 at d 128 too (sm90a_runs_atomic_dq).
 template <int D> constexpr bool kSm90aAtomicDq = D == 128;
 template <int D> struct DkdvAtomicSm90aConfig;
 template <> struct DkdvAtomicSm90aConfig<128> { using type = DkdvWsSm90aTraits<128, 2, 3, false, true>; };
@@ -421,8 +420,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const bool causal = p.causal;
   const int tid = threadIdx.x, wg = tid / 128;
   // Work items (key block, head, batch), causal: the low key blocks first (they see the most
-  // queries); non-causal: head-major (sm90::item_tile). This block's first is blockIdx.x, the next ones claimed from item_counter by the
-  // producer thread, which publishes each in the item slot with K_j, V_j (own_full).
+  // queries); non-causal: head-major (sm90::item_tile). This block's first is blockIdx.x, the
+  // next ones claimed from item_counter by the producer thread, which publishes each in the item
+  // slot with K_j, V_j (own_full).
   const int n_kb = (T + Bc - 1) / Bc, n_items = H * B * n_kb;
   const int n_qb = (T + Br - 1) / Br;
   // Causal: query tiles ending before the key block's first key only see keys in their future,
@@ -639,13 +639,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   } else {
     // FormDq: tile j's dQ product needs both consumers' dSᵀ_j, so it is issued a tile later —
     // with dK_{j+1}, once the other consumer has long written its half — and staged for the
-    // reduction at the top of the next iteration, under Sᵀ_{j+2}, dPᵀ_{j+2}. The consumers may
-    // then run up to a tile apart instead of meeting at every tile. g, the block's tile count
-    // (seq + j), picks the dSᵀ buffer (g & 1) and the staging tile's phase.
+    // reduction when it has retired, at the end of that iteration (staged under the next Sᵀ, dPᵀ
+    // instead, the registers overflowed). The consumers may then run up to a tile apart instead
+    // of meeting at every tile. g, the block's tile count (seq + j), picks the dSᵀ buffer
+    // (g & 1) and the staging tile's phase.
     // dq: (64 queries, this consumer's 64 columns of dQ), declared where it is used: the wgmma's
     // accumulator operands are read-write, so one declared outside the loop stays live across
     // it (32 registers more at the loop's peak; ptxas then spilled 440 bytes).
-    auto issue_dq = [&](float (&dq)[64 / 8][4], int g) {  // dQ of tile g = dS K_j over the block's Bc keys (SS, A read transposed)
+    // dQ of the block's tile g = dS K_j over its Bc keys (SS, A read transposed).
+    auto issue_dq = [&](float (&dq)[64 / 8][4], int g) {
       const int buf = g & 1;
       sm90::mbarrier_wait(&ds_full[buf], uint32_t(g / 2) & 1);  // both consumers' dSᵀ rows
       const uint64_t desc_ds = sm90::opaque_u64(sm90::mn_major_descriptor(sdSt + buf * Tr::kTileDs, Tr::kTileDs));
