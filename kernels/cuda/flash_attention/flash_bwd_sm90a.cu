@@ -32,62 +32,6 @@ namespace tg::cuda {
 
 namespace flash {
 
-// acc (64 × N per warpgroup, N = 64 or 128) = A Bᵀ over the D columns of two K-major swizzled
-// tiles: A the warpgroup's 64 rows (panels panel_a bytes apart), B the streamed tile's N rows
-// (panels panel_b apart). k-steps of 16 along D are 32 bytes along a panel's rows. The k-steps'
-// descriptors are one opaque base each plus immediate offsets (the address field counts 16-byte
-// units from bit 0): hoisted as 16 loop-invariant 64-bit values, they made the d 128 dK/dV
-// consumers spill 116 bytes inside their loop; computed per call, 0 (the same in wgmma_ab_rs).
-template <int D, int N = 64>
-__device__ __forceinline__ void wgmma_abt_ss(float (&acc)[N / 8][4], const unsigned char* a, int panel_a,
-                                             const unsigned char* b, int panel_b) {
-  const uint64_t da0 = sm90::opaque_u64(sm90::k_major_descriptor(a));
-  const uint64_t db0 = sm90::opaque_u64(sm90::k_major_descriptor(b));
-#pragma unroll
-  for (int ks = 0; ks < D / 16; ++ks) {
-    const int at = 32 * (ks % 4);
-    const uint64_t da = da0 + uint64_t(((ks / 4) * panel_a + at) >> 4);
-    const uint64_t db = db0 + uint64_t(((ks / 4) * panel_b + at) >> 4);
-    if constexpr (N == 128)
-      sm90::wgmma_m64n128k16_ss<0>(sm90::flat(acc), da, db, ks > 0);
-    else
-      sm90::wgmma_m64n64k16_ss<0>(sm90::flat(acc), da, db, ks > 0);
-  }
-}
-
-// The same with A from registers: the warpgroup's 64 rows as D/16 k-steps of A fragments
-// (sm90::load_a_frags_swizzled), B read from shared memory as above.
-template <int D, int N>
-__device__ __forceinline__ void wgmma_abt_rs(float (&acc)[N / 8][4], const uint32_t (&a)[D / 16][4],
-                                             const unsigned char* b, int panel_b) {
-  const uint64_t db0 = sm90::opaque_u64(sm90::k_major_descriptor(b));
-#pragma unroll
-  for (int ks = 0; ks < D / 16; ++ks) {
-    const uint64_t db = db0 + uint64_t(((ks / 4) * panel_b + 32 * (ks % 4)) >> 4);
-    if constexpr (N == 128)
-      sm90::wgmma_m64n128k16_rs<0>(sm90::flat(acc), a[ks], db, ks > 0);
-    else
-      sm90::wgmma_m64n64k16_rs<0>(sm90::flat(acc), a[ks], db, ks > 0);
-  }
-}
-
-// acc (64 × D per warpgroup) += A B: A (64 × K, K = 64 or 128) from registers as K/16 k-steps of
-// A fragments, B the (K, D) streamed or owned tile at b read MN-major (rows are K; 64-column
-// panels panel_b bytes apart): a k-step of 16 rows starts 16·128 bytes further.
-template <int D, int K = 64>
-__device__ __forceinline__ void wgmma_ab_rs(float (&acc)[D / 8][4], const uint32_t (&a)[K / 16][4], const unsigned char* b,
-                                            int panel_b) {
-  const uint64_t desc0 = sm90::opaque_u64(sm90::mn_major_descriptor(b, panel_b));
-#pragma unroll
-  for (int kk = 0; kk < K / 16; ++kk) {
-    const uint64_t desc = desc0 + uint64_t(kk * 16 * sm90::kSwizzleRowBytes / 16);
-    if constexpr (D == 64)
-      sm90::wgmma_m64n64k16_rs<1>(sm90::flat(acc), a[kk], desc, true);
-    else
-      sm90::wgmma_m64n128k16_rs<1>(sm90::flat(acc), a[kk], desc, true);
-  }
-}
-
 // ── dQ, warp-specialised (the forward's structure: flash_fwd_sm90a.cu) ──
 // A producer thread loads the block's Q and dO tiles once and streams K_j, V_j tiles of Bc keys
 // with the tensor copy engine through Stages stage buffers (wgmma.cuh's produce_kv); Consumers
@@ -227,13 +171,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     sm90::mbarrier_wait(&kv.k_full[st], phase);
     sm90::mbarrier_wait(&kv.v_full[st], phase);
     sm90::wgmma_fence();
-    wgmma_abt_ss<D, Bc>(s, sQw, Tr::kPanelQ, sK + st * Tr::kTileKV, Tr::kPanelKV);
-    wgmma_abt_ss<D, Bc>(dp, sdOw, Tr::kPanelQ, sV + st * Tr::kTileKV, Tr::kPanelKV);
+    sm90::wgmma_abt_ss<D, Bc>(s, sQw, Tr::kPanelQ, sK + st * Tr::kTileKV, Tr::kPanelKV);
+    sm90::wgmma_abt_ss<D, Bc>(dp, sdOw, Tr::kPanelQ, sV + st * Tr::kTileKV, Tr::kPanelKV);
     sm90::wgmma_commit();
   };
   auto issue_dq = [&](float (&dq)[D / 8][4], const uint32_t (&dsf)[Bc / 16][4], int j) {  // dQ += dS K_j
     sm90::wgmma_fence();
-    wgmma_ab_rs<D, Bc>(dq, dsf, sK + ((seq + j) % NS) * Tr::kTileKV, Tr::kPanelKV);
+    sm90::wgmma_ab_rs<D, Bc>(dq, dsf, sK + ((seq + j) % NS) * Tr::kTileKV, Tr::kPanelKV);
     sm90::wgmma_commit();
   };
   if (c == C - 1) sm90::named_barrier_arrive(1, 256);  // consumer 0 takes the first turn
@@ -542,14 +486,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   for (int it = 0, last_item = 0; !last_item; ++it) {
   sm90::mbarrier_wait(own_full, uint32_t(it) & 1);  // K_j, V_j and the item slot
-  if constexpr (Tr::kOwnInRegisters)
-#pragma unroll
-    for (int pn = 0; pn < Tr::kPanels; ++pn) {
-      sm90::load_a_frags_swizzled(reinterpret_cast<uint32_t(&)[4][4]>(kf[4 * pn]), sK + pn * Tr::kPanelOwn,
-                                  64 * c + 16 * warp, lane);
-      sm90::load_a_frags_swizzled(reinterpret_cast<uint32_t(&)[4][4]>(vf[4 * pn]), sV + pn * Tr::kPanelOwn,
-                                  64 * c + 16 * warp, lane);
-    }
+  if constexpr (Tr::kOwnInRegisters) {
+    sm90::load_a_frags_swizzled<D>(kf, sK, Tr::kPanelOwn, 64 * c + 16 * warp, lane);
+    sm90::load_a_frags_swizzled<D>(vf, sV, Tr::kPanelOwn, 64 * c + 16 * warp, lane);
+  }
   const sm90::ItemSlot slot = sm90::read_item_slot(s_item, lane);
   last_item = slot.next >= n_items;  // the ring's very last turn hands on to no one
   const sm90::ItemTile item = sm90::item_tile(slot.item, H, B, n_kb, Bc, causal, false);
@@ -575,18 +515,18 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     sm90::mbarrier_wait(&qdo.v_full[st], uint32_t((seq + j) / NS) & 1);
     sm90::wgmma_fence();
     if constexpr (Tr::kOwnInRegisters) {
-      wgmma_abt_rs<D, Br>(s, kf, sQ + st * Tr::kTileStream, Tr::kPanelStream);
-      wgmma_abt_rs<D, Br>(dp, vf, sdO + st * Tr::kTileStream, Tr::kPanelStream);
+      sm90::wgmma_abt_rs<D, Br>(s, kf, sQ + st * Tr::kTileStream, Tr::kPanelStream);
+      sm90::wgmma_abt_rs<D, Br>(dp, vf, sdO + st * Tr::kTileStream, Tr::kPanelStream);
     } else {
       const int own_row = 64 * c * sm90::kSwizzleRowBytes;  // the warpgroup's rows, in each panel
-      wgmma_abt_ss<D>(s, sK + own_row, Tr::kPanelOwn, sQ + st * Tr::kTileStream, Tr::kPanelStream);
-      wgmma_abt_ss<D>(dp, sV + own_row, Tr::kPanelOwn, sdO + st * Tr::kTileStream, Tr::kPanelStream);
+      sm90::wgmma_abt_ss<D>(s, sK + own_row, Tr::kPanelOwn, sQ + st * Tr::kTileStream, Tr::kPanelStream);
+      sm90::wgmma_abt_ss<D>(dp, sV + own_row, Tr::kPanelOwn, sdO + st * Tr::kTileStream, Tr::kPanelStream);
     }
     sm90::wgmma_commit();
   };
   auto issue_dk = [&](int j) {  // dK += dSᵀ_j Q_j
     sm90::wgmma_fence();
-    wgmma_ab_rs<D>(dk, dsf, sQ + stage(j) * Tr::kTileStream, Tr::kPanelStream);
+    sm90::wgmma_ab_rs<D>(dk, dsf, sQ + stage(j) * Tr::kTileStream, Tr::kPanelStream);
     sm90::wgmma_commit();
   };
   // Pᵀ = exp(S·scale − lse) into pf, then dV += Pᵀ dO issued.
@@ -597,7 +537,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       mask_tile<Br>(s, key0, q0, lane, [=](int k, int q) { return q >= T || (causal && k > q); }, 0.0f);
     acc_to_a<Br>(pf, s);
     sm90::wgmma_fence();
-    wgmma_ab_rs<D>(dv, pf, sdO + st * Tr::kTileStream, Tr::kPanelStream);
+    sm90::wgmma_ab_rs<D>(dv, pf, sdO + st * Tr::kTileStream, Tr::kPanelStream);
     sm90::wgmma_commit();
   };
   auto ds = [&](int j) {  // dSᵀ = Pᵀ ∘ (dPᵀ − delta), without the scale, into dsf

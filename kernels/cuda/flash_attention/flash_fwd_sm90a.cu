@@ -207,59 +207,25 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const int st = (seq + j) % NS;
     sm90::mbarrier_wait(&kv.k_full[st], uint32_t((seq + j) / NS) & 1);
     const unsigned char* Kj = sK + st * Tr::kTileKV;
-    // One opaque base descriptor per operand plus immediate offsets (address field in 16-byte
-    // units): not hoisted out of the loop as a 64-bit value per k-step (flash_bwd_sm90a.cu).
-    const uint64_t dk0 = sm90::opaque_u64(sm90::k_major_descriptor(Kj));
     sm90::wgmma_fence();
-    if constexpr (Tr::kQInRegisters) {
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
-        const uint64_t dk = dk0 + uint64_t(((ks / 4) * Tr::kPanelKV + 32 * (ks % 4)) >> 4);
-        if constexpr (Bc == 128)
-          sm90::wgmma_m64n128k16_rs<0>(sm90::flat(s), qf[ks], dk, ks > 0);
-        else
-          sm90::wgmma_m64n64k16_rs<0>(sm90::flat(s), qf[ks], dk, ks > 0);
-      }
-    } else {
-      const uint64_t dq0 = sm90::opaque_u64(sm90::k_major_descriptor(sQw));
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
-        const int at = 32 * (ks % 4);
-        const uint64_t dq = dq0 + uint64_t(((ks / 4) * Tr::kPanelQ + at) >> 4);
-        const uint64_t dk = dk0 + uint64_t(((ks / 4) * Tr::kPanelKV + at) >> 4);
-        if constexpr (Bc == 128)
-          sm90::wgmma_m64n128k16_ss<0>(sm90::flat(s), dq, dk, ks > 0);
-        else
-          sm90::wgmma_m64n64k16_ss<0>(sm90::flat(s), dq, dk, ks > 0);
-      }
-    }
+    if constexpr (Tr::kQInRegisters)
+      sm90::wgmma_abt_rs<D, Bc>(s, qf, Kj, Tr::kPanelKV);
+    else
+      sm90::wgmma_abt_ss<D, Bc>(s, sQw, Tr::kPanelQ, Kj, Tr::kPanelKV);
     sm90::wgmma_commit();
   };
   auto issue_pv = [&](float (&o)[D / 8][4], const uint32_t (&pf)[Bc / 16][4], int j) {
     const int st = (seq + j) % NS;
     sm90::mbarrier_wait(&kv.v_full[st], uint32_t((seq + j) / NS) & 1);
-    const unsigned char* Vj = sV + st * Tr::kTileKV;
-    const uint64_t dv0 = sm90::opaque_u64(sm90::mn_major_descriptor(Vj, Tr::kPanelKV));
     sm90::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < Bc / 16; ++kk) {
-      const uint64_t desc_v = dv0 + uint64_t(kk * 16 * sm90::kSwizzleRowBytes / 16);
-      if constexpr (D == 64)
-        sm90::wgmma_m64n64k16_rs<1>(sm90::flat(o), pf[kk], desc_v, true);
-      else
-        sm90::wgmma_m64n128k16_rs<1>(sm90::flat(o), pf[kk], desc_v, true);
-    }
+    sm90::wgmma_ab_rs<D, Bc>(o, pf, sV + st * Tr::kTileKV, Tr::kPanelKV);
     sm90::wgmma_commit();
   };
   if (c == C - 1) sm90::named_barrier_arrive(1, 256);  // consumer 0 takes the first turn
 
   for (int it = 0, last_item = 0; !last_item; ++it) {
     sm90::mbarrier_wait(q_full, uint32_t(it) & 1);  // Q and the item slot
-    if constexpr (Tr::kQInRegisters)
-#pragma unroll
-      for (int pn = 0; pn < Tr::kPanels; ++pn)
-        sm90::load_a_frags_swizzled(reinterpret_cast<uint32_t(&)[4][4]>(qf[4 * pn]), sQw + pn * Tr::kPanelQ,
-                                    16 * warp, lane);
+    if constexpr (Tr::kQInRegisters) sm90::load_a_frags_swizzled<D>(qf, sQw, Tr::kPanelQ, 16 * warp, lane);
     const sm90::ItemSlot slot = sm90::read_item_slot(s_item, lane);
     const int w = slot.item;
     last_item = slot.next >= n_items;
