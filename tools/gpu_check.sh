@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, run the whole test suite (GPU tests included), then the
 # benchmarks beside their PyTorch references. Logs go to $OUT (or ./gpu-out); a table prints last.
-# Usage: tools/gpu_check.sh [tests|sanitize|attn|profile|bench|all]   (needs ../shared/bench copied to .bench/)
+# Usage: tools/gpu_check.sh [tests|sanitize|attn|profile|stalls|bench|all]   (needs ../shared/bench copied to .bench/)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHAT="${1:-all}"
@@ -61,6 +61,48 @@ print(f"{len(body)} launches, {all_ns/1e6:.2f} ms of kernel time")
 for k, v in sorted(tot.items(), key=lambda x: -x[1])[:30]:
     print(f"{100*v/all_ns:5.1f}%  {v/1e6:7.3f} ms  {cnt[k]:4d}x  {k}")
 PY
+fi
+if [ "$WHAT" = stalls ]; then
+  # The d 128 attention kernels at one T (STALLS_T, default 8192) under equal conditions for
+  # tilegrad's and PyTorch's: ncu times each kernel alone with the clocks locked to base (a
+  # benchmark's long run is throttled by the power cap by an amount that depends on what ran
+  # before). 1) Kernel times: tilegrad's forward and both backwards, causal then not, beside
+  # PyTorch's cuDNN and FA2 kernels (tools/torch_sdpa_once.py). 2) --set full of tilegrad's two
+  # d 128 dK/dV kernels at causal T and, per instruction, where their warps wait
+  # (tools/ncu_stalls.py).
+  T="${STALLS_T:-8192}"
+  NCU_TIME="ncu --clock-control base --cache-control none --metrics gpu__time_duration.sum --csv"
+  $NCU_TIME build-gpu/tilegrad bench attention --head-dim 128 --min-t "$T" --max-t "$T" --warmup 1 --steps 1 \
+    > "$OUT/ncu_times_tilegrad.csv" 2> "$OUT/ncu_times_tilegrad.err"
+  for causal in 1 0; do
+    $NCU_TIME --profile-from-start off python3 tools/torch_sdpa_once.py --T "$T" --causal $causal \
+      > "$OUT/ncu_times_torch_causal$causal.csv" 2> "$OUT/ncu_times_torch_causal$causal.err"
+  done
+  python3 - "$OUT"/ncu_times_tilegrad.csv "$OUT"/ncu_times_torch_causal1.csv "$OUT"/ncu_times_torch_causal0.csv <<'PY' \
+    | tee "$OUT/ncu_times.txt"
+import csv, sys
+for path in sys.argv[1:]:
+    rows = [r for r in csv.reader(l for l in open(path) if l.startswith('"'))]
+    if not rows:
+        print(f"== {path}: no kernels profiled"); continue
+    head, body = rows[0], rows[1:]
+    name, val = head.index("Kernel Name"), head.index("Metric Value")
+    print(f"== {path.split('/')[-1]} (launch order; µs at base clocks)")
+    for r in body:
+        print(f"{float(r[val].replace(',', '')) / 1e3:9.1f}  {r[name][:110]}")
+PY
+  NCU_FULL="ncu --set full --import-source no --clock-control base --cache-control none --kernel-name-base mangled -f"
+  for kernel in det:Lb0ELb0ELb0E:1 atomic:Lb0ELb1ELb0E:0; do
+    IFS=: read -r tag args skip <<< "$kernel"
+    $NCU_FULL --kernel-name "regex:flash_bwd_dkdv_sm90a_ws.*$args" --launch-skip "$skip" --launch-count 1 \
+      -o "$OUT/dkdv_$tag" build-gpu/tilegrad bench attention --head-dim 128 --min-t "$T" --max-t "$T" \
+      --warmup 1 --steps 1 > "$OUT/dkdv_$tag.log" 2>&1
+    ncu --import "$OUT/dkdv_$tag.ncu-rep" --page source --csv --print-source sass > "$OUT/dkdv_${tag}_source.csv" 2>/dev/null
+    ncu --import "$OUT/dkdv_$tag.ncu-rep" --page details 2>/dev/null | grep -E "^    (Duration|SM Frequency)" \
+      | sed 's/  */ /g' | paste -sd';' | sed "s/^/dK\/dV $tag, causal T $T:/" | tee "$OUT/dkdv_${tag}_stalls.txt"
+    python3 tools/ncu_stalls.py "$OUT/dkdv_${tag}_source.csv" --top 8 | tee -a "$OUT/dkdv_${tag}_stalls.txt"
+    rm -f "$OUT/dkdv_$tag.ncu-rep"
+  done
 fi
 if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
   for B in 16 32; do

@@ -120,6 +120,9 @@ int bench_attention(const cli::Args& a) {
   TG_CHECK(cuda_device_count() > 0, "tilegrad bench attention: needs a CUDA GPU");
   const Device dev = Device::cuda(0);
   const int64_t runs = a.get_int("steps", 20), warmup = a.get_int("warmup", 3), max_t = a.get_int("max-t", 32768);
+  const int64_t min_t = a.get_int("min-t", 1024);  // e.g. --min-t 8192 --max-t 8192: one T (for ncu)
+  TG_CHECK(min_t <= max_t, "tilegrad bench attention: --min-t ", min_t, " exceeds --max-t ", max_t,
+           "; no shape would run");
   // bwd: the default, deterministic backward (dQ in a pass of its own); atomic: the opt-in
   // backward that adds dQ with unordered atomics (FlashDq::kAtomic, train.deterministic: false).
   // The kernels flash attention takes on this GPU (FlashKernels::kAuto: wgmma on an H100/H200);
@@ -134,6 +137,7 @@ int bench_attention(const cli::Args& a) {
     if (only_d != 0 && D != only_d) continue;
     const int64_t H = 2048 / D;
     for (int64_t T = 1024; T <= max_t; T *= 2) {
+      if (T < min_t) continue;
       const int64_t B = std::max<int64_t>(1, 16384 / T);
       Tensor q = random_bf16({B, T, H, D}, 1, dev), k = random_bf16({B, T, H, D}, 2, dev),
              v = random_bf16({B, T, H, D}, 3, dev), dout = random_bf16({B, T, H, D}, 4, dev);

@@ -166,6 +166,7 @@ std::vector<cli::Command> commands() {
        {{"--set", "KEY=VALUE", "train: override config keys, e.g. --set train.batch_size=32", "", true},
         {"--steps", "N", "timed steps (train) or timed runs, median reported (attention)", "20"},
         {"--warmup", "N", "untimed steps first", "5"},
+        {"--min-t", "T", "attention: the shortest sequence (the shapes are T = 1k, 2k, … from it to --max-t)", "1024"},
         {"--max-t", "T", "attention: the longest sequence", "32768"},
         {"--head-dim", "D", "attention: only this head dim (64 or 128; 0 = both)", "0"},
         {"--compare", "0|1", "attention: 1 also times the portable mma.sync kernels beside the default (wgmma on H100/H200)", "0"},
