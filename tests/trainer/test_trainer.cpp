@@ -216,6 +216,21 @@ TEST(Command, HelpOfEachSubcommand) {
   EXPECT_NE(out2.find("unknown option '--temprature'"), std::string::npos) << out2;
 }
 
+TEST(Command, BenchAttentionNamesABadOptionOnAnyMachine) {
+  if (!fs::exists(kBinary)) GTEST_SKIP() << "tilegrad binary not built at " << kBinary;
+  const std::pair<const char*, const char*> cases[] = {
+      {"--min-t 4096 --max-t 2048", "--min-t 4096 exceeds --max-t 2048"},
+      {"--max-t 512", "--max-t 512 is below the shortest shape"},
+      {"--head-dim 96", "--head-dim 96 has no kernel"},
+      {"--steps 0", "--steps 0 times nothing"},
+  };
+  for (const auto& [args, message] : cases) {
+    auto [rc, out] = shell(kBinary + " bench attention " + args);
+    EXPECT_EQ(rc, 1) << args;
+    EXPECT_NE(out.find(message), std::string::npos) << args << ": " << out;
+  }
+}
+
 TEST(Command, BadSetFailsBeforeTraining) {
   if (!fs::exists(kBinary)) GTEST_SKIP() << "tilegrad binary not built at " << kBinary;
   std::string cfg = std::string(TILEGRAD_SOURCE_DIR) + "/configs/kjv-tiny.yaml";
