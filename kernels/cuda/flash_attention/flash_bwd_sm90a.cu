@@ -74,7 +74,8 @@ struct DqSm90aTraits {
 //   d 64:  2 consumers × 128-key tiles, 3 stages (168 registers, 0 spills, 97 KiB): 346,
 //          against 322–348 (the old kernel; 0.99–1.12× of it from 8k, as fast below); 3
 //          consumers × 64 keys, 3 stages: 364 (as fast elsewhere); 2 × 64, 3 or 4 stages:
-//          314–349; 2 stages (2 × 128 or 3 × 64): 278–285.
+//          314–349; 2 stages (2 × 128 or 3 × 64): 278–285. Eleventh session, 3 × 64 again on
+//          the pipelined loop (best of 3 interleaved runs): 0.971× over the 12 d 64 shapes.
 template <int D> struct DqSm90aConfig;
 template <> struct DqSm90aConfig<64> { using type = DqSm90aTraits<64, 2, 128, 3>; };
 template <> struct DqSm90aConfig<128> { using type = DqSm90aTraits<128, 2, 64, 3>; };
@@ -337,7 +338,9 @@ template <> struct DkdvWsSm90aConfig<128> { using type = DkdvWsSm90aTraits<128, 
 // than after dK_j has retired (the consumers no longer meet at every tile): 1.018× over the 12
 // d 128 shapes (best of two runs each, one call) — non-causal 1.058× (8k–32k +9–16 %, 32k 430 →
 // 499), causal 0.981× (1k–2k −2 %, 8k 479 → 473, 32k 502 → 522); with ping-pong turns 1.002×,
-// so still without. At d 64 the deterministic kernels serve both modes: the cp.async
+// so still without. Eleventh session, K in registers (Sᵀ register-A, dPᵀ still SS; 24 + 2 × 240
+// registers, 80 bytes of spills): 0.851× — the fragments ptxas reloads from local memory cost
+// more than the operand reads they save. At d 64 the deterministic kernels serve both modes: the cp.async
 // two-warpgroup version (m64n32 dQ halves) ran 0.89-0.94× the deterministic pair at causal
 // T ≤ 16k — GPT-2's 1k causal 0.90×. Causal T ≤ 2048 at d 128 too (sm90a_runs_atomic_dq).
 template <int D> constexpr bool kSm90aAtomicDq = D == 128;
