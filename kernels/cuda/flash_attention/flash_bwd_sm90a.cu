@@ -340,9 +340,11 @@ template <> struct DkdvWsSm90aConfig<128> { using type = DkdvWsSm90aTraits<128, 
 // 499), causal 0.981× (1k–2k −2 %, 8k 479 → 473, 32k 502 → 522); with ping-pong turns 1.002×,
 // so still without. Eleventh session, K in registers (Sᵀ register-A, dPᵀ still SS; 24 + 2 × 240
 // registers, 80 bytes of spills): 0.851× — the fragments ptxas reloads from local memory cost
-// more than the operand reads they save. At d 64 the deterministic kernels serve both modes: the cp.async
-// two-warpgroup version (m64n32 dQ halves) ran 0.89-0.94× the deterministic pair at causal
-// T ≤ 16k — GPT-2's 1k causal 0.90×. Causal T ≤ 2048 at d 128 too (sm90a_runs_atomic_dq).
+// more than the operand reads they save. At d 64 the deterministic kernels serve both modes:
+// the cp.async two-warpgroup version (m64n32 dQ halves) ran 0.89-0.94× the deterministic pair
+// at causal T ≤ 16k — GPT-2's 1k causal 0.90×; the warp-specialised one (this kernel, 32 dQ
+// columns per consumer) 0.969× without turns and 0.961× with (eleventh session, 12 d 64
+// shapes). Causal T ≤ 2048 at d 128 too (sm90a_runs_atomic_dq).
 template <int D> constexpr bool kSm90aAtomicDq = D == 128;
 template <int D> struct DkdvAtomicSm90aConfig;
 template <> struct DkdvAtomicSm90aConfig<128> { using type = DkdvWsSm90aTraits<128, 2, 3, false, true>; };
