@@ -63,19 +63,26 @@ for k, v in sorted(tot.items(), key=lambda x: -x[1])[:30]:
 PY
 fi
 if [ "$WHAT" = stalls ]; then
-  # The d 128 attention kernels at one T (STALLS_T, default 8192) under equal conditions for
-  # tilegrad's and PyTorch's: ncu times each kernel alone with the clocks locked to base (a
-  # benchmark's long run is throttled by the power cap by an amount that depends on what ran
-  # before). 1) Kernel times: tilegrad's forward and both backwards, causal then not, beside
-  # PyTorch's cuDNN and FA2 kernels (tools/torch_sdpa_once.py). 2) --set full of tilegrad's two
-  # d 128 dK/dV kernels at causal T and, per instruction, where their warps wait
-  # (tools/ncu_stalls.py).
+  # The attention kernels of one head dim (STALLS_D, 128 or 64; default 128) at one T (STALLS_T,
+  # default 8192) under equal conditions for tilegrad's and PyTorch's: ncu times each kernel
+  # alone with the clocks locked to base (a benchmark's long run is throttled by the power cap by
+  # an amount that depends on what ran before). 1) Kernel times: tilegrad's forward and both
+  # backwards, causal then not, beside PyTorch's cuDNN and FA2 kernels (tools/torch_sdpa_once.py).
+  # 2) --set full of tilegrad's dK/dV kernels at causal T (d 128: the deterministic and the atomic
+  # one; d 64: the deterministic one, which serves both modes) and, per instruction, where their
+  # warps wait (tools/ncu_stalls.py).
   T="${STALLS_T:-8192}"
+  D="${STALLS_D:-128}"
+  case "$D" in
+    128) DKDV_KERNELS="det:Lb0ELb0ELb0E:1 atomic:Lb0ELb1ELb0E:0" ;;  # mangled template flags; launches to skip
+    64) DKDV_KERNELS="det:Li64ELi2ELi3ELb1ELb0ELb1E:1" ;;
+    *) echo "STALLS_D=$D: give 64 or 128"; exit 1 ;;
+  esac
   NCU_TIME="ncu --clock-control base --cache-control none --metrics gpu__time_duration.sum --csv"
-  $NCU_TIME build-gpu/tilegrad bench attention --head-dim 128 --min-t "$T" --max-t "$T" --warmup 1 --steps 1 \
+  $NCU_TIME build-gpu/tilegrad bench attention --head-dim "$D" --min-t "$T" --max-t "$T" --warmup 1 --steps 1 \
     > "$OUT/ncu_times_tilegrad.csv" 2> "$OUT/ncu_times_tilegrad.err"
   for causal in 1 0; do
-    $NCU_TIME --profile-from-start off python3 tools/torch_sdpa_once.py --T "$T" --causal $causal \
+    $NCU_TIME --profile-from-start off python3 tools/torch_sdpa_once.py --T "$T" --d "$D" --causal $causal \
       > "$OUT/ncu_times_torch_causal$causal.csv" 2> "$OUT/ncu_times_torch_causal$causal.err"
   done
   python3 - "$OUT"/ncu_times_tilegrad.csv "$OUT"/ncu_times_torch_causal1.csv "$OUT"/ncu_times_torch_causal0.csv <<'PY' \
@@ -92,10 +99,10 @@ for path in sys.argv[1:]:
         print(f"{float(r[val].replace(',', '')) / 1e3:9.1f}  {r[name][:110]}")
 PY
   NCU_FULL="ncu --set full --import-source no --clock-control base --cache-control none --kernel-name-base mangled -f"
-  for kernel in det:Lb0ELb0ELb0E:1 atomic:Lb0ELb1ELb0E:0; do
+  for kernel in $DKDV_KERNELS; do
     IFS=: read -r tag args skip <<< "$kernel"
     $NCU_FULL --kernel-name "regex:flash_bwd_dkdv_sm90a_ws.*$args" --launch-skip "$skip" --launch-count 1 \
-      -o "$OUT/dkdv_$tag" build-gpu/tilegrad bench attention --head-dim 128 --min-t "$T" --max-t "$T" \
+      -o "$OUT/dkdv_$tag" build-gpu/tilegrad bench attention --head-dim "$D" --min-t "$T" --max-t "$T" \
       --warmup 1 --steps 1 > "$OUT/dkdv_$tag.log" 2>&1
     ncu --import "$OUT/dkdv_$tag.ncu-rep" --page source --csv --print-source sass > "$OUT/dkdv_${tag}_source.csv" 2>/dev/null
     ncu --import "$OUT/dkdv_$tag.ncu-rep" --page details 2>/dev/null | grep -E "^    (Duration|SM Frequency)" \
