@@ -272,6 +272,11 @@ struct DkdvWsSm90aTraits {
   // (RS) rather than read from shared memory at every tile (SS): half the shared-memory traffic of
   // those two products; 2·D/4 registers more per thread.
   static constexpr bool kOwnInRegisters = OwnInRegisters;
+  // With K and V in registers for the whole item (and no dQ product, which reads K from shared
+  // memory), their tiles and the item slot are released as soon as they are loaded: the next
+  // item's K_j, V_j, first Q/dO tiles and statistics then load under this item's tiles instead
+  // of after its last product, when the whole block would wait for them.
+  static constexpr bool kReleaseOwnEarly = OwnInRegisters && !FormDq;
   static constexpr int kConsumers = Consumers;
   static constexpr int kThreads = 128 * (Consumers + 1);  // warpgroup 0 is the producer
   static constexpr int kBc = 64 * Consumers;              // keys per block
@@ -319,7 +324,11 @@ struct DkdvWsSm90aTraits {
 // 386 → 469). Kept per head dim. Ninth session, K and V in registers (best of 3 interleaved runs
 // in one call): d 64 1.025× over its 12 shapes (causal 8k 340 → 371, non-causal 32k 355 → 376;
 // 0 consumer spills); d 128 has no registers for them (dK, dV and the pipelined tile fill 240).
-// The dQ kernel's Q in registers measured 1.002× (d 64) and 0.997× (d 128): not kept.
+// The dQ kernel's Q in registers measured 1.002× (d 64) and 0.997× (d 128): not kept. Eleventh
+// session, with K and V in registers their tiles released at the item's start (kReleaseOwnEarly):
+// d 64 deterministic backward 1.021× over the 6 shapes T ≤ 4k (best of 2 interleaved runs;
+// causal 1k 227 → 238, 4k 337 → 345), where items are short and the block had waited for the
+// next item's tiles at every item boundary.
 template <int D> struct DkdvWsSm90aConfig;
 template <> struct DkdvWsSm90aConfig<64> { using type = DkdvWsSm90aTraits<64, 2, 3, true, false, true>; };
 template <> struct DkdvWsSm90aConfig<128> { using type = DkdvWsSm90aTraits<128, 2, 3, false>; };
@@ -383,13 +392,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // every consumer thread (each releases its own plain loads of the statistics: one arrival per
   // warp after __syncwarp orders them as well, but compute-sanitizer's racecheck follows the
   // ordering only from the threads that arrive, and reported the stage's reuse as a race).
-  // Then K/V's empty one (every consumer warp arrives), then FormDq's: ds_full[2], ds_empty[2]
+  // Then K/V's empty one (every consumer warp arrives, and the statistics warp once it has read
+  // the item slot, which shares K/V's lifetime), then FormDq's: ds_full[2], ds_empty[2]
   // (likewise), dq_full (likewise), dq_empty (the reducing thread).
   uint64_t* own_full;
   const sm90::KvStream qdo = sm90::kv_stream_barriers<NS>(reinterpret_cast<unsigned char*>(sDelta + NS * Br), sQ, sdO,
                                                           &own_full, 4 * C, tid == 0, 32, 128 * C);
   uint64_t* own_empty = qdo.v_empty + NS;
-  if (tid == 0) sm90::mbarrier_init(own_empty, 4 * C);
+  if (tid == 0) sm90::mbarrier_init(own_empty, 4 * C + 1);
   uint64_t* ds_full = own_empty + 1;
   uint64_t* ds_empty = ds_full + 2;
   uint64_t* dq_full = ds_empty + 2;
@@ -443,6 +453,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       for (int it = 0, seq = 0, last_item = 0; !last_item; ++it) {
         sm90::mbarrier_wait(own_full, uint32_t(it) & 1);
         const sm90::ItemSlot slot = sm90::read_item_slot(s_item, lane);
+        __syncwarp();
+        if (lane == 0) sm90::mbarrier_arrive(own_empty);  // the slot is read
         last_item = slot.next >= n_items;
         const sm90::ItemTile item = sm90::item_tile(slot.item, H, B, n_kb, Bc, causal, false);
         const float* lse = p.lse + (int64_t(item.b) * H + item.h) * T;
@@ -500,6 +512,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const sm90::ItemTile item = sm90::item_tile(slot.item, H, B, n_kb, Bc, causal, false);
   const int i_begin = first_tile(item.row0), n_tiles = n_qb - i_begin;  // ≥ 1
   const int key0 = item.row0 + 64 * c + 16 * warp;  // this warp's first key
+  if constexpr (Tr::kReleaseOwnEarly) {  // K_j, V_j are in kf, vf and the item in `item`
+    __syncwarp();
+    if (lane == 0) sm90::mbarrier_arrive(own_empty);
+  }
   float dk[D / 8][4], dv[D / 8][4];  // (16, D) per warp: the warpgroup's (64, D) accumulators
   zero(dk);
   zero(dv);
@@ -666,15 +682,18 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
 
   // Every product of the item has retired: K_j, V_j (and the item slot) may take the next
-  // item's. The item read again first, so that it is not kept from the top (at d 128 the loop
-  // has no registers to spare).
-  const sm90::ItemSlot done = sm90::read_item_slot(s_item, lane);
-  __syncwarp();
-  if (lane == 0) sm90::mbarrier_arrive(own_empty);
+  // item's, unless released at the start. The item read again first, so that it is not kept
+  // from the top (at d 128 the loop has no registers to spare).
+  sm90::ItemTile out = item;
+  if constexpr (!Tr::kReleaseOwnEarly) {
+    const sm90::ItemSlot done = sm90::read_item_slot(s_item, lane);
+    __syncwarp();
+    if (lane == 0) sm90::mbarrier_arrive(own_empty);
+    out = sm90::item_tile(done.item, H, B, n_kb, Bc, causal, false);
+  }
   seq += n_tiles;
 
   // dK = scale · Σ dSᵀ Q: the softmax scale applied once, in fp32.
-  const sm90::ItemTile out = sm90::item_tile(done.item, H, B, n_kb, Bc, causal, false);
   const int64_t bt = int64_t(out.b) * T;
   tg::bf16* dK = p.dk + bt * p.dk_row_stride + out.h * D;
   tg::bf16* dV = p.dv + bt * p.dv_row_stride + out.h * D;
