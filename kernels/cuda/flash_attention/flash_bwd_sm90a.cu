@@ -161,8 +161,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const unsigned char* sdOw = sdO + 64 * c * sm90::kSwizzleRowBytes;
   const int my_turn = 1 + c, next_turn = 1 + (c + 1) % C;  // as in the forward
   auto release = [&](uint64_t* bar) {  // this warp is done reading a stage (its wgmma has retired)
-    __syncwarp();
-    if (lane == 0) sm90::mbarrier_arrive(bar);
+    sm90::mbarrier_arrive_warp(bar);
   };
   int seq = 0;  // as the producer's
   // S = Q K_jᵀ and dP = dO V_jᵀ, (64 queries, Bc keys) per warpgroup, one commit group.
@@ -453,8 +452,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       for (int it = 0, seq = 0, last_item = 0; !last_item; ++it) {
         sm90::mbarrier_wait(own_full, uint32_t(it) & 1);
         const sm90::ItemSlot slot = sm90::read_item_slot(s_item, lane);
-        __syncwarp();
-        if (lane == 0) sm90::mbarrier_arrive(own_empty);  // the slot is read
+        sm90::mbarrier_arrive_warp(own_empty);  // the slot is read
         last_item = slot.next >= n_items;
         const sm90::ItemTile item = sm90::item_tile(slot.item, H, B, n_kb, Bc, causal, false);
         const float* lse = p.lse + (int64_t(item.b) * H + item.h) * T;
@@ -513,8 +511,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int i_begin = first_tile(item.row0), n_tiles = n_qb - i_begin;  // ≥ 1
   const int key0 = item.row0 + 64 * c + 16 * warp;  // this warp's first key
   if constexpr (Tr::kReleaseOwnEarly) {  // K_j, V_j are in kf, vf and the item in `item`
-    __syncwarp();
-    if (lane == 0) sm90::mbarrier_arrive(own_empty);
+    sm90::mbarrier_arrive_warp(own_empty);
   }
   float dk[D / 8][4], dv[D / 8][4];  // (16, D) per warp: the warpgroup's (64, D) accumulators
   zero(dk);
@@ -567,8 +564,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   };
   auto release = [&](int j) {  // this warp is done with tile j's Q_i, dO_i and their statistics
     sm90::mbarrier_arrive(&qdo.k_empty[stage(j)]);  // every thread: its statistics loads
-    __syncwarp();
-    if (lane == 0) sm90::mbarrier_arrive(&qdo.v_empty[stage(j)]);
+    sm90::mbarrier_arrive_warp(&qdo.v_empty[stage(j)]);
   };
 
   if constexpr (!Tr::kFormDq) {
@@ -625,8 +621,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // (dq_accum_offset); both of a lane's rows are lane / 4 mod 8, so one XOR term serves all its
     // stores, which hit distinct banks.
     auto stage_dq = [&](const float (&dq)[64 / 8][4], int g, int j) {
-      __syncwarp();
-      if (lane == 0) sm90::mbarrier_arrive(&ds_empty[g & 1]);
+      sm90::mbarrier_arrive_warp(&ds_empty[g & 1]);
       if (g >= 1) sm90::mbarrier_wait(dq_empty, uint32_t(g - 1) & 1);
       float* rows = sDq + (16 * warp + (lane >> 2)) * D + frag_col(lane, 0, 0);
       const uint32_t chunk_xor = sm90::opaque_u32((lane >> 2) * 8);
@@ -642,8 +637,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         s_dq[1] = last_item && j + 1 == n_tiles;
       }
       sm90::fence_async_shared();  // st.shared, read by the bulk copy engine
-      __syncwarp();
-      if (lane == 0) sm90::mbarrier_arrive(dq_full);
+      sm90::mbarrier_arrive_warp(dq_full);
     };
     // Tile j's four products (dK's issued), its dSᵀ rows published.
     auto tile_products = [&](int j) {
@@ -660,8 +654,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                                    lane);
       sm90::fence_async_shared();  // st.shared, read by the other warps' wgmma
       issue_dk(j);
-      __syncwarp();
-      if (lane == 0) sm90::mbarrier_arrive(&ds_full[g & 1]);
+      sm90::mbarrier_arrive_warp(&ds_full[g & 1]);
     };
     // The first tile alone (no conditional wgmma inside the loop: ptxas would serialise them).
     tile_products(0);
@@ -687,8 +680,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   sm90::ItemTile out = item;
   if constexpr (!Tr::kReleaseOwnEarly) {
     const sm90::ItemSlot done = sm90::read_item_slot(s_item, lane);
-    __syncwarp();
-    if (lane == 0) sm90::mbarrier_arrive(own_empty);
+    sm90::mbarrier_arrive_warp(own_empty);
     out = sm90::item_tile(done.item, H, B, n_kb, Bc, causal, false);
   }
   seq += n_tiles;

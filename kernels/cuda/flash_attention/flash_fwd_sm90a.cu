@@ -198,8 +198,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // one (consumer 0 has taken all of its turns).
   const int my_turn = 1 + c, next_turn = 1 + (c + 1) % C;
   auto release = [&](uint64_t* bar) {  // this warp is done reading a stage (its wgmma has retired)
-    __syncwarp();
-    if (lane == 0) sm90::mbarrier_arrive(bar);
+    sm90::mbarrier_arrive_warp(bar);
   };
   int seq = 0;  // as the producer's
   uint32_t qf[Tr::kQInRegisters ? D / 16 : 1][4];  // kQInRegisters: this warp's Q rows, per item
