@@ -34,10 +34,14 @@ wait $NEW_BUILD || { grep -E "error" -A3 "$OUT/ab_build_new.log" | head -40; ech
 echo "both built at $((SECONDS - START)) s"
 
 NEW="$AB_DIR/build-gpu"
-timeout 300 "$NEW/test_cuda" --gtest_filter='Shapes/FlashAttentionTest.*:Packed/*:FlashAttention.*' \
+timeout 300 "$NEW/test_cuda" --gtest_filter='Shapes/FlashAttentionTest.*:Packed/*:FlashAttention.*:Shapes/FlashVsMaterialised.*' \
   > "$OUT/ab_tests_new.log" 2>&1
 echo "patched flash tests: exit $? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/ab_tests_new.log" | paste -sd' ')"
 grep -E '^\[  FAILED' "$OUT/ab_tests_new.log" | head
+# The fused kernels' error against the materialised bf16 path's (the tests allow 2×): the largest
+# ratio per output, for patches that change the arithmetic.
+awk '/ error: fused /{r = $4 / ($6 + 1e-30); if (r > m[$1]) m[$1] = r}
+     END{for (k in m) printf "patched fused / materialised error, worst: %s %.3f\n", k, m[k]}' "$OUT/ab_tests_new.log"
 SMALL='Shapes/FlashAttentionTest.MatchesDoubleReference/B2_T129_*wgmma:Packed/*wgmma:Shapes/FlashAttentionTest.MatchesDoubleReference/B8_T300*wgmma'
 for tool in memcheck racecheck synccheck; do
   timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 "$NEW/test_cuda" --gtest_filter="$SMALL" \
