@@ -34,7 +34,7 @@ wait $NEW_BUILD || { grep -E "error" -A3 "$OUT/ab_build_new.log" | head -40; ech
 echo "both built at $((SECONDS - START)) s"
 
 NEW="$AB_DIR/build-gpu"
-timeout 300 "$NEW/test_cuda" --gtest_filter='Shapes/FlashAttentionTest.*:Packed/*:FlashAttention.*:Shapes/FlashVsMaterialised.*' \
+timeout 300 "$NEW/test_cuda" --gtest_filter='Shapes/FlashAttentionTest.*:Packed/*:FlashAttention.*:Shapes/FlashVsMaterialised.*:FlashTraining.*' \
   > "$OUT/ab_tests_new.log" 2>&1
 echo "patched flash tests: exit $? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/ab_tests_new.log" | paste -sd' ')"
 grep -E '^\[  FAILED' "$OUT/ab_tests_new.log" | head
