@@ -2,7 +2,8 @@
 # A/B of a kernel patch against the working tree, in one call on the GPU machine: the tree is
 # copied to AB_DIR (default /tmp/tilegrad-ab) with PATCH applied (git apply), both are built in
 # parallel, the patched build runs the flash-attention GPU tests (with a timeout: a broken mbarrier
-# protocol hangs rather than fails) and compute-sanitizer memcheck, racecheck and synccheck on
+# protocol hangs rather than fails; the error-vs-materialised and 200-step training tests among
+# them, the worst error ratios printed) and compute-sanitizer memcheck, racecheck and synccheck on
 # small wgmma cases, then `tilegrad bench attention --steps 20 [bench args]` of base and patched,
 # interleaved ROUNDS times (the power cap makes back-to-back runs drift: docs/BENCHMARKS.md), and
 # a table of the best of the rounds per shape with the geometric mean of patched / base per
