@@ -2,6 +2,7 @@
 # One call on the GPU machine: build, run the whole test suite (GPU tests included), then the
 # benchmarks beside their PyTorch references. Logs go to $OUT (or ./gpu-out); a table prints last.
 # Usage: tools/gpu_check.sh [tests|sanitize|attn|profile|stalls|bench|all]   (needs ../shared/bench copied to .bench/)
+#   stalls: STALLS_D=64|128, STALLS_T=T, STALLS_FWD=1 to profile the forward kernel too
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHAT="${1:-all}"
@@ -69,15 +70,18 @@ if [ "$WHAT" = stalls ]; then
   # an amount that depends on what ran before). 1) Kernel times: tilegrad's forward and both
   # backwards, causal then not, beside PyTorch's cuDNN and FA2 kernels (tools/torch_sdpa_once.py).
   # 2) --set full of tilegrad's dK/dV kernels at causal T (d 128: the deterministic and the atomic
-  # one; d 64: the deterministic one, which serves both modes) and, per instruction, where their
-  # warps wait (tools/ncu_stalls.py).
+  # one; d 64: the deterministic one, which serves both modes) — with STALLS_FWD=1 the forward
+  # kernel first — and, per instruction, where their warps wait (tools/ncu_stalls.py).
   T="${STALLS_T:-8192}"
   D="${STALLS_D:-128}"
+  # tag:kernel (a regex on the mangled name, template flags included):launches to skip
   case "$D" in
-    128) DKDV_KERNELS="det:Lb0ELb0ELb0E:1 atomic:Lb0ELb1ELb0E:0" ;;  # mangled template flags; launches to skip
-    64) DKDV_KERNELS="det:Li64ELi2ELi3ELb1ELb0ELb1E:1" ;;
+    128) PROFILED="dkdv_det:flash_bwd_dkdv_sm90a_ws.*Lb0ELb0ELb0E:1 dkdv_atomic:flash_bwd_dkdv_sm90a_ws.*Lb0ELb1ELb0E:0" ;;
+    64) PROFILED="dkdv_det:flash_bwd_dkdv_sm90a_ws.*Li64ELi2ELi3ELb1ELb0ELb1E:1" ;;
     *) echo "STALLS_D=$D: give 64 or 128"; exit 1 ;;
   esac
+  # The forward's timed causal launch (the first is the warm-up's).
+  if [ "${STALLS_FWD:-0}" = 1 ]; then PROFILED="fwd:flash_fwd_sm90a_kernel.*FwdSm90aTraitsILi${D}E:1 $PROFILED"; fi
   NCU_TIME="ncu --clock-control base --cache-control none --metrics gpu__time_duration.sum --csv"
   $NCU_TIME build-gpu/tilegrad bench attention --head-dim "$D" --min-t "$T" --max-t "$T" --warmup 1 --steps 1 \
     > "$OUT/ncu_times_tilegrad.csv" 2> "$OUT/ncu_times_tilegrad.err"
@@ -99,16 +103,16 @@ for path in sys.argv[1:]:
         print(f"{float(r[val].replace(',', '')) / 1e3:9.1f}  {r[name][:110]}")
 PY
   NCU_FULL="ncu --set full --import-source no --clock-control base --cache-control none --kernel-name-base mangled -f"
-  for kernel in $DKDV_KERNELS; do
-    IFS=: read -r tag args skip <<< "$kernel"
-    $NCU_FULL --kernel-name "regex:flash_bwd_dkdv_sm90a_ws.*$args" --launch-skip "$skip" --launch-count 1 \
-      -o "$OUT/dkdv_$tag" build-gpu/tilegrad bench attention --head-dim "$D" --min-t "$T" --max-t "$T" \
-      --warmup 1 --steps 1 > "$OUT/dkdv_$tag.log" 2>&1
-    ncu --import "$OUT/dkdv_$tag.ncu-rep" --page source --csv --print-source sass > "$OUT/dkdv_${tag}_source.csv" 2>/dev/null
-    ncu --import "$OUT/dkdv_$tag.ncu-rep" --page details 2>/dev/null | grep -E "^    (Duration|SM Frequency)" \
-      | sed 's/  */ /g' | paste -sd';' | sed "s/^/dK\/dV $tag, causal T $T:/" | tee "$OUT/dkdv_${tag}_stalls.txt"
-    python3 tools/ncu_stalls.py "$OUT/dkdv_${tag}_source.csv" --top 8 | tee -a "$OUT/dkdv_${tag}_stalls.txt"
-    rm -f "$OUT/dkdv_$tag.ncu-rep"
+  for kernel in $PROFILED; do
+    IFS=: read -r tag regex skip <<< "$kernel"
+    $NCU_FULL --kernel-name "regex:$regex" --launch-skip "$skip" --launch-count 1 \
+      -o "$OUT/$tag" build-gpu/tilegrad bench attention --head-dim "$D" --min-t "$T" --max-t "$T" \
+      --warmup 1 --steps 1 > "$OUT/$tag.log" 2>&1
+    ncu --import "$OUT/$tag.ncu-rep" --page source --csv --print-source sass > "$OUT/${tag}_source.csv" 2>/dev/null
+    ncu --import "$OUT/$tag.ncu-rep" --page details 2>/dev/null | grep -E "^    (Duration|SM Frequency)" \
+      | sed 's/  */ /g' | paste -sd';' | sed "s/^/$tag, causal T $T:/" | tee "$OUT/${tag}_stalls.txt"
+    python3 tools/ncu_stalls.py "$OUT/${tag}_source.csv" --top 8 | tee -a "$OUT/${tag}_stalls.txt"
+    rm -f "$OUT/$tag.ncu-rep"
   done
 fi
 if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
