@@ -10,7 +10,7 @@
 # column and head dim. Where tools/gpu_ab.sh compares variants behind a temporary environment
 # switch, this compares a diff as it would land; docs/experiments/ keeps the diffs measured so.
 #
-# Usage: tools/gpu_ab_patch.sh PATCH [ROUNDS] [bench attention arguments]
+# Usage: [AB_SANITIZE=0] [AB_DIR=…] tools/gpu_ab_patch.sh PATCH [ROUNDS] [bench attention arguments]
 #   e.g.  tools/gpu_ab_patch.sh docs/experiments/atomic_k_in_registers.diff 3 --head-dim 128
 # Logs under $OUT (default gpu-out): ab_base_R.log, ab_new_R.log (the benchmark's JSON lines).
 set -uo pipefail
@@ -44,12 +44,18 @@ grep -E '^\[  FAILED' "$OUT/ab_tests_new.log" | head
 # 1e-4 there), for patches that change the arithmetic.
 awk '/ error: fused / && $6 + 0 > 1e-6 {r = $4 / $6; if (r > m[$1]) m[$1] = r}
      END{for (k in m) printf "patched fused / materialised error, worst: %s %.3f\n", k, m[k]}' "$OUT/ab_tests_new.log"
+# AB_SANITIZE=0 skips the sanitizers (about a minute) for a first look at a variant's speed; a
+# variant that is kept needs them.
 SMALL='Shapes/FlashAttentionTest.MatchesDoubleReference/B2_T129_*wgmma:Packed/*wgmma:Shapes/FlashAttentionTest.MatchesDoubleReference/B8_T300*wgmma'
-for tool in memcheck racecheck synccheck; do
-  timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 "$NEW/test_cuda" --gtest_filter="$SMALL" \
-    > "$OUT/ab_sanitizer_$tool.log" 2>&1
-  echo "patched $tool: exit $? ($(grep -m1 -E 'SUMMARY' "$OUT/ab_sanitizer_$tool.log"))"
-done
+if [ "${AB_SANITIZE:-1}" != 0 ]; then
+  for tool in memcheck racecheck synccheck; do
+    timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 "$NEW/test_cuda" --gtest_filter="$SMALL" \
+      > "$OUT/ab_sanitizer_$tool.log" 2>&1
+    echo "patched $tool: exit $? ($(grep -m1 -E 'SUMMARY' "$OUT/ab_sanitizer_$tool.log"))"
+  done
+else
+  echo "patched: sanitizers skipped (AB_SANITIZE=0)"
+fi
 
 for r in $(seq "$ROUNDS"); do
   timeout 150 build-gpu/tilegrad bench attention --steps 20 "$@" 2>&1 | grep '^{' > "$OUT/ab_base_$r.log"
