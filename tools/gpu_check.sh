@@ -2,7 +2,7 @@
 # One call on the GPU machine: build, run the whole test suite (GPU tests included), then the
 # benchmarks beside their PyTorch references. Logs go to $OUT (or ./gpu-out); a table prints last.
 # Usage: tools/gpu_check.sh [tests|sanitize|attn|profile|stalls|bench|all]   (needs ../shared/bench copied to .bench/)
-#   stalls: STALLS_D=64|128, STALLS_T=T, STALLS_FWD=1 to profile the forward kernel too
+#   stalls: STALLS_D=64|128, STALLS_T=T, STALLS_FWD=1 / STALLS_DQ=1 to profile the forward / dQ kernel too
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHAT="${1:-all}"
@@ -82,6 +82,8 @@ if [ "$WHAT" = stalls ]; then
   esac
   # The forward's timed causal launch (the first is the warm-up's).
   if [ "${STALLS_FWD:-0}" = 1 ]; then PROFILED="fwd:flash_fwd_sm90a_kernel.*FwdSm90aTraitsILi${D}E:1 $PROFILED"; fi
+  # STALLS_DQ=1: the deterministic dQ kernel's timed causal launch too.
+  if [ "${STALLS_DQ:-0}" = 1 ]; then PROFILED="$PROFILED dq:flash_bwd_dq_sm90a_kernel.*DqSm90aTraitsILi${D}E:1"; fi
   NCU_TIME="ncu --clock-control base --cache-control none --metrics gpu__time_duration.sum --csv"
   $NCU_TIME build-gpu/tilegrad bench attention --head-dim "$D" --min-t "$T" --max-t "$T" --warmup 1 --steps 1 \
     > "$OUT/ncu_times_tilegrad.csv" 2> "$OUT/ncu_times_tilegrad.err"
@@ -109,9 +111,11 @@ PY
       -o "$OUT/$tag" build-gpu/tilegrad bench attention --head-dim "$D" --min-t "$T" --max-t "$T" \
       --warmup 1 --steps 1 > "$OUT/$tag.log" 2>&1
     ncu --import "$OUT/$tag.ncu-rep" --page source --csv --print-source sass > "$OUT/${tag}_source.csv" 2>/dev/null
-    ncu --import "$OUT/$tag.ncu-rep" --page details 2>/dev/null | grep -E "^    (Duration|SM Frequency)" \
+    ncu --import "$OUT/$tag.ncu-rep" --page details > "$OUT/${tag}_details.txt" 2>/dev/null
+    grep -E "^    (Duration|SM Frequency)" "$OUT/${tag}_details.txt" \
       | sed 's/  */ /g' | paste -sd';' | sed "s/^/$tag, causal T $T:/" | tee "$OUT/${tag}_stalls.txt"
-    python3 tools/ncu_stalls.py "$OUT/${tag}_source.csv" --top 8 | tee -a "$OUT/${tag}_stalls.txt"
+    ncu --import "$OUT/$tag.ncu-rep" --page raw --csv > "$OUT/${tag}_raw.csv" 2>/dev/null
+    python3 tools/ncu_stalls.py "$OUT/${tag}_source.csv" --top 8 --raw "$OUT/${tag}_raw.csv" | tee -a "$OUT/${tag}_stalls.txt"
     rm -f "$OUT/$tag.ncu-rep"
   done
 fi

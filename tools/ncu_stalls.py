@@ -9,7 +9,12 @@ as a share of the part's samples: a `WARPGROUP.DEPBAR` is a wait for the warpgro
 products (wgmma_wait), a branch after `SYNCS.PHASECHK.TRANS64.TRYWAIT` an mbarrier wait, an
 `HGMMA` a product the tensor cores have not yet taken.
 
-Usage: python3 tools/ncu_stalls.py SOURCE.csv[.gz] [--top 15]
+With --raw RAW.csv (`ncu --import REPORT --page raw --csv`), first the kernel's warp-state samples
+by stall reason (smsp__pcsamp_warps_issue_stalled_*): what the waits above are, e.g.
+`no_instruction` (instruction fetch), `wait` (fixed-latency dependencies), `long_scoreboard`
+(global or local memory), `barrier`, `math_pipe_throttle`, `selected` (issuing).
+
+Usage: python3 tools/ncu_stalls.py SOURCE.csv[.gz] [--top 15] [--raw RAW.csv]
 """
 import argparse
 import csv
@@ -44,11 +49,31 @@ def number(text):
         return 0.0
 
 
+def print_stall_reasons(path, top):
+    """The kernel's warp-state samples per stall reason, from ncu's raw page (one kernel)."""
+    with open(path, newline="") as f:
+        rows = [r for r in csv.reader(f)]
+    head = next((i for i, r in enumerate(rows) if any(c.startswith("smsp__pcsamp_warps_issue_stalled_") for c in r)), None)
+    if head is None or head + 2 >= len(rows):
+        print(f"{path}: no smsp__pcsamp_warps_issue_stalled_* metrics (a --set full report is needed)")
+        return
+    names, values = rows[head], rows[head + 2]  # the row after the names holds the units
+    prefix = "smsp__pcsamp_warps_issue_stalled_"
+    reasons = {n[len(prefix):]: number(v) for n, v in zip(names, values)
+               if n.startswith(prefix) and not n.endswith("_not_issued")}
+    total = sum(reasons.values())
+    print(f"stall reasons, all warps ({total:.0f} samples):", ", ".join(
+        f"{k} {100 * v / max(total, 1):.1f} %" for k, v in sorted(reasons.items(), key=lambda kv: -kv[1])[:top]))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("csv")
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--raw", help="ncu --page raw --csv of the same report: the stall reasons first")
     args = parser.parse_args()
+    if args.raw:
+        print_stall_reasons(args.raw, args.top)
     header, rows = read_rows(args.csv)
     src, samples = column(header, "Source"), column(header, "Warp Stall Sampling (All")
     sass = [r[src].strip() for r in rows]
