@@ -119,12 +119,12 @@ int bench_attention(const cli::Args& a) {
   // The options first, so that a bad one is named whatever the machine.
   const int64_t runs = a.get_int("steps", 20), warmup = a.get_int("warmup", 3), max_t = a.get_int("max-t", 32768);
   const int64_t min_t = a.get_int("min-t", 1024);  // e.g. --min-t 8192 --max-t 8192: one T (for ncu)
-  const int64_t only_d = a.get_int("head-dim", 0);  // 0: both
+  const int64_t only_d = a.get_int("head-dim", 0);  // 0: 64 and 128
   const char* fn = "tilegrad bench attention";
   TG_CHECK(runs >= 1, fn, ": --steps ", runs, " times nothing; give at least 1");
   TG_CHECK(warmup >= 0, fn, ": --warmup ", warmup, " is negative");
-  TG_CHECK(only_d == 0 || only_d == 64 || only_d == 128, fn, ": --head-dim ", only_d,
-           " has no kernel; give 64, 128 or 0 (both)");
+  TG_CHECK(only_d == 0 || only_d == 32 || only_d == 64 || only_d == 128, fn, ": --head-dim ", only_d,
+           " has no kernel; give 32, 64, 128 or 0 (64 and 128)");
   TG_CHECK(max_t >= 1024, fn, ": --max-t ", max_t, " is below the shortest shape (T = 1024)");
   TG_CHECK(min_t <= max_t, fn, ": --min-t ", min_t, " exceeds --max-t ", max_t, "; no shape would run");
 #ifdef TILEGRAD_HAVE_CUDA
@@ -139,8 +139,9 @@ int bench_attention(const cli::Args& a) {
   const bool atomic = backward && a.get_int("atomic", 1) != 0;  // 0: not the opt-in atomic backward (column 0)
   std::printf("%-4s %-6s %-7s %-9s %-9s %-9s %-9s %-10s%s\n", "d", "T", "causal", "fwd ms", "bwd ms", "fwd TF/s",
               "bwd TF/s", "atomic TF/s", compare ? " mma.sync fwd / bwd TF/s" : "");
-  for (int64_t D : {64, 128}) {
-    if (only_d != 0 && D != only_d) continue;
+  // Head dim 32 only when asked for: the shapes of ../shared/bench/torch_attention.py are 64 and 128.
+  for (int64_t D : {32, 64, 128}) {
+    if (only_d == 0 ? D == 32 : D != only_d) continue;
     const int64_t H = 2048 / D;
     for (int64_t T = 1024; T <= max_t; T *= 2) {
       if (T < min_t) continue;

@@ -1,6 +1,7 @@
 // cuda::flash_attention_{forward,backward} vs a double-precision naive attention: O, lse, dQ, dK,
 // dV over head dims, sequence lengths (tails included) and the causal rule, for both kernel
-// families (FlashKernels::kMmaSync everywhere, kWgmma on compute capability 9.0); every output
+// families (FlashKernels::kMmaSync everywhere, kWgmma on compute capability 9.0 at head dims 64
+// and 128; head dim 32 has the mma.sync kernels alone); every output
 // proven written (poisoned first); the default backward bitwise reproducible, the opt-in atomic dQ
 // within the same bounds. Row strides: q, k, v read straight
 // out of one packed (B, T, 3·H·D) qkv buffer and dq, dk, dv written into one (B, T, 3·H·D)
@@ -267,7 +268,7 @@ TEST_P(FlashAttentionPackedTest, MatchesContiguousBitwise) {
 
 std::vector<Case> packed_cases() {
   std::vector<Case> out;
-  for (int64_t D : {64, 128})
+  for (int64_t D : {32, 64, 128})
     for (bool causal : {false, true})
       for (int64_t T : {17, 129}) out.push_back({2, T, 3, D, causal, 0.0});
   return out;
@@ -275,7 +276,7 @@ std::vector<Case> packed_cases() {
 
 std::vector<Case> cases() {
   std::vector<Case> out;
-  for (int64_t D : {64, 128})
+  for (int64_t D : {32, 64, 128})
     for (bool causal : {false, true})
       for (int64_t T : {1, 17, 127, 128, 129, 1000}) {
         // Small T: several batches and heads (indexing); large T: one batch, two heads (CPU time).
@@ -295,6 +296,16 @@ std::vector<Case> cases() {
   // the sm_90a forward's persistent grid gives each block several, in turn.
   out.push_back({8, 300, 12, 64, true, 0.0});
   out.push_back({8, 300, 12, 128, false, 0.0});
+  out.push_back({1, 4096, 1, 32, true, 0.0});  // head dim 32: many key tiles, causal
+  return out;
+}
+
+// Each case with each kernel family that has a kernel for its head dim (wgmma: 64 and 128).
+std::vector<KernelCase> with_families(const std::vector<Case>& shapes) {
+  std::vector<KernelCase> out;
+  for (const Case& c : shapes)
+    for (FlashKernels k : {FlashKernels::kMmaSync, FlashKernels::kWgmma})
+      if (k != FlashKernels::kWgmma || c.D == 64 || c.D == 128) out.emplace_back(c, k);
   return out;
 }
 
@@ -312,13 +323,10 @@ std::string kernel_case_name(const ::testing::TestParamInfo<KernelCase>& info) {
          (kernels == FlashKernels::kWgmma ? "_wgmma" : "_mma_sync");
 }
 
-const auto kBothFamilies = ::testing::Values(FlashKernels::kMmaSync, FlashKernels::kWgmma);
+INSTANTIATE_TEST_SUITE_P(Shapes, FlashAttentionTest, ::testing::ValuesIn(with_families(cases())), kernel_case_name);
 
-INSTANTIATE_TEST_SUITE_P(Shapes, FlashAttentionTest, ::testing::Combine(::testing::ValuesIn(cases()), kBothFamilies),
+INSTANTIATE_TEST_SUITE_P(Packed, FlashAttentionPackedTest, ::testing::ValuesIn(with_families(packed_cases())),
                          kernel_case_name);
-
-INSTANTIATE_TEST_SUITE_P(Packed, FlashAttentionPackedTest,
-                         ::testing::Combine(::testing::ValuesIn(packed_cases()), kBothFamilies), kernel_case_name);
 
 // A problem's inputs uploaded, its outputs allocated (not poisoned), and params pointing at them:
 // contiguous layout, default kernels and dQ mode, the workspace that mode needs.
@@ -360,6 +368,30 @@ TEST(FlashAttention, AutoPicksTheDevicesFamily) {
     p.kernels = FlashKernels::kWgmma;
     EXPECT_THROW(tg::cuda::flash_attention_forward(p, nullptr), std::invalid_argument);
   }
+}
+
+// Head dim 32 has mma.sync kernels alone: kAuto runs them on every GPU (the same bits as asking
+// for them by name), and asking for kWgmma is refused rather than run on a kernel built for 64.
+TEST(FlashAttention, HeadDim32RunsTheMmaSyncKernels) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
+  const Case c{2, 200, 2, 32, true, 0.0};
+  const Problem pr = make_problem(c);
+  const size_t n = pr.n;
+  DeviceProblem d(c, pr);
+  tg::cuda::FlashAttentionParams& p = d.p;
+  auto run = [&](FlashKernels kernels) {
+    p.kernels = kernels;
+    tg::cuda::flash_attention_forward(p, nullptr);
+    tg::cuda::flash_attention_backward(p, nullptr);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    return std::vector<std::vector<tg::bf16>>{d.o.download(), d.dq.download(), d.dk.download(), d.dv.download()};
+  };
+  const auto by_name = run(FlashKernels::kMmaSync);
+  const auto automatic = run(FlashKernels::kAuto);
+  for (int t = 0; t < 4; ++t) EXPECT_EQ(std::memcmp(by_name[t].data(), automatic[t].data(), n * 2), 0) << t;
+  p.kernels = FlashKernels::kWgmma;
+  EXPECT_THROW(tg::cuda::flash_attention_forward(p, nullptr), std::invalid_argument);
+  EXPECT_THROW(tg::cuda::flash_attention_backward(p, nullptr), std::invalid_argument);
 }
 
 // The wgmma forward takes the row max of unscaled scores, valid for scale > 0 only: any other
@@ -423,6 +455,7 @@ TEST(FlashAttention, InvalidRowStrideIsRejected) {
 
 TEST(FlashAttention, UnsupportedHeadDimIsRejected) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
+  EXPECT_TRUE(tg::cuda::flash_attention_supported(32));
   EXPECT_TRUE(tg::cuda::flash_attention_supported(64));
   EXPECT_TRUE(tg::cuda::flash_attention_supported(128));
   EXPECT_FALSE(tg::cuda::flash_attention_supported(96));

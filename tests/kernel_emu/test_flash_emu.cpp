@@ -127,9 +127,10 @@ TEST_P(FlashEmulated, MatchesDoubleReference) {
   const tg::bf16 nan_bf16{0xFFFF};  // poison: every output element must be written
   std::vector<tg::bf16> o(n, nan_bf16), dq(n, nan_bf16), dk(n, nan_bf16), dv(n, nan_bf16);
   std::vector<float> lse(n_lse, NAN);
-  const size_t ws_bytes =
-      c.D == 64 ? flash::BwdWorkspace<64>::bytes(c.B, c.T, c.H, GetParam().dq_mode)
-                : flash::BwdWorkspace<128>::bytes(c.B, c.T, c.H, GetParam().dq_mode);
+  const FlashDq mode = GetParam().dq_mode;
+  const size_t ws_bytes = c.D == 32   ? flash::BwdWorkspace<32>::bytes(c.B, c.T, c.H, mode)
+                          : c.D == 64 ? flash::BwdWorkspace<64>::bytes(c.B, c.T, c.H, mode)
+                                      : flash::BwdWorkspace<128>::bytes(c.B, c.T, c.H, mode);
   std::vector<float> workspace(ws_bytes / sizeof(float) + 4, NAN);
 
   FlashAttentionParams p{};
@@ -137,7 +138,10 @@ TEST_P(FlashEmulated, MatchesDoubleReference) {
   p.dout = dout.bits.data(), p.dq = dq.data(), p.dk = dk.data(), p.dv = dv.data(), p.workspace = workspace.data();
   p.B = c.B, p.T = c.T, p.H = c.H, p.D = c.D, p.scale = float(scale), p.causal = c.causal;
   p.dq_mode = GetParam().dq_mode;
-  if (c.D == 64) {
+  if (c.D == 32) {
+    forward<32>(p);
+    backward<32>(p);
+  } else if (c.D == 64) {
     forward<64>(p);
     backward<64>(p);
   } else {
@@ -152,10 +156,10 @@ TEST_P(FlashEmulated, MatchesDoubleReference) {
 // a tail inside the first tile, and one past a tile boundary of every kernel (64/128 rows).
 std::vector<EmuCase> cases() {
   std::vector<EmuCase> out;
-  for (int64_t D : {64, 128})
+  for (int64_t D : {32, 64, 128})
     for (bool causal : {false, true})
       for (int64_t T : {1, 17, 129}) out.push_back({{1, T, 2, D, causal, 0.0}, FlashDq::kRecompute});
-  for (int64_t D : {64, 128})
+  for (int64_t D : {32, 64, 128})
     for (bool causal : {false, true}) out.push_back({{1, 129, 2, D, causal, 0.0}, FlashDq::kAtomic});
   out.push_back({{1, 129, 2, 64, true, -0.125}, FlashDq::kRecompute});  // scale < 0: what the wgmma forward leaves to this one
   return out;

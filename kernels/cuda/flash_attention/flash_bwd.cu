@@ -70,6 +70,8 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dkdv_kernel(const Flas
                                                                        int accum_rows) {
   constexpr int D = Tr::kD, Bc = Tr::kOwn, Br = Tr::kStream, LDS = Tr::kLds, NT = Tr::kThreads, R = Tr::kRowBlocks;
   constexpr bool kFormDq = Mode == FlashDq::kAtomic;
+  static_assert(!kFormDq || (D % Tr::kWarps == 0 && Tr::kDqCols % 16 == 0),
+                "kAtomic: dQ's columns must split over the warps in 16-column x4 loads");
   static_assert(Tr::kDkdvAccRegs + 32 <= 255, "dK, dV, Sᵀ, dPᵀ plus ~32 working registers must fit 255");
   extern __shared__ __align__(16) unsigned char smem[];
   tg::bf16* sK = reinterpret_cast<tg::bf16*>(smem);  // (Bc, LDS)
@@ -208,9 +210,9 @@ __global__ void flash_bwd_dq_convert_kernel(const float* __restrict__ dq_accum, 
   const int64_t bt = row / H;
   const int h = int(row - bt * H);
   const int64_t t = bt % T, b = bt / T;
-  // Chunk `part` of row t sits at part ^ (t % 8) (dq_accum_offset's layout).
-  const float4* src =
-      reinterpret_cast<const float4*>(dq_accum + ((b * H + h) * t_pad + t) * D + ((part ^ int(t & 7)) * 8));
+  // Chunk `part` of row t sits at part ^ (t % 8) (t % 4 at D = 32: dq_accum_offset's layout).
+  const float4* src = reinterpret_cast<const float4*>(dq_accum + ((b * H + h) * t_pad + t) * D +
+                                                      ((part ^ dq_accum_chunk_xor(int(t), D)) * 8));
   const float4 x = src[0], y = src[1];
   uint4 out;
   out.x = pack_bf16x2(x.x * scale, x.y * scale);
@@ -409,6 +411,13 @@ void launch_bwd(const FlashAttentionParams& p_in, cudaStream_t stream) {
 // A fragments (K, V in dK/dV; Q, dO in dQ) are re-read from smem per k-step, R x4 per k-step.
 // ldmatrix.x4 per mma, per streamed tile: dK/dV (S, dV, dP, dK) and dQ (S, dP, dQ).
 //
+// D = 32 (no wgmma kernels: these run on every GPU). dK/dV: 2 warps × 2 row blocks own 64
+// keys — kAtomic's dQ product gives each warp D / warps columns in 16-column loads, so 2 warps
+// at most —, query tiles of 32; dK, dV 2 × 32 registers, Sᵀ and dPᵀ 2 × 32; smem 2 × 5 KiB
+// owned + 2 × 2 × 2.5 KiB streamed + 0.5 KiB = 20.5 KiB per 64-thread block, so many blocks
+// share an SM. dQ: 4 warps × 2 row blocks own 128 queries, key tiles of 32, as at d 64.
+void flash_bwd_hdim32(const FlashAttentionParams& p, cudaStream_t stream) { launch_bwd<32>(p, stream); }
+
 // D = 64. dK/dV: 4 warps × 2 row blocks own 128 keys, query tiles of 32 stream through smem:
 // 48 x4 per 128 mmas (0.375; was 72 per 128 with 64 keys × 64 queries). dK, dV 2 × 64 regs, Sᵀ
 // and dPᵀ 2 × 32; Pᵀ is kept only as bf16 fragments across the dPᵀ mma (dS reads it back) to
@@ -437,12 +446,16 @@ void flash_bwd_hdim128(const FlashAttentionParams& p, cudaStream_t stream) { lau
 
 size_t flash_attention_backward_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t D, FlashDq dq_mode) {
   // Any other D has no kernel: the backward rejects it before touching the workspace.
-  return D == 64 ? flash::BwdWorkspace<64>::bytes(B, T, H, dq_mode) : flash::BwdWorkspace<128>::bytes(B, T, H, dq_mode);
+  switch (D) {
+    case 32: return flash::BwdWorkspace<32>::bytes(B, T, H, dq_mode);
+    case 64: return flash::BwdWorkspace<64>::bytes(B, T, H, dq_mode);
+    default: return flash::BwdWorkspace<128>::bytes(B, T, H, dq_mode);
+  }
 }
 
 void flash_attention_backward(const FlashAttentionParams& p, cudaStream_t stream) {
   const char* fn = "flash_attention_backward";
-  require(flash_attention_supported(p.D), fn, "head dim D = " + std::to_string(p.D) + " has no kernel (64, 128)");
+  require(flash_attention_supported(p.D), fn, "head dim D = " + std::to_string(p.D) + " has no kernel (32, 64, 128)");
   require(p.B >= 0 && p.T >= 0 && p.H >= 0, fn, "negative size");
   // The grid is (H, B, tiles of ≥ 64 rows): B and the tile count are limited to 65535.
   require(p.T <= 65535LL * 64, fn, "T must be ≤ 4194240 (65535 tiles of 64 rows)");
@@ -453,10 +466,11 @@ void flash_attention_backward(const FlashAttentionParams& p, cudaStream_t stream
               aligned16(p.dq) && aligned16(p.dk) && aligned16(p.dv) && aligned16(p.workspace),
           fn, "q, k, v, o, dout, dq, dk, dv, workspace must be 16-byte aligned");
   flash::require_row_strides(p, fn, /*backward=*/true);
-  if (p.D == 64)
-    flash_bwd_hdim64(p, stream);
-  else
-    flash_bwd_hdim128(p, stream);
+  switch (p.D) {
+    case 32: flash_bwd_hdim32(p, stream); break;
+    case 64: flash_bwd_hdim64(p, stream); break;
+    default: flash_bwd_hdim128(p, stream); break;
+  }
 }
 
 }  // namespace tg::cuda

@@ -169,6 +169,13 @@ void launch_fwd(const FlashAttentionParams& p, cudaStream_t stream) {
 // each warp two independent mma chains, which is what lets 8 warps per SM keep the tensor cores
 // busy (FlashAttention-2's forward: 4 warps × 32 rows).
 //
+// D = 32: 4 warps × 2 row blocks (Br = 128), Bc = 64 keys, Q in registers, as at d 64. O is 32
+// registers, S 64, Q 16: 112 long-lived, so __launch_bounds__(128, 3) (≤ 168 registers) lets 3
+// blocks (12 warps) share an SM — at half d 64's products per score the exponentials and the
+// row statistics weigh twice as much, and more warps hide their latency. smem 10 KiB Q +
+// 2 × 2 × 5 KiB K/V = 30 KiB per block.
+void flash_fwd_hdim32(const FlashAttentionParams& p, cudaStream_t stream) { launch_fwd<32>(p, stream); }
+
 // D = 64 (measured 294.8 TF/s at T = 8192 full, 276.0 causal): 4 warps (Br = 128), Bc = 64 keys, Q fragments in registers. Per tile and warp: 32
 // ldmatrix.x4 for 128 mmas (0.25 x4/mma, was 0.5). O and S are 64 registers each, Q 32: ptxas
 // 244 regs (251 before the warp-uniform rescale skip), 0 spills under __launch_bounds__(128, 2); smem
@@ -212,20 +219,23 @@ bool use_wgmma(const FlashAttentionParams& p, const char* fn) {
     case FlashKernels::kWgmma:
       require(device_is_sm90(), fn,
               "FlashKernels::kWgmma needs compute capability 9.0 (H100/H200): its kernels are sm_90a code");
+      require(wgmma_head_dim(p.D), fn,
+              "FlashKernels::kWgmma has kernels for head dims 64 and 128, not D = " + std::to_string(p.D) +
+                  "; kAuto runs the mma.sync kernels there");
       return true;
     case FlashKernels::kAuto:
     default:
-      return device_is_sm90();
+      return wgmma_head_dim(p.D) && device_is_sm90();
   }
 }
 
 }  // namespace flash
 
-bool flash_attention_supported(int64_t D) { return D == 64 || D == 128; }
+bool flash_attention_supported(int64_t D) { return D == 32 || D == 64 || D == 128; }
 
 void flash_attention_forward(const FlashAttentionParams& p, cudaStream_t stream) {
   const char* fn = "flash_attention_forward";
-  require(flash_attention_supported(p.D), fn, "head dim D = " + std::to_string(p.D) + " has no kernel (64, 128)");
+  require(flash_attention_supported(p.D), fn, "head dim D = " + std::to_string(p.D) + " has no kernel (32, 64, 128)");
   require(p.B >= 0 && p.T >= 0 && p.H >= 0, fn, "negative size");
   // The grid is (H, B, tiles of ≥ 64 rows): B and the tile count are limited to 65535.
   require(p.T <= 65535LL * 64, fn, "T must be ≤ 4194240 (65535 tiles of 64 rows)");
@@ -244,10 +254,11 @@ void flash_attention_forward(const FlashAttentionParams& p, cudaStream_t stream)
             "the wgmma forward needs scale > 0 (it takes the row max of unscaled scores); kAuto runs the "
             "mma.sync forward for other scales");
   }
-  if (p.D == 64)
-    flash_fwd_hdim64(p, stream);
-  else
-    flash_fwd_hdim128(p, stream);
+  switch (p.D) {
+    case 32: flash_fwd_hdim32(p, stream); break;
+    case 64: flash_fwd_hdim64(p, stream); break;
+    default: flash_fwd_hdim128(p, stream); break;
+  }
 }
 
 }  // namespace tg::cuda

@@ -47,8 +47,11 @@ inline FlashAttentionParams with_resolved_row_strides(FlashAttentionParams p) {
 // True when the current device has compute capability 9.0, where the sm_90a kernels run; the
 // answer is cached per device (flash_fwd.cu).
 bool device_is_sm90();
+// The head dims the wgmma kernels are built for (64, 128); kAuto runs the mma.sync kernels for
+// the others on every GPU.
+constexpr bool wgmma_head_dim(int64_t D) { return D == 64 || D == 128; }
 // Whether a call with p.kernels takes the wgmma kernels; std::invalid_argument (naming fn) for
-// kWgmma on another GPU.
+// kWgmma on another GPU or at a head dim they are not built for.
 bool use_wgmma(const FlashAttentionParams& p, const char* fn);
 // The wgmma kernels' launchers (built for sm_90a alone), on parameters the public entry points
 // have checked and whose row strides are resolved: the forward, and the backward after delta.
@@ -151,21 +154,25 @@ struct BwdTraits {
   static_assert(kSmemBf16Bytes % 16 == 0, "fp32 lse/delta region must start aligned");
   static_assert(kSmemBytes <= 227 * 1024, "exceeds Hopper's per-block shared memory");
   static_assert(kSmemDkdvBytes <= 227 * 1024, "dK/dV with the dS tile exceeds Hopper's per-block shared memory");
-  static_assert(kD % kWarps == 0 && kDqCols % 16 == 0, "dQ columns must split over the warps in x4 loads");
   static_assert((kLdsDs * 2) % 16 == 0, "dS rows must stay 16-byte aligned for ldmatrix");
 };
 
 // The configurations, one per head dim; the reasons are given at the launch functions
 // (flash_fwd.cu, flash_bwd.cu).
+// Head dim 32 (e.g. configs/kjv-tiny.yaml: d_model 128, 4 heads) has these kernels alone, on
+// every GPU (the wgmma ones are built for 64 and 128).
 template <int D> struct FwdConfig;
+template <> struct FwdConfig<32> { using type = FwdTraits<32, 4, 64, true, 3, 2>; };
 template <> struct FwdConfig<64> { using type = FwdTraits<64, 4, 64, true, 2, 2>; };
 template <> struct FwdConfig<128> { using type = FwdTraits<128, 4, 32, false, 2, 2>; };
 
 template <int D> struct DkdvConfig;  // own = keys, stream = queries
+template <> struct DkdvConfig<32> { using type = BwdTraits<32, 2, 32, 2>; };
 template <> struct DkdvConfig<64> { using type = BwdTraits<64, 4, 32, 2>; };
 template <> struct DkdvConfig<128> { using type = BwdTraits<128, 4, 32, 1>; };
 
 template <int D> struct DqConfig;  // own = queries, stream = keys
+template <> struct DqConfig<32> { using type = BwdTraits<32, 4, 32, 2>; };
 template <> struct DqConfig<64> { using type = BwdTraits<64, 4, 32, 2>; };
 template <> struct DqConfig<128> { using type = BwdTraits<128, 4, 32, 2>; };
 

@@ -518,11 +518,13 @@ __device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
 // The fp32 dQ accumulator's layout: rows of ld floats whose 8-float (32-byte) chunks are permuted
 // per row, chunk c stored at c ^ (row % 8). A warp's accumulator fragment covers 8 rows × 4
 // column pairs per n-tile; unpermuted, those 8 rows (ld a multiple of 32 floats) share 8 banks
-// when staged in shared memory (8-way conflicts), permuted they spread over all 32. Offset of
-// the column pair (col, col + 1), col even, of `row`. (row % 8 is the same in any tile frame
-// whose origin is a multiple of 8 rows.)
+// when staged in shared memory (8-way conflicts), permuted they spread over all 32. A row of 32
+// floats (head dim 32) has 4 chunks only, permuted by row % 4. Offset of the column pair
+// (col, col + 1), col even, of `row`. (row % 8 is the same in any tile frame whose origin is a
+// multiple of 8 rows.)
+__host__ __device__ constexpr int dq_accum_chunk_xor(int row, int ld) { return row & ((ld >= 64 ? 8 : ld / 8) - 1); }
 __device__ __forceinline__ int dq_accum_offset(int row, int col, int ld) {
-  return row * ld + ((((col >> 3) ^ (row & 7)) << 3) | (col & 7));
+  return row * ld + ((((col >> 3) ^ dq_accum_chunk_xor(row, ld)) << 3) | (col & 7));
 }
 
 // Rows [row0, row0 + 16) of the dQ accumulator at dst (fp32, dq_accum_offset's layout, row stride
