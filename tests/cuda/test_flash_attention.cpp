@@ -343,6 +343,14 @@ struct DeviceProblem {
     p.dout = dout.ptr, p.dq = dq.ptr, p.dk = dk.ptr, p.dv = dv.ptr, p.workspace = ws.ptr;
     p.B = c.B, p.T = c.T, p.H = c.H, p.D = c.D, p.scale = float(pr.scale), p.causal = c.causal;
   }
+  // Forward and backward with `kernels`: O, dQ, dK, dV.
+  std::vector<std::vector<tg::bf16>> run(FlashKernels kernels) {
+    p.kernels = kernels;
+    tg::cuda::flash_attention_forward(p, nullptr);
+    tg::cuda::flash_attention_backward(p, nullptr);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    return {o.download(), dq.download(), dk.download(), dv.download()};
+  }
 };
 
 // kAuto is the device's fastest family: on 9.0 the wgmma kernels, elsewhere mma.sync — the same
@@ -354,15 +362,8 @@ TEST(FlashAttention, AutoPicksTheDevicesFamily) {
   const size_t n = pr.n;
   DeviceProblem d(c, pr);
   tg::cuda::FlashAttentionParams& p = d.p;
-  auto run = [&](FlashKernels kernels) {
-    p.kernels = kernels;
-    tg::cuda::flash_attention_forward(p, nullptr);
-    tg::cuda::flash_attention_backward(p, nullptr);
-    CHECK_CUDA(cudaDeviceSynchronize());
-    return std::vector<std::vector<tg::bf16>>{d.o.download(), d.dq.download(), d.dk.download(), d.dv.download()};
-  };
-  const auto by_name = run(device_is_sm90() ? FlashKernels::kWgmma : FlashKernels::kMmaSync);
-  const auto automatic = run(FlashKernels::kAuto);
+  const auto by_name = d.run(device_is_sm90() ? FlashKernels::kWgmma : FlashKernels::kMmaSync);
+  const auto automatic = d.run(FlashKernels::kAuto);
   for (int t = 0; t < 4; ++t) EXPECT_EQ(std::memcmp(by_name[t].data(), automatic[t].data(), n * 2), 0) << t;
   if (!device_is_sm90()) {
     p.kernels = FlashKernels::kWgmma;
@@ -379,15 +380,8 @@ TEST(FlashAttention, HeadDim32RunsTheMmaSyncKernels) {
   const size_t n = pr.n;
   DeviceProblem d(c, pr);
   tg::cuda::FlashAttentionParams& p = d.p;
-  auto run = [&](FlashKernels kernels) {
-    p.kernels = kernels;
-    tg::cuda::flash_attention_forward(p, nullptr);
-    tg::cuda::flash_attention_backward(p, nullptr);
-    CHECK_CUDA(cudaDeviceSynchronize());
-    return std::vector<std::vector<tg::bf16>>{d.o.download(), d.dq.download(), d.dk.download(), d.dv.download()};
-  };
-  const auto by_name = run(FlashKernels::kMmaSync);
-  const auto automatic = run(FlashKernels::kAuto);
+  const auto by_name = d.run(FlashKernels::kMmaSync);
+  const auto automatic = d.run(FlashKernels::kAuto);
   for (int t = 0; t < 4; ++t) EXPECT_EQ(std::memcmp(by_name[t].data(), automatic[t].data(), n * 2), 0) << t;
   p.kernels = FlashKernels::kWgmma;
   EXPECT_THROW(tg::cuda::flash_attention_forward(p, nullptr), std::invalid_argument);
