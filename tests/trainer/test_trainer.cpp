@@ -223,6 +223,8 @@ TEST(Command, BenchAttentionNamesABadOptionOnAnyMachine) {
       {"--max-t 512", "--max-t 512 is below the shortest shape"},
       {"--head-dim 96", "--head-dim 96 has no kernel"},
       {"--steps 0", "--steps 0 times nothing"},
+      {"--protocol fast", "--protocol fast is unknown; give reference or sustained"},
+      {"--warmup -1", "--warmup is negative"},
   };
   for (const auto& [args, message] : cases) {
     auto [rc, out] = shell(kBinary + " bench attention " + args);
