@@ -206,8 +206,8 @@ int bench_attention(const cli::Args& a) {
         p.B = B, p.T = T, p.H = H, p.D = D, p.scale = float(1.0 / std::sqrt(double(D))), p.causal = causal;
         auto fwd = [&] { cuda::flash_attention_forward(p, detail::cuda_stream()); };
         auto bwd = [&] { cuda::flash_attention_backward(p, detail::cuda_stream()); };
-        // Forward, then backward seconds of the current p.kernels, p.dq_mode (backward 0 when
-        // `with_backward` is false: not timed).
+        // Seconds of one forward, and of one backward given the forward's (the reference
+        // protocol subtracts it), with the current p.kernels and p.dq_mode.
         auto time_fwd = [&] {
           if (sustained) {
             for (int64_t i = 0; i < warm_fwd; ++i) {

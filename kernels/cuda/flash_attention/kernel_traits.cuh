@@ -159,8 +159,8 @@ struct BwdTraits {
 
 // The configurations, one per head dim; the reasons are given at the launch functions
 // (flash_fwd.cu, flash_bwd.cu).
-// Head dim 32 (e.g. configs/kjv-tiny.yaml: d_model 128, 4 heads) has these kernels alone, on
-// every GPU (the wgmma ones are built for 64 and 128).
+// Head dim 32 (e.g. configs/kjv-tiny.yaml's model, d_model 128 over 4 heads, trained in bf16)
+// has these kernels alone, on every GPU (the wgmma ones are built for 64 and 128).
 template <int D> struct FwdConfig;
 template <> struct FwdConfig<32> { using type = FwdTraits<32, 4, 64, true, 3, 2>; };
 template <> struct FwdConfig<64> { using type = FwdTraits<64, 4, 64, true, 2, 2>; };
