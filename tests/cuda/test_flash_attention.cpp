@@ -351,6 +351,12 @@ struct DeviceProblem {
     CHECK_CUDA(cudaDeviceSynchronize());
     return {o.download(), dq.download(), dk.download(), dv.download()};
   }
+  // kAuto gives the same O, dQ, dK, dV bits as `family` asked for by name.
+  void expect_auto_runs(FlashKernels family) {
+    const auto by_name = run(family);
+    const auto automatic = run(FlashKernels::kAuto);
+    for (int t = 0; t < 4; ++t) EXPECT_EQ(std::memcmp(by_name[t].data(), automatic[t].data(), q.n * 2), 0) << t;
+  }
 };
 
 // kAuto is the device's fastest family: on 9.0 the wgmma kernels, elsewhere mma.sync — the same
@@ -358,13 +364,9 @@ struct DeviceProblem {
 TEST(FlashAttention, AutoPicksTheDevicesFamily) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
   const Case c{2, 200, 2, 64, true, 0.0};
-  const Problem pr = make_problem(c);
-  const size_t n = pr.n;
-  DeviceProblem d(c, pr);
+  DeviceProblem d(c, make_problem(c));
   tg::cuda::FlashAttentionParams& p = d.p;
-  const auto by_name = d.run(device_is_sm90() ? FlashKernels::kWgmma : FlashKernels::kMmaSync);
-  const auto automatic = d.run(FlashKernels::kAuto);
-  for (int t = 0; t < 4; ++t) EXPECT_EQ(std::memcmp(by_name[t].data(), automatic[t].data(), n * 2), 0) << t;
+  d.expect_auto_runs(device_is_sm90() ? FlashKernels::kWgmma : FlashKernels::kMmaSync);
   if (!device_is_sm90()) {
     p.kernels = FlashKernels::kWgmma;
     EXPECT_THROW(tg::cuda::flash_attention_forward(p, nullptr), std::invalid_argument);
@@ -376,13 +378,9 @@ TEST(FlashAttention, AutoPicksTheDevicesFamily) {
 TEST(FlashAttention, HeadDim32RunsTheMmaSyncKernels) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
   const Case c{2, 200, 2, 32, true, 0.0};
-  const Problem pr = make_problem(c);
-  const size_t n = pr.n;
-  DeviceProblem d(c, pr);
+  DeviceProblem d(c, make_problem(c));
   tg::cuda::FlashAttentionParams& p = d.p;
-  const auto by_name = d.run(FlashKernels::kMmaSync);
-  const auto automatic = d.run(FlashKernels::kAuto);
-  for (int t = 0; t < 4; ++t) EXPECT_EQ(std::memcmp(by_name[t].data(), automatic[t].data(), n * 2), 0) << t;
+  d.expect_auto_runs(FlashKernels::kMmaSync);
   p.kernels = FlashKernels::kWgmma;
   EXPECT_THROW(tg::cuda::flash_attention_forward(p, nullptr), std::invalid_argument);
   EXPECT_THROW(tg::cuda::flash_attention_backward(p, nullptr), std::invalid_argument);
