@@ -165,8 +165,8 @@ int bench_attention(const cli::Args& a) {
   const int64_t only_d = a.get_int("head-dim", 0);  // 0: 64 and 128
   const char* fn = "tilegrad bench attention";
   TG_CHECK(runs >= 1, fn, ": --steps ", runs, " times nothing; give at least 1");
-  TG_CHECK(only_d == 0 || only_d == 32 || only_d == 64 || only_d == 128, fn, ": --head-dim ", only_d,
-           " has no kernel; give 32, 64, 128 or 0 (64 and 128)");
+  TG_CHECK(only_d == 0 || only_d == 32 || only_d == 64 || only_d == 96 || only_d == 128, fn, ": --head-dim ", only_d,
+           " has no kernel; give 32, 64, 96, 128 or 0 (64 and 128)");
   TG_CHECK(max_t >= 1024, fn, ": --max-t ", max_t, " is below the shortest shape (T = 1024)");
   TG_CHECK(min_t <= max_t, fn, ": --min-t ", min_t, " exceeds --max-t ", max_t, "; no shape would run");
   TG_CHECK(sustained || protocol == "reference", fn, ": --protocol ", protocol, " is unknown; give reference or sustained");
@@ -183,9 +183,10 @@ int bench_attention(const cli::Args& a) {
   const bool atomic = backward && a.get_int("atomic", 1) != 0;  // 0: not the opt-in atomic backward (column 0)
   std::printf("%-4s %-6s %-7s %-9s %-9s %-9s %-9s %-10s%s\n", "d", "T", "causal", "fwd ms", "bwd ms", "fwd TF/s",
               "bwd TF/s", "atomic TF/s", compare ? " mma.sync fwd / bwd TF/s" : "");
-  // Head dim 32 only when asked for: the shapes of ../shared/bench/torch_attention.py are 64 and 128.
-  for (int64_t D : {32, 64, 128}) {
-    if (only_d == 0 ? D == 32 : D != only_d) continue;
+  // Head dims 32 and 96 only when asked for: the shapes of ../shared/bench/torch_attention.py are
+  // 64 and 128 (hidden 2048: 2048 / 96 is not whole, so d 96 runs 21 heads, hidden 2016).
+  for (int64_t D : {32, 64, 96, 128}) {
+    if (only_d == 0 ? D == 32 || D == 96 : D != only_d) continue;
     const int64_t H = 2048 / D;
     for (int64_t T = 1024; T <= max_t; T *= 2) {
       if (T < min_t) continue;

@@ -161,7 +161,7 @@ std::vector<cli::Command> commands() {
        "Benchmarks. `bench train CONFIG`: training steps of the config's model on random tokens: ms/step, "
        "tokens/s, TFLOP/s, MFU (6·N + 12·L·d·T FLOPs per token against the H200's 989 TFLOP/s bf16 peak) and peak "
        "memory. `bench attention`: FlashAttention forward and backward TFLOP/s on the FlashAttention shapes "
-       "(B·T = 16384, hidden 2048; d 64 and 128, or 32 with --head-dim 32; T 1k to 32k; causal and not). Results print as JSON lines.",
+       "(B·T = 16384, hidden 2048; d 64 and 128, or 32 / 96 with --head-dim; T 1k to 32k; causal and not). Results print as JSON lines.",
        {{"WHAT", "train or attention"}, {"CONFIG", "for train: a YAML config, e.g. configs/gpt2-124m.yaml", true}},
        {{"--set", "KEY=VALUE", "train: override config keys, e.g. --set train.batch_size=32", "", true},
         {"--steps", "N", "timed steps (train) or timed runs, median reported (attention)", "20"},
@@ -169,7 +169,7 @@ std::vector<cli::Command> commands() {
         {"--protocol", "P", "attention: sustained (each mode's calls back to back, host-timed) or reference (torch_attention.py's timing: CUDA events, backward = (forward + backward) − forward)", "sustained"},
         {"--min-t", "T", "attention: the shortest sequence (the shapes are T = 1k, 2k, … from it to --max-t)", "1024"},
         {"--max-t", "T", "attention: the longest sequence", "32768"},
-        {"--head-dim", "D", "attention: only this head dim (32, 64 or 128; 0 = 64 and 128, the shapes of torch_attention.py)", "0"},
+        {"--head-dim", "D", "attention: only this head dim (32, 64, 96 or 128; 0 = 64 and 128, the shapes of torch_attention.py)", "0"},
         {"--compare", "0|1", "attention: 1 also times the portable mma.sync kernels beside the default (wgmma on H100/H200)", "0"},
         {"--backward", "0|1", "attention: 0 times the forward alone (the backward columns read 0)", "1"},
         {"--atomic", "0|1", "attention: 0 skips the opt-in atomic-dQ backward (its column reads 0)", "1"}},

@@ -61,7 +61,7 @@ bool fused_kernel_covers(const Tensor& like, const Shape& heads) {
   const std::string what = std::string(dtype_name(like.dtype())) + shape_str(heads) + " on " + like.device().str();
   if (warned.insert(what).second)
     std::cerr << "tilegrad: warning: no fused GPU attention kernel for q " << what
-              << " (it covers bf16 with head dim 32, 64 or 128); using the materialised attention (T×T scores)"
+              << " (it covers bf16 with head dim 32, 64, 96 or 128); using the materialised attention (T×T scores)"
               << std::endl;
   return false;
 }

@@ -268,7 +268,7 @@ TEST_P(FlashAttentionPackedTest, MatchesContiguousBitwise) {
 
 std::vector<Case> packed_cases() {
   std::vector<Case> out;
-  for (int64_t D : {32, 64, 128})
+  for (int64_t D : {32, 64, 96, 128})
     for (bool causal : {false, true})
       for (int64_t T : {17, 129}) out.push_back({2, T, 3, D, causal, 0.0});
   return out;
@@ -276,7 +276,7 @@ std::vector<Case> packed_cases() {
 
 std::vector<Case> cases() {
   std::vector<Case> out;
-  for (int64_t D : {32, 64, 128})
+  for (int64_t D : {32, 64, 96, 128})
     for (bool causal : {false, true})
       for (int64_t T : {1, 17, 127, 128, 129, 1000}) {
         // Small T: several batches and heads (indexing); large T: one batch, two heads (CPU time).
@@ -373,11 +373,14 @@ TEST(FlashAttention, AutoPicksTheDevicesFamily) {
   }
 }
 
-// Head dim 32 has mma.sync kernels alone: kAuto runs them on every GPU (the same bits as asking
-// for them by name), and asking for kWgmma is refused rather than run on a kernel built for 64.
-TEST(FlashAttention, HeadDim32RunsTheMmaSyncKernels) {
+// Head dims 32 and 96 have mma.sync kernels alone: kAuto runs them on every GPU (the same bits
+// as asking for them by name), and asking for kWgmma is refused rather than run on a kernel
+// built for another head dim.
+class FlashAttentionMmaSyncOnly : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(FlashAttentionMmaSyncOnly, AutoRunsTheMmaSyncKernels) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
-  const Case c{2, 200, 2, 32, true, 0.0};
+  const Case c{2, 200, 2, GetParam(), true, 0.0};
   DeviceProblem d(c, make_problem(c));
   tg::cuda::FlashAttentionParams& p = d.p;
   d.expect_auto_runs(FlashKernels::kMmaSync);
@@ -385,6 +388,9 @@ TEST(FlashAttention, HeadDim32RunsTheMmaSyncKernels) {
   EXPECT_THROW(tg::cuda::flash_attention_forward(p, nullptr), std::invalid_argument);
   EXPECT_THROW(tg::cuda::flash_attention_backward(p, nullptr), std::invalid_argument);
 }
+
+INSTANTIATE_TEST_SUITE_P(HeadDims, FlashAttentionMmaSyncOnly, ::testing::Values<int64_t>(32, 96),
+                         [](const ::testing::TestParamInfo<int64_t>& info) { return "D" + std::to_string(info.param); });
 
 // The wgmma forward takes the row max of unscaled scores, valid for scale > 0 only: any other
 // scale runs the mma.sync forward under kAuto (then the backward of the device's family) and
@@ -449,10 +455,11 @@ TEST(FlashAttention, UnsupportedHeadDimIsRejected) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
   EXPECT_TRUE(tg::cuda::flash_attention_supported(32));
   EXPECT_TRUE(tg::cuda::flash_attention_supported(64));
+  EXPECT_TRUE(tg::cuda::flash_attention_supported(96));
   EXPECT_TRUE(tg::cuda::flash_attention_supported(128));
-  EXPECT_FALSE(tg::cuda::flash_attention_supported(96));
+  EXPECT_FALSE(tg::cuda::flash_attention_supported(80));
   tg::cuda::FlashAttentionParams p{};
-  p.B = 1, p.T = 8, p.H = 1, p.D = 96, p.scale = 1.0f;
+  p.B = 1, p.T = 8, p.H = 1, p.D = 80, p.scale = 1.0f;
   EXPECT_THROW(tg::cuda::flash_attention_forward(p, nullptr), std::invalid_argument);
   EXPECT_THROW(tg::cuda::flash_attention_backward(p, nullptr), std::invalid_argument);
 }

@@ -69,7 +69,7 @@ TEST_P(FlashVsMaterialised, ErrorAtMostTwiceTheMaterialisedPath) {
 std::vector<Case> cases() {
   std::vector<Case> v;
   for (int64_t T : {1, 17, 127, 128, 129, 1000, 4096})
-    for (int64_t D : {32, 64, 128})
+    for (int64_t D : {32, 64, 96, 128})
       for (bool causal : {false, true}) v.push_back({T, D, causal});
   return v;
 }

@@ -61,7 +61,7 @@ EmuDim3 tile_grid(const FlashAttentionParams& p, int tile_rows) {
 template <int D>
 void delta_pass(const FlashAttentionParams& p, const flash::BwdWorkspace<D>& ws) {
   const int64_t rows = p.B * p.T * p.H;
-  emu_launch({unsigned((rows * (D / 8) + 255) / 256), 1, 1}, 256, 0, [&] {
+  emu_launch({unsigned((rows * flash::kDeltaLanes<D> + 255) / 256), 1, 1}, 256, 0, [&] {
     flash::flash_bwd_delta_kernel<D>(p.o, p.o_row_stride, p.dout, p.do_row_stride, ws.delta, rows, int(p.T), int(p.H));
   });
 }
@@ -130,6 +130,7 @@ TEST_P(FlashEmulated, MatchesDoubleReference) {
   const FlashDq mode = GetParam().dq_mode;
   const size_t ws_bytes = c.D == 32   ? flash::BwdWorkspace<32>::bytes(c.B, c.T, c.H, mode)
                           : c.D == 64 ? flash::BwdWorkspace<64>::bytes(c.B, c.T, c.H, mode)
+                          : c.D == 96 ? flash::BwdWorkspace<96>::bytes(c.B, c.T, c.H, mode)
                                       : flash::BwdWorkspace<128>::bytes(c.B, c.T, c.H, mode);
   std::vector<float> workspace(ws_bytes / sizeof(float) + 4, NAN);
 
@@ -144,6 +145,9 @@ TEST_P(FlashEmulated, MatchesDoubleReference) {
   } else if (c.D == 64) {
     forward<64>(p);
     backward<64>(p);
+  } else if (c.D == 96) {
+    forward<96>(p);
+    backward<96>(p);
   } else {
     forward<128>(p);
     backward<128>(p);
@@ -156,10 +160,10 @@ TEST_P(FlashEmulated, MatchesDoubleReference) {
 // a tail inside the first tile, and one past a tile boundary of every kernel (64/128 rows).
 std::vector<EmuCase> cases() {
   std::vector<EmuCase> out;
-  for (int64_t D : {32, 64, 128})
+  for (int64_t D : {32, 64, 96, 128})
     for (bool causal : {false, true})
       for (int64_t T : {1, 17, 129}) out.push_back({{1, T, 2, D, causal, 0.0}, FlashDq::kRecompute});
-  for (int64_t D : {32, 64, 128})
+  for (int64_t D : {32, 64, 96, 128})
     for (bool causal : {false, true}) out.push_back({{1, 129, 2, D, causal, 0.0}, FlashDq::kAtomic});
   out.push_back({{1, 129, 2, 64, true, -0.125}, FlashDq::kRecompute});  // scale < 0: what the wgmma forward leaves to this one
   return out;

@@ -221,7 +221,7 @@ TEST(Command, BenchAttentionNamesABadOptionOnAnyMachine) {
   const std::pair<const char*, const char*> cases[] = {
       {"--min-t 4096 --max-t 2048", "--min-t 4096 exceeds --max-t 2048"},
       {"--max-t 512", "--max-t 512 is below the shortest shape"},
-      {"--head-dim 96", "--head-dim 96 has no kernel"},
+      {"--head-dim 80", "--head-dim 80 has no kernel"},
       {"--steps 0", "--steps 0 times nothing"},
       {"--protocol fast", "--protocol fast is unknown; give reference or sustained"},
       {"--warmup -1", "--warmup is negative"},

@@ -62,7 +62,7 @@ struct FlashAttentionParams {
 };
 
 // Head dims with a compiled kernel. Other D must take the composite fallback (with a warning).
-bool flash_attention_supported(int64_t D);  // D ∈ {32, 64, 128} (wgmma on sm_90: 64, 128)
+bool flash_attention_supported(int64_t D);  // D ∈ {32, 64, 96, 128} (wgmma on sm_90: 64, 128)
 
 // Writes o and lse. Requires a supported D, 16-byte aligned q, k, v, o, T < 2^30, and the q, k,
 // v, o row strides valid (0, or ≥ H·D and a multiple of 8); std::invalid_argument otherwise.

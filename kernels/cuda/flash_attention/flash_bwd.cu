@@ -23,14 +23,20 @@ namespace tg::cuda {
 
 namespace flash {
 
+// The delta kernel's lanes per row: the largest power of two that divides D/8 (D/8 itself at
+// D = 32, 64, 128; 4 at D = 96, each lane then taking 3 of the row's 8-element chunks).
+template <int D>
+constexpr int kDeltaLanes = (D / 8) % 16 == 0 ? 16 : (D / 8) % 8 == 0 ? 8 : (D / 8) % 4 == 0 ? 4 : (D / 8) % 2 == 0 ? 2 : 1;
+
 // delta (B, H, T) = Σ_d dO ∘ O over each (token, head) row of (B, T, H, D), O and dO with token
-// strides ldo, lddo (elements). G = D/8 consecutive lanes share one row, each with one 16-byte
-// load of each tensor, and fold by butterfly (fixed order).
+// strides ldo, lddo (elements). G = kDeltaLanes<D> consecutive lanes share one row, each with one
+// 16-byte load of each tensor per 8-element chunk (chunks part, part + G, …), and fold by
+// butterfly (fixed order).
 template <int D>
 __global__ void flash_bwd_delta_kernel(const tg::bf16* __restrict__ o, int64_t ldo, const tg::bf16* __restrict__ dout,
                                        int64_t lddo, float* __restrict__ delta, int64_t rows, int T, int H) {
-  constexpr int G = D / 8;
-  static_assert(32 % G == 0, "a row's lanes must sit in one warp");
+  constexpr int G = kDeltaLanes<D>;
+  static_assert(D % 8 == 0 && 32 % G == 0, "a row's lanes must sit in one warp");
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t row = idx / G;  // (b·T + t)·H + h
   const int part = int(idx % G);
@@ -38,11 +44,14 @@ __global__ void flash_bwd_delta_kernel(const tg::bf16* __restrict__ o, int64_t l
   const int h = int(row - bt * H);
   float acc = 0.0f;
   if (row < rows) {
-    float a[8], c[8];
-    load_vec<8>(o + bt * ldo + h * D + part * 8, a);
-    load_vec<8>(dout + bt * lddo + h * D + part * 8, c);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) acc += a[k] * c[k];
+    for (int chunk = part; chunk < D / 8; chunk += G) {
+      float a[8], c[8];
+      load_vec<8>(o + bt * ldo + h * D + chunk * 8, a);
+      load_vec<8>(dout + bt * lddo + h * D + chunk * 8, c);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc += a[k] * c[k];
+    }
   }
 #pragma unroll
   for (int m = G / 2; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
@@ -210,7 +219,7 @@ __global__ void flash_bwd_dq_convert_kernel(const float* __restrict__ dq_accum, 
   const int64_t bt = row / H;
   const int h = int(row - bt * H);
   const int64_t t = bt % T, b = bt / T;
-  // Chunk `part` of row t sits at part ^ (t % 8) (t % 4 at D = 32: dq_accum_offset's layout).
+  // Chunk `part` of row t sits at part ^ (t % 8) (t % 4 at D = 32 and 96: dq_accum_offset's layout).
   const float4* src = reinterpret_cast<const float4*>(dq_accum + ((b * H + h) * t_pad + t) * D +
                                                       ((part ^ dq_accum_chunk_xor(int(t), D)) * 8));
   const float4 x = src[0], y = src[1];
@@ -370,8 +379,8 @@ void launch_bwd(const FlashAttentionParams& p_in, cudaStream_t stream) {
   const Ws ws(p);
   const int64_t rows = p.B * p.T * p.H;
   constexpr int kThreads = 256;
-  const unsigned row_blocks = unsigned((rows * (D / 8) + kThreads - 1) / kThreads);
-  flash::flash_bwd_delta_kernel<D><<<row_blocks, kThreads, 0, stream>>>(p.o, p.o_row_stride, p.dout, p.do_row_stride,
+  const unsigned delta_blocks = unsigned((rows * flash::kDeltaLanes<D> + kThreads - 1) / kThreads);
+  flash::flash_bwd_delta_kernel<D><<<delta_blocks, kThreads, 0, stream>>>(p.o, p.o_row_stride, p.dout, p.do_row_stride,
                                                                         ws.delta, rows, int(p.T), int(p.H));
   TG_CUDA_CHECK(cudaGetLastError());
 
@@ -397,6 +406,7 @@ void launch_bwd(const FlashAttentionParams& p_in, cudaStream_t stream) {
                                     stream, static_cast<const float*>(ws.delta), ws.dq_accum, accum_rows);
   }
   if (atomic_dq) {
+    const unsigned row_blocks = unsigned((rows * (D / 8) + kThreads - 1) / kThreads);  // a thread per 8 elements
     flash::flash_bwd_dq_convert_kernel<D><<<row_blocks, kThreads, 0, stream>>>(
         ws.dq_accum, accum_rows, p.dq, p.dq_row_stride, rows, int(p.T), int(p.H), p.scale);
     TG_CUDA_CHECK(cudaGetLastError());
@@ -427,6 +437,11 @@ void flash_bwd_hdim32(const FlashAttentionParams& p, cudaStream_t stream) { laun
 // per SM; 54 KiB smem. Was: both 4 warps × 16 rows, 64-row tiles, 168 regs, 3 blocks/SM.
 void flash_bwd_hdim64(const FlashAttentionParams& p, cudaStream_t stream) { launch_bwd<64>(p, stream); }
 
+// D = 96 (no wgmma kernels). dK/dV: 6 warps × 1 row block own 96 keys — kAtomic's dQ product
+// gives each warp 96 / 6 = 16 columns —, query tiles of 32; dK, dV 2 × 48 registers, Sᵀ and dPᵀ
+// 2 × 16. dQ: 4 warps × 2 row blocks own 128 queries, key tiles of 32, dQ 2 × 48 registers.
+void flash_bwd_hdim96(const FlashAttentionParams& p, cudaStream_t stream) { launch_bwd<96>(p, stream); }
+
 // D = 128. dK/dV: 4 warps own 64 keys (one row block each: dK and dV alone are 2 × 64 registers
 // per row block, so R = 2 cannot fit 255), query tiles of 32 (Sᵀ, dPᵀ 16 regs each); ptxas 251
 // regs, 0 spills, 2 blocks per SM; smem 2 × 17 KiB + 2 × 2 × 8.5 KiB + 0.5 KiB = 69 KiB.
@@ -449,13 +464,14 @@ size_t flash_attention_backward_workspace_bytes(int64_t B, int64_t T, int64_t H,
   switch (D) {
     case 32: return flash::BwdWorkspace<32>::bytes(B, T, H, dq_mode);
     case 64: return flash::BwdWorkspace<64>::bytes(B, T, H, dq_mode);
+    case 96: return flash::BwdWorkspace<96>::bytes(B, T, H, dq_mode);
     default: return flash::BwdWorkspace<128>::bytes(B, T, H, dq_mode);
   }
 }
 
 void flash_attention_backward(const FlashAttentionParams& p, cudaStream_t stream) {
   const char* fn = "flash_attention_backward";
-  require(flash_attention_supported(p.D), fn, "head dim D = " + std::to_string(p.D) + " has no kernel (32, 64, 128)");
+  require(flash_attention_supported(p.D), fn, "head dim D = " + std::to_string(p.D) + " has no kernel (32, 64, 96, 128)");
   require(p.B >= 0 && p.T >= 0 && p.H >= 0, fn, "negative size");
   // The grid is (H, B, tiles of ≥ 64 rows): B and the tile count are limited to 65535.
   require(p.T <= 65535LL * 64, fn, "T must be ≤ 4194240 (65535 tiles of 64 rows)");
@@ -469,6 +485,7 @@ void flash_attention_backward(const FlashAttentionParams& p, cudaStream_t stream
   switch (p.D) {
     case 32: flash_bwd_hdim32(p, stream); break;
     case 64: flash_bwd_hdim64(p, stream); break;
+    case 96: flash_bwd_hdim96(p, stream); break;
     default: flash_bwd_hdim128(p, stream); break;
   }
 }

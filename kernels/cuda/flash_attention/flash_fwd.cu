@@ -183,6 +183,10 @@ void flash_fwd_hdim32(const FlashAttentionParams& p, cudaStream_t stream) { laun
 // (measured 265.7 TF/s at T = 8192 full, 254.7 causal).
 void flash_fwd_hdim64(const FlashAttentionParams& p, cudaStream_t stream) { launch_fwd<64>(p, stream); }
 
+// D = 96: as at d 128 (4 warps × 2 row blocks, Br = 128; Bc = 32 keys; Q re-read from smem):
+// O 2 × 48 registers, S 2 × 16; smem 26 KiB Q + 2 × 2 × 6.5 KiB K/V = 52 KiB, 2 blocks per SM.
+void flash_fwd_hdim96(const FlashAttentionParams& p, cudaStream_t stream) { launch_fwd<96>(p, stream); }
+
 // D = 128 (measured 317.1 TF/s at T = 8192 full, 284.1 causal): 4 warps (Br = 128), Bc = 32 keys,
 // Q re-read from smem at every k-step. O alone is
 // 2 × 64 registers; Q in registers would add 64 and Bc = 64 another 64, past 255. Per tile and
@@ -231,11 +235,11 @@ bool use_wgmma(const FlashAttentionParams& p, const char* fn) {
 
 }  // namespace flash
 
-bool flash_attention_supported(int64_t D) { return D == 32 || D == 64 || D == 128; }
+bool flash_attention_supported(int64_t D) { return D == 32 || D == 64 || D == 96 || D == 128; }
 
 void flash_attention_forward(const FlashAttentionParams& p, cudaStream_t stream) {
   const char* fn = "flash_attention_forward";
-  require(flash_attention_supported(p.D), fn, "head dim D = " + std::to_string(p.D) + " has no kernel (32, 64, 128)");
+  require(flash_attention_supported(p.D), fn, "head dim D = " + std::to_string(p.D) + " has no kernel (32, 64, 96, 128)");
   require(p.B >= 0 && p.T >= 0 && p.H >= 0, fn, "negative size");
   // The grid is (H, B, tiles of ≥ 64 rows): B and the tile count are limited to 65535.
   require(p.T <= 65535LL * 64, fn, "T must be ≤ 4194240 (65535 tiles of 64 rows)");
@@ -257,6 +261,7 @@ void flash_attention_forward(const FlashAttentionParams& p, cudaStream_t stream)
   switch (p.D) {
     case 32: flash_fwd_hdim32(p, stream); break;
     case 64: flash_fwd_hdim64(p, stream); break;
+    case 96: flash_fwd_hdim96(p, stream); break;
     default: flash_fwd_hdim128(p, stream); break;
   }
 }

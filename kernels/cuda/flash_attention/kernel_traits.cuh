@@ -159,21 +159,24 @@ struct BwdTraits {
 
 // The configurations, one per head dim; the reasons are given at the launch functions
 // (flash_fwd.cu, flash_bwd.cu).
-// Head dim 32 (e.g. configs/kjv-tiny.yaml's model, d_model 128 over 4 heads, trained in bf16)
-// has these kernels alone, on every GPU (the wgmma ones are built for 64 and 128).
+// Head dims 32 (e.g. configs/kjv-tiny.yaml's model, d_model 128 over 4 heads, trained in bf16)
+// and 96 have these kernels alone, on every GPU (the wgmma ones are built for 64 and 128).
 template <int D> struct FwdConfig;
 template <> struct FwdConfig<32> { using type = FwdTraits<32, 4, 64, true, 3, 2>; };
 template <> struct FwdConfig<64> { using type = FwdTraits<64, 4, 64, true, 2, 2>; };
+template <> struct FwdConfig<96> { using type = FwdTraits<96, 4, 32, false, 2, 2>; };
 template <> struct FwdConfig<128> { using type = FwdTraits<128, 4, 32, false, 2, 2>; };
 
 template <int D> struct DkdvConfig;  // own = keys, stream = queries
 template <> struct DkdvConfig<32> { using type = BwdTraits<32, 2, 32, 2>; };
 template <> struct DkdvConfig<64> { using type = BwdTraits<64, 4, 32, 2>; };
+template <> struct DkdvConfig<96> { using type = BwdTraits<96, 6, 32, 1>; };
 template <> struct DkdvConfig<128> { using type = BwdTraits<128, 4, 32, 1>; };
 
 template <int D> struct DqConfig;  // own = queries, stream = keys
 template <> struct DqConfig<32> { using type = BwdTraits<32, 4, 32, 2>; };
 template <> struct DqConfig<64> { using type = BwdTraits<64, 4, 32, 2>; };
+template <> struct DqConfig<96> { using type = BwdTraits<96, 4, 32, 2>; };
 template <> struct DqConfig<128> { using type = BwdTraits<128, 4, 32, 2>; };
 
 }  // namespace tg::cuda::flash

@@ -519,10 +519,13 @@ __device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
 // per row, chunk c stored at c ^ (row % 8). A warp's accumulator fragment covers 8 rows × 4
 // column pairs per n-tile; unpermuted, those 8 rows (ld a multiple of 32 floats) share 8 banks
 // when staged in shared memory (8-way conflicts), permuted they spread over all 32. A row of 32
-// floats (head dim 32) has 4 chunks only, permuted by row % 4. Offset of the column pair
-// (col, col + 1), col even, of `row`. (row % 8 is the same in any tile frame whose origin is a
-// multiple of 8 rows.)
-__host__ __device__ constexpr int dq_accum_chunk_xor(int row, int ld) { return row & ((ld >= 64 ? 8 : ld / 8) - 1); }
+// floats (head dim 32) has 4 chunks only, permuted by row % 4, and so has each group of 4 of a
+// 96-float row's 12 (the XOR must map the row's chunks onto themselves: it takes row % m for the
+// largest m ≤ 8 dividing the chunk count). Offset of the column pair (col, col + 1), col even, of
+// `row`. (row % 8 is the same in any tile frame whose origin is a multiple of 8 rows.)
+__host__ __device__ constexpr int dq_accum_chunk_xor(int row, int ld) {
+  return row & ((ld / 8) % 8 == 0 ? 7 : (ld / 8) % 4 == 0 ? 3 : (ld / 8) % 2 == 0 ? 1 : 0);
+}
 __device__ __forceinline__ int dq_accum_offset(int row, int col, int ld) {
   return row * ld + ((((col >> 3) ^ dq_accum_chunk_xor(row, ld)) << 3) | (col & 7));
 }
