@@ -183,8 +183,10 @@ void flash_fwd_hdim32(const FlashAttentionParams& p, cudaStream_t stream) { laun
 // (measured 265.7 TF/s at T = 8192 full, 254.7 causal).
 void flash_fwd_hdim64(const FlashAttentionParams& p, cudaStream_t stream) { launch_fwd<64>(p, stream); }
 
-// D = 96: as at d 128 (4 warps × 2 row blocks, Br = 128; Bc = 32 keys; Q re-read from smem):
-// O 2 × 48 registers, S 2 × 16; smem 26 KiB Q + 2 × 2 × 6.5 KiB K/V = 52 KiB, 2 blocks per SM.
+// D = 96: 4 warps × 2 row blocks (Br = 128), Bc = 64 keys (FlashAttention-2's d 96 tile), Q
+// re-read from smem: O 2 × 48 registers, S 2 × 32; ptxas 255 registers, 0 spills; smem 26 KiB Q
+// + 2 × 2 × 13 KiB K/V = 78 KiB, 2 blocks per SM. Measured 1.109× the 32-key tiles (geometric
+// mean over T 1k–32k, causal and not; docs/experiments/d96_fwd_64key_tiles.diff, 2026-11-30).
 void flash_fwd_hdim96(const FlashAttentionParams& p, cudaStream_t stream) { launch_fwd<96>(p, stream); }
 
 // D = 128 (measured 317.1 TF/s at T = 8192 full, 284.1 causal): 4 warps (Br = 128), Bc = 32 keys,

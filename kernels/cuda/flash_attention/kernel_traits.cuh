@@ -164,7 +164,7 @@ struct BwdTraits {
 template <int D> struct FwdConfig;
 template <> struct FwdConfig<32> { using type = FwdTraits<32, 4, 64, true, 3, 2>; };
 template <> struct FwdConfig<64> { using type = FwdTraits<64, 4, 64, true, 2, 2>; };
-template <> struct FwdConfig<96> { using type = FwdTraits<96, 4, 32, false, 2, 2>; };
+template <> struct FwdConfig<96> { using type = FwdTraits<96, 4, 64, false, 2, 2>; };
 template <> struct FwdConfig<128> { using type = FwdTraits<128, 4, 32, false, 2, 2>; };
 
 template <int D> struct DkdvConfig;  // own = keys, stream = queries
