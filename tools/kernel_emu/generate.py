@@ -13,7 +13,7 @@ import sys
 
 # tile.cuh functions that emu.h provides instead (each is a PTX wrapper).
 PRIMITIVES = {"smem_addr", "cp_async_16", "cp_async_4", "cp_async_commit", "cp_async_wait", "ldmatrix_x4",
-              "ldmatrix_x4_trans", "mma_16x8x16", "pack_bf16x2", "fast_exp2", "red_add_f32x2",
+              "ldmatrix_x4_trans", "ldmatrix_x2_trans", "mma_16x8x16", "pack_bf16x2", "fast_exp2", "red_add_f32x2",
               # wgmma.cuh
               "wgmma_fence", "wgmma_commit", "wgmma_wait", "fence_async_shared", "wgmma_m64n64k16_ss",
               "wgmma_m64n64k16_rs", "wgmma_m64n128k16_rs", "bulk_reduce_add_f32", "bulk_commit",

@@ -79,8 +79,8 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dkdv_kernel(const Flas
                                                                        int accum_rows) {
   constexpr int D = Tr::kD, Bc = Tr::kOwn, Br = Tr::kStream, LDS = Tr::kLds, NT = Tr::kThreads, R = Tr::kRowBlocks;
   constexpr bool kFormDq = Mode == FlashDq::kAtomic;
-  static_assert(!kFormDq || (D % Tr::kWarps == 0 && Tr::kDqCols % 16 == 0),
-                "kAtomic: dQ's columns must split over the warps in 16-column x4 loads");
+  static_assert(!kFormDq || (D % Tr::kWarps == 0 && Tr::kDqCols % 8 == 0),
+                "kAtomic: dQ's columns must split over the warps in whole 8-column n-tiles");
   static_assert(Tr::kDkdvAccRegs + 32 <= 255, "dK, dV, Sᵀ, dPᵀ plus ~32 working registers must fit 255");
   extern __shared__ __align__(16) unsigned char smem[];
   tg::bf16* sK = reinterpret_cast<tg::bf16*>(smem);  // (Bc, LDS)
@@ -421,11 +421,13 @@ void launch_bwd(const FlashAttentionParams& p_in, cudaStream_t stream) {
 // A fragments (K, V in dK/dV; Q, dO in dQ) are re-read from smem per k-step, R x4 per k-step.
 // ldmatrix.x4 per mma, per streamed tile: dK/dV (S, dV, dP, dK) and dQ (S, dP, dQ).
 //
-// D = 32 (no wgmma kernels: these run on every GPU). dK/dV: 2 warps × 2 row blocks own 64
-// keys — kAtomic's dQ product gives each warp D / warps columns in 16-column loads, so 2 warps
-// at most —, query tiles of 32; dK, dV 2 × 32 registers, Sᵀ and dPᵀ 2 × 32; smem 2 × 5 KiB
-// owned + 2 × 2 × 2.5 KiB streamed + 0.5 KiB = 20.5 KiB per 64-thread block, so many blocks
-// share an SM. dQ: 4 warps × 2 row blocks own 128 queries, key tiles of 32, as at d 64.
+// D = 32 (no wgmma kernels: these run on every GPU). dK/dV: 4 warps × 2 row blocks own 128
+// keys, as at d 64 — kAtomic's dQ product gives each warp D / 4 = 8 columns, the last n-tile
+// loaded with ldmatrix.x2.trans —, query tiles of 32; dK, dV 2 × 32 registers, Sᵀ and dPᵀ
+// 2 × 32; ptxas 159 registers (atomic 164), 0 spills. Measured against 2 warps (64 keys, half
+// the keys per streamed Q/dO tile): deterministic backward 1.020× (forward control 1.015×),
+// atomic 1.283× (docs/experiments/d32_dkdv_4warps.diff, 2026-11-30). dQ: 4 warps × 2 row
+// blocks own 128 queries, key tiles of 32, as at d 64.
 void flash_bwd_hdim32(const FlashAttentionParams& p, cudaStream_t stream) { launch_bwd<32>(p, stream); }
 
 // D = 64. dK/dV: 4 warps × 2 row blocks own 128 keys, query tiles of 32 stream through smem:

@@ -168,7 +168,7 @@ template <> struct FwdConfig<96> { using type = FwdTraits<96, 4, 64, false, 2, 2
 template <> struct FwdConfig<128> { using type = FwdTraits<128, 4, 32, false, 2, 2>; };
 
 template <int D> struct DkdvConfig;  // own = keys, stream = queries
-template <> struct DkdvConfig<32> { using type = BwdTraits<32, 2, 32, 2>; };
+template <> struct DkdvConfig<32> { using type = BwdTraits<32, 4, 32, 2>; };
 template <> struct DkdvConfig<64> { using type = BwdTraits<64, 4, 32, 2>; };
 template <> struct DkdvConfig<96> { using type = BwdTraits<96, 6, 32, 1>; };
 template <> struct DkdvConfig<128> { using type = BwdTraits<128, 4, 32, 1>; };

@@ -104,6 +104,13 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(p)));
 }
+// Two matrices, transposed: lanes 0-15 supply the row addresses (matrix l/8, row l%8; the other
+// lanes' are ignored), r[i] as in ldmatrix_x4_trans.
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(smem_addr(p)));
+}
 
 // c (16×8 fp32) += a (16×16 bf16) · b (16×8 bf16).
 __device__ __forceinline__ void mma_16x8x16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -253,7 +260,7 @@ __device__ __forceinline__ void mma_ab_rows(float (&acc)[R][N / 8][4], const uin
 template <int R, int N, int K>
 __device__ __forceinline__ void mma_ab_smem_at_rows(float (&acc)[R][N / 8][4], const tg::bf16* a, int lda,
                                                    const tg::bf16* b, int ldb, int lane) {
-  static_assert(N % 16 == 0 && K % 16 == 0, "whole x4 loads only");
+  static_assert(N % 8 == 0 && K % 16 == 0, "whole n-tiles and k-steps only");
   const tg::bf16* pa = a + ((lane >> 4) * 8 + (lane & 7)) * lda + ((lane >> 3) & 1) * 8;
   const tg::bf16* pb = b + (lane & 15) * ldb + (lane >> 4) * 8;
 #pragma unroll
@@ -270,6 +277,12 @@ __device__ __forceinline__ void mma_ab_smem_at_rows(float (&acc)[R][N / 8][4], c
         mma_16x8x16(acc[r][2 * nn], af[r], f[0], f[1]);
         mma_16x8x16(acc[r][2 * nn + 1], af[r], f[2], f[3]);
       }
+    }
+    if constexpr (N % 16 == 8) {  // a last 8-column n-tile: its two k halves (lanes 0-15's rows)
+      uint32_t f[2];
+      ldmatrix_x2_trans(f, pb + kk * 16 * ldb + (N - 8));
+#pragma unroll
+      for (int r = 0; r < R; ++r) mma_16x8x16(acc[r][N / 8 - 1], af[r], f[0], f[1]);
     }
   }
 }
