@@ -339,9 +339,9 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dq_kernel(const FlashA
 }
 
 // The backward's scratch, carved out of p.workspace in this order (each part 256-byte aligned):
-// delta (B, H, T) fp32; with kAtomic, the dQ accumulator (B, H, accum_rows(T), D) fp32, T padded
-// to whole query tiles of both families' dK/dV kernels (32 rows mma.sync, 64 wgmma) so that
-// their adds need no bounds test.
+// delta (B, H, T) fp32; with kAtomic (at head dims with an atomic-dQ kernel), the dQ accumulator
+// (B, H, accum_rows(T), D) fp32, T padded to whole query tiles of both families' dK/dV kernels
+// (32 rows mma.sync, 64 wgmma) so that their adds need no bounds test.
 template <int D>
 struct BwdWorkspace {
   static constexpr int kPadRows = 64;
@@ -352,8 +352,9 @@ struct BwdWorkspace {
   static size_t accum_bytes(int64_t B, int64_t T, int64_t H) {
     return round_up(size_t(B * H) * size_t(accum_rows(T)) * D * sizeof(float));
   }
+  static bool has_accum(FlashDq mode) { return mode == FlashDq::kAtomic && kMmaSyncAtomicDq<D>; }
   static size_t bytes(int64_t B, int64_t T, int64_t H, FlashDq mode) {
-    return delta_bytes(B, T, H) + (mode == FlashDq::kAtomic ? accum_bytes(B, T, H) : 0);
+    return delta_bytes(B, T, H) + (has_accum(mode) ? accum_bytes(B, T, H) : 0);
   }
 
   float* delta;
@@ -361,7 +362,7 @@ struct BwdWorkspace {
   explicit BwdWorkspace(const FlashAttentionParams& p) {
     unsigned char* base = static_cast<unsigned char*>(p.workspace);
     delta = reinterpret_cast<float*>(base);
-    dq_accum = p.dq_mode == FlashDq::kAtomic ? reinterpret_cast<float*>(base + delta_bytes(p.B, p.T, p.H)) : nullptr;
+    dq_accum = has_accum(p.dq_mode) ? reinterpret_cast<float*>(base + delta_bytes(p.B, p.T, p.H)) : nullptr;
   }
 };
 
@@ -384,9 +385,11 @@ void launch_bwd(const FlashAttentionParams& p_in, cudaStream_t stream) {
                                                                         ws.delta, rows, int(p.T), int(p.H));
   TG_CUDA_CHECK(cudaGetLastError());
 
-  // On compute capability 9.0 kAtomic has a kernel of its own at d 128 only, and runs it where it
-  // is the faster; elsewhere the deterministic wgmma kernels serve both modes (flash_bwd_sm90a.cu).
-  const bool atomic_dq = p.dq_mode == FlashDq::kAtomic && (!wgmma || flash::sm90a_runs_atomic_dq(p));
+  // kAtomic runs an atomic-dQ kernel only where one exists and is the faster; elsewhere the
+  // deterministic kernels serve both modes. On compute capability 9.0 that is the wgmma one at
+  // d 128 (flash_bwd_sm90a.cu), on the mma.sync kernels every head dim but 96 (kMmaSyncAtomicDq).
+  const bool atomic_dq =
+      p.dq_mode == FlashDq::kAtomic && (wgmma ? flash::sm90a_runs_atomic_dq(p) : flash::kMmaSyncAtomicDq<D>);
   const int accum_rows = int(Ws::accum_rows(p.T));
   if (atomic_dq)  // every key block adds
     TG_CUDA_CHECK(cudaMemsetAsync(ws.dq_accum, 0, Ws::accum_bytes(p.B, p.T, p.H), stream));
@@ -395,13 +398,13 @@ void launch_bwd(const FlashAttentionParams& p_in, cudaStream_t stream) {
     FlashAttentionParams pw = p;
     pw.dq_mode = atomic_dq ? FlashDq::kAtomic : FlashDq::kRecompute;
     flash::flash_bwd_sm90a(pw, ws.delta, ws.dq_accum, accum_rows, stream);
-  } else if (p.dq_mode == FlashDq::kRecompute) {
+  } else if (!atomic_dq) {
     using Dq = typename flash::DqConfig<D>::type;
     flash::launch_tile_kernel<Dkdv>(flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kRecompute>, Dkdv::kSmemBytes, p,
                                     stream, static_cast<const float*>(ws.delta), ws.dq_accum, accum_rows);
     flash::launch_tile_kernel<Dq>(flash::flash_bwd_dq_kernel<Dq>, Dq::kSmemBytes, p, stream,
                                   static_cast<const float*>(ws.delta));
-  } else {
+  } else if constexpr (flash::kMmaSyncAtomicDq<D>) {
     flash::launch_tile_kernel<Dkdv>(flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kAtomic>, Dkdv::kSmemDkdvBytes, p,
                                     stream, static_cast<const float*>(ws.delta), ws.dq_accum, accum_rows);
   }
