@@ -9,14 +9,17 @@
 
 namespace tg::cuda {
 
-// A 3-D map over bf16 elements: element (c, r, z) at base + z·z_stride + r·row_stride + c
-// (strides in elements, each a multiple of 8; base 16-byte aligned), for c < cols, r < rows,
-// z < depth. Boxes are 64 × box_rows × 1 (64 bf16 = one 128-byte row, the 128-byte swizzle of
-// kernels/cuda/flash_attention/wgmma.cuh), and elements out of range read as zero — so a box
-// that reaches past the end of one sequence (r ≥ rows) is zero-filled, never the next one's rows.
+// A 4-D map over a bf16 attention tensor (B, T, H, D) with a token stride: element (c, h, r, z)
+// at base + z·z_stride + r·row_stride + h·head_dim + c (strides in elements, each a multiple of
+// 8, as is head_dim; base 16-byte aligned), for c < head_dim, h < heads, r < rows, z < depth.
+// Boxes are 64 × 1 × box_rows × 1 (64 bf16 = one 128-byte row, the 128-byte swizzle of
+// kernels/cuda/flash_attention/wgmma.cuh), and elements out of range read as zero — so a box that
+// reaches past the end of one sequence (r ≥ rows) is zero-filled, never the next one's rows, and
+// one that reaches past a head's last column (c ≥ head_dim: head dim 96 read as two 64-column
+// panels) is zero-filled, never the next head's columns.
 // Throws std::runtime_error naming the cause if the driver lacks the entry point or rejects
 // the map.
-CUtensorMap make_bf16_tensor_map(const void* base, uint64_t cols, uint64_t rows, uint64_t depth, uint64_t row_stride,
-                                 uint64_t z_stride, uint32_t box_rows);
+CUtensorMap make_bf16_head_tensor_map(const void* base, uint64_t head_dim, uint64_t heads, uint64_t rows,
+                                      uint64_t depth, uint64_t row_stride, uint64_t z_stride, uint32_t box_rows);
 
 }  // namespace tg::cuda

@@ -1,5 +1,5 @@
 // Attention on (B, T, H, D): the materialised reference, the fused FlashAttention op (CPU
-// kernel, or the CUDA tensor-core kernel for bf16 at head dims 64 and 128), and self-attention
+// kernel, or the CUDA tensor-core kernel for bf16 at head dims 32, 64, 96 and 128), and self-attention
 // straight from the fused qkv projection.
 #include <atomic>
 #include <cmath>

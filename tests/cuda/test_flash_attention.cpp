@@ -1,7 +1,8 @@
 // cuda::flash_attention_{forward,backward} vs a double-precision naive attention: O, lse, dQ, dK,
 // dV over head dims, sequence lengths (tails included) and the causal rule, for both kernel
-// families (FlashKernels::kMmaSync everywhere, kWgmma on compute capability 9.0 at head dims 64
-// and 128; head dim 32 has the mma.sync kernels alone); every output
+// families (FlashKernels::kMmaSync everywhere, kWgmma on compute capability 9.0 at head dims 64,
+// 96 — the d 128 kernels on zero-padded tiles — and 128; head dim 32 has the mma.sync kernels
+// alone); every output
 // proven written (poisoned first); the default backward bitwise reproducible, the opt-in atomic dQ
 // within the same bounds. Row strides: q, k, v read straight
 // out of one packed (B, T, 3·H·D) qkv buffer and dq, dk, dv written into one (B, T, 3·H·D)
@@ -300,12 +301,12 @@ std::vector<Case> cases() {
   return out;
 }
 
-// Each case with each kernel family that has a kernel for its head dim (wgmma: 64 and 128).
+// Each case with each kernel family that has a kernel for its head dim (wgmma: 64, 96 and 128).
 std::vector<KernelCase> with_families(const std::vector<Case>& shapes) {
   std::vector<KernelCase> out;
   for (const Case& c : shapes)
     for (FlashKernels k : {FlashKernels::kMmaSync, FlashKernels::kWgmma})
-      if (k != FlashKernels::kWgmma || c.D == 64 || c.D == 128) out.emplace_back(c, k);
+      if (k != FlashKernels::kWgmma || c.D != 32) out.emplace_back(c, k);
   return out;
 }
 
@@ -360,22 +361,25 @@ struct DeviceProblem {
 };
 
 // kAuto is the device's fastest family: on 9.0 the wgmma kernels, elsewhere mma.sync — the same
-// bits as asking for that family by name, forward and backward.
+// bits as asking for that family by name, forward and backward; at head dim 96 too (on 9.0 the
+// d 128 wgmma kernels, zero-padded).
 TEST(FlashAttention, AutoPicksTheDevicesFamily) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
-  const Case c{2, 200, 2, 64, true, 0.0};
-  DeviceProblem d(c, make_problem(c));
-  tg::cuda::FlashAttentionParams& p = d.p;
-  d.expect_auto_runs(device_is_sm90() ? FlashKernels::kWgmma : FlashKernels::kMmaSync);
-  if (!device_is_sm90()) {
-    p.kernels = FlashKernels::kWgmma;
-    EXPECT_THROW(tg::cuda::flash_attention_forward(p, nullptr), std::invalid_argument);
+  for (int64_t D : {64, 96}) {
+    const Case c{2, 200, 2, D, true, 0.0};
+    DeviceProblem d(c, make_problem(c));
+    tg::cuda::FlashAttentionParams& p = d.p;
+    d.expect_auto_runs(device_is_sm90() ? FlashKernels::kWgmma : FlashKernels::kMmaSync);
+    if (!device_is_sm90()) {
+      p.kernels = FlashKernels::kWgmma;
+      EXPECT_THROW(tg::cuda::flash_attention_forward(p, nullptr), std::invalid_argument) << D;
+    }
   }
 }
 
-// Head dims 32 and 96 have mma.sync kernels alone: kAuto runs them on every GPU (the same bits
-// as asking for them by name), and asking for kWgmma is refused rather than run on a kernel
-// built for another head dim.
+// Head dim 32 has mma.sync kernels alone: kAuto runs them on every GPU (the same bits as asking
+// for them by name), and asking for kWgmma is refused rather than run on a kernel built for
+// another head dim.
 class FlashAttentionMmaSyncOnly : public ::testing::TestWithParam<int64_t> {};
 
 TEST_P(FlashAttentionMmaSyncOnly, AutoRunsTheMmaSyncKernels) {
@@ -389,7 +393,7 @@ TEST_P(FlashAttentionMmaSyncOnly, AutoRunsTheMmaSyncKernels) {
   EXPECT_THROW(tg::cuda::flash_attention_backward(p, nullptr), std::invalid_argument);
 }
 
-INSTANTIATE_TEST_SUITE_P(HeadDims, FlashAttentionMmaSyncOnly, ::testing::Values<int64_t>(32, 96),
+INSTANTIATE_TEST_SUITE_P(HeadDims, FlashAttentionMmaSyncOnly, ::testing::Values<int64_t>(32),
                          [](const ::testing::TestParamInfo<int64_t>& info) { return "D" + std::to_string(info.param); });
 
 // The wgmma forward takes the row max of unscaled scores, valid for scale > 0 only: any other

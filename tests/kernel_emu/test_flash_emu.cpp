@@ -207,8 +207,10 @@ void forward_sm90a(const FlashAttentionParams& p_in) {
              [&] { flash::flash_fwd_sm90a_kernel<Tr>(p, maps, counter.words); });
 }
 
+// D is the head dim; head dim 96 runs the d 128 kernels with zero-padded tiles (flash_bwd_sm90a).
 template <int D>
 void backward_sm90a(const FlashAttentionParams& p_in) {
+  constexpr int KD = D == 96 ? 128 : D;  // the kernels' tile width
   const FlashAttentionParams p = flash::with_resolved_row_strides(p_in);
   using Ws = flash::BwdWorkspace<D>;
   const Ws ws(p);
@@ -227,13 +229,13 @@ void backward_sm90a(const FlashAttentionParams& p_in) {
       return;
     }
   }
-  using DkdvWs = typename flash::DkdvWsSm90aConfig<D>::type;
+  using DkdvWs = typename flash::DkdvWsSm90aConfig<KD>::type;
   const flash::BwdTmaMaps dkdv_maps = flash::bwd_tma_maps<DkdvWs>(p);
   ItemCounter dkdv_counter, dq_counter;
   emu_launch(item_grid(p, DkdvWs::kBc), DkdvWs::kThreads, DkdvWs::kSmemBytes, [&] {
     flash::flash_bwd_dkdv_sm90a_ws_kernel<DkdvWs>(p, ws.delta, nullptr, 0, dkdv_maps, dkdv_counter.words);
   });
-  using Dq = typename flash::DqSm90aConfig<D>::type;
+  using Dq = typename flash::DqSm90aConfig<KD>::type;
   const flash::BwdTmaMaps maps = flash::bwd_tma_maps<Dq>(p);
   emu_launch(item_grid(p, Dq::kBr), Dq::kThreads, Dq::kSmemBytes,
              [&] { flash::flash_bwd_dq_sm90a_kernel<Dq>(p, ws.delta, maps, dq_counter.words); });
@@ -263,8 +265,9 @@ TEST_P(FlashSm90aEmulated, MatchesDoubleReference) {
   std::vector<tg::bf16> o(n, nan_bf16);
   std::vector<float> lse(n_lse, NAN);
   const FlashDq dq_mode = GetParam().dq_mode;
-  const size_t ws_bytes = c.D == 64 ? flash::BwdWorkspace<64>::bytes(c.B, c.T, c.H, dq_mode)
-                                    : flash::BwdWorkspace<128>::bytes(c.B, c.T, c.H, dq_mode);
+  const size_t ws_bytes = c.D == 64   ? flash::BwdWorkspace<64>::bytes(c.B, c.T, c.H, dq_mode)
+                          : c.D == 96 ? flash::BwdWorkspace<96>::bytes(c.B, c.T, c.H, dq_mode)
+                                      : flash::BwdWorkspace<128>::bytes(c.B, c.T, c.H, dq_mode);
   std::vector<float> workspace(ws_bytes / sizeof(float) + 4, NAN);
   FlashAttentionParams p{};
   p.q = q.bits.data(), p.k = k.bits.data(), p.v = v.bits.data(), p.o = o.data(), p.lse = lse.data();
@@ -290,10 +293,14 @@ TEST_P(FlashSm90aEmulated, MatchesDoubleReference) {
   }
   // As flash_attention_forward dispatches: a scale ≤ 0 takes the mma.sync forward (the wgmma one
   // keeps the row max of raw scores), the backward stays wgmma.
+  // Head dim 96 runs the d 128 kernels, its tiles zero-padded past column 96 (flash_fwd_sm90a).
   const bool mma_sync_forward = !(p.scale > 0.0f);
   if (c.D == 64) {
     mma_sync_forward ? forward<64>(p) : forward_sm90a<64>(p);
     backward_sm90a<64>(p);
+  } else if (c.D == 96) {
+    mma_sync_forward ? forward<96>(p) : forward_sm90a<128>(p);
+    backward_sm90a<96>(p);
   } else {
     mma_sync_forward ? forward<128>(p) : forward_sm90a<128>(p);
     backward_sm90a<128>(p);
@@ -334,6 +341,14 @@ std::vector<Sm90aCase> sm90a_cases() {
   // (sm90::item_tile) decoded alike by every role of every kernel, batch index included.
   for (int64_t D : {64, 128}) out.push_back({{2, 300, 3, D, false, 0.0}, false});
   out.push_back({{2, 300, 3, 128, false, 0.0}, false, FlashDq::kAtomic});
+  // Head dim 96 on the d 128 kernels: each tile's second panel zero-filled past the head's last
+  // column, and stores that stop there — with several heads, whose columns follow one another
+  // (contiguous and packed), so a load or store past column 96 would meet the next head's; the
+  // atomic mode takes the deterministic pair.
+  for (bool causal : {false, true})
+    for (int64_t T : {17, 129}) out.push_back({{1, T, 2, 96, causal, 0.0}, false});
+  out.push_back({{2, 129, 3, 96, true, 0.0}, true});
+  out.push_back({{2, 300, 3, 96, false, 0.0}, false, FlashDq::kAtomic});
   return out;
 }
 

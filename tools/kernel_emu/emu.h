@@ -53,10 +53,10 @@ struct EmuDim3 {
 inline thread_local EmuDim3 threadIdx, blockIdx;
 inline EmuDim3 gridDim, blockDim;
 
-struct CUtensorMap {  // tma.h's map, emulated: what tma_load_3d needs (elements, 3-D, 64-column boxes)
+struct CUtensorMap {  // tma.h's map, emulated: what tma_load_4d needs (elements; boxes 64 × 1 × box_rows × 1)
   const unsigned char* base;
-  uint64_t dims[3];
-  uint64_t row_stride, z_stride;  // elements
+  uint64_t dims[4];     // head dim, heads, rows, depth
+  uint64_t strides[3];  // of dims 1–3, elements
   uint32_t box_rows;
 };
 
@@ -445,16 +445,18 @@ inline void mbarrier_wait(uint64_t* bar, uint32_t parity) {
 // then count down the barrier's transaction count. Elements out of range are zero; the 128-byte
 // swizzle is applied to the destination's shared-memory offset, as the hardware applies it to the
 // address (tiles are 1024-byte aligned relative to the emulated shared memory).
-inline void tma_load_3d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, uint64_t* bar) {
+inline void tma_load_4d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, int c3, uint64_t* bar) {
   const uint32_t base = emu_offset(dst);
   uint32_t bytes = 0;
+  auto in = [&](int64_t x, int d) { return x >= 0 && uint64_t(x) < map->dims[d]; };
   for (uint32_t y = 0; y < map->box_rows; ++y)
     for (uint32_t x = 0; x < 64; ++x, bytes += 2) {
-      const int64_t c = int64_t(c0) + x, r = int64_t(c1) + y;
+      const int64_t c = int64_t(c0) + x, r = int64_t(c2) + y;
       uint16_t v = 0;
-      if (c >= 0 && r >= 0 && c2 >= 0 && uint64_t(c) < map->dims[0] && uint64_t(r) < map->dims[1] &&
-          uint64_t(c2) < map->dims[2])
-        std::memcpy(&v, map->base + 2 * (uint64_t(c2) * map->z_stride + uint64_t(r) * map->row_stride + uint64_t(c)),
+      if (in(c, 0) && in(c1, 1) && in(r, 2) && in(c3, 3))
+        std::memcpy(&v,
+                    map->base + 2 * (uint64_t(c3) * map->strides[2] + uint64_t(r) * map->strides[1] +
+                                     uint64_t(c1) * map->strides[0] + uint64_t(c)),
                     2);
       const uint32_t a = base + y * 128 + 2 * x;
       std::memcpy(emu_smem + (a ^ (((a >> 7) & 7u) << 4)), &v, 2);
@@ -522,10 +524,12 @@ inline void setmaxnreg_inc() {
 }  // namespace tg::cuda::flash::sm90
 
 namespace tg::cuda {
-// tma.h's encoder: the emulated map keeps the geometry tma_load_3d reads.
-inline CUtensorMap make_bf16_tensor_map(const void* base, uint64_t cols, uint64_t rows, uint64_t depth,
-                                        uint64_t row_stride, uint64_t z_stride, uint32_t box_rows) {
-  return CUtensorMap{static_cast<const unsigned char*>(base), {cols, rows, depth}, row_stride, z_stride, box_rows};
+// tma.h's encoder: the emulated map keeps the geometry tma_load_4d reads.
+inline CUtensorMap make_bf16_head_tensor_map(const void* base, uint64_t head_dim, uint64_t heads, uint64_t rows,
+                                             uint64_t depth, uint64_t row_stride, uint64_t z_stride,
+                                             uint32_t box_rows) {
+  return CUtensorMap{static_cast<const unsigned char*>(base), {head_dim, heads, rows, depth},
+                     {head_dim, row_stride, z_stride}, box_rows};
 }
 template <int V, typename T>
 inline void load_vec(const T* p, float (&f)[V]) {

@@ -87,13 +87,13 @@ struct BwdTmaMaps {
 };
 template <class Tr>
 BwdTmaMaps bwd_tma_maps(const FlashAttentionParams& p) {  // p's row strides resolved
-  const uint64_t cols = uint64_t(p.H * p.D), T = uint64_t(p.T), B = uint64_t(p.B);
+  const uint64_t head_dim = uint64_t(p.D), heads = uint64_t(p.H), T = uint64_t(p.T), B = uint64_t(p.B);
   const uint64_t ldq = uint64_t(p.q_row_stride), lddo = uint64_t(p.do_row_stride);
   const uint64_t ldk = uint64_t(p.k_row_stride), ldv = uint64_t(p.v_row_stride);
-  return {make_bf16_tensor_map(p.q, cols, T, B, ldq, T * ldq, Tr::kBr),
-          make_bf16_tensor_map(p.dout, cols, T, B, lddo, T * lddo, Tr::kBr),
-          make_bf16_tensor_map(p.k, cols, T, B, ldk, T * ldk, Tr::kBc),
-          make_bf16_tensor_map(p.v, cols, T, B, ldv, T * ldv, Tr::kBc)};
+  return {make_bf16_head_tensor_map(p.q, head_dim, heads, T, B, ldq, T * ldq, Tr::kBr),
+          make_bf16_head_tensor_map(p.dout, head_dim, heads, T, B, lddo, T * lddo, Tr::kBr),
+          make_bf16_head_tensor_map(p.k, head_dim, heads, T, B, ldk, T * ldk, Tr::kBc),
+          make_bf16_head_tensor_map(p.v, head_dim, heads, T, B, ldv, T * ldv, Tr::kBc)};
 }
 
 template <class Tr>
@@ -137,14 +137,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       int w = int(blockIdx.x), next = sm90::claim_item(item_counter);
       for (int it = 0; w < n_items; ++it) {
         const sm90::ItemTile item = sm90::item_tile(w, H, B, n_qb, Br, causal, true);
-        const int col = item.h * D, n_kb = keys_of(item.row0);
+        const int n_kb = keys_of(item.row0);
         if (it > 0) sm90::mbarrier_wait(q_empty, uint32_t(it - 1) & 1);
         s_item[0] = w;
         s_item[1] = next;
         sm90::mbarrier_arrive_expect_tx(q_full, 2 * Tr::kTileQ);  // release: the slot before the consumers' reads
-        sm90::produce_tile<Tr::kPanels>(sQ, Tr::kPanelQ, &maps.q, col, item.row0, item.b, q_full);
-        sm90::produce_tile<Tr::kPanels>(sdO, Tr::kPanelQ, &maps.dout, col, item.row0, item.b, q_full);
-        sm90::produce_kv<Tr::kPanels, Bc, NS>(kv, &maps.k, &maps.v, col, item.b, n_kb, 0, seq);
+        sm90::produce_tile<Tr::kPanels>(sQ, Tr::kPanelQ, &maps.q, item.h, item.row0, item.b, q_full);
+        sm90::produce_tile<Tr::kPanels>(sdO, Tr::kPanelQ, &maps.dout, item.h, item.row0, item.b, q_full);
+        sm90::produce_kv<Tr::kPanels, Bc, NS>(kv, &maps.k, &maps.v, item.h, item.b, n_kb, 0, seq);
         seq += n_kb;
         w = next;
         if (w < n_items) next = sm90::claim_item(item_counter);
@@ -240,9 +240,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     release(&kv.k_empty[(seq + n_kb - 1) % NS]);
     seq += n_kb;
 
-    tg::bf16* dQ = p.dq + int64_t(item.b) * T * p.dq_row_stride + item.h * D;
+    tg::bf16* dQ = p.dq + int64_t(item.b) * T * p.dq_row_stride + item.h * p.D;
     const float fq[2] = {p.scale, p.scale};
-    store_rows<D>(dQ, int(p.dq_row_stride), dq, fq, row0, T, lane);
+    store_rows<D>(dQ, int(p.dq_row_stride), dq, fq, row0, T, lane, int(p.D));
   }
 }
 
@@ -432,14 +432,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       int w = int(blockIdx.x), next = sm90::claim_item(item_counter);
       for (int it = 0, seq = 0; w < n_items; ++it) {
         const sm90::ItemTile item = sm90::item_tile(w, H, B, n_kb, Bc, causal, false);
-        const int i_begin = first_tile(item.row0), col = item.h * D;
+        const int i_begin = first_tile(item.row0);
         if (it > 0) sm90::mbarrier_wait(own_empty, uint32_t(it - 1) & 1);
         s_item[0] = w;
         s_item[1] = next;
         sm90::mbarrier_arrive_expect_tx(own_full, 2 * Tr::kTileOwn);  // release: the slot before its reads
-        sm90::produce_tile<Tr::kPanels>(sK, Tr::kPanelOwn, &maps.k, col, item.row0, item.b, own_full);
-        sm90::produce_tile<Tr::kPanels>(sV, Tr::kPanelOwn, &maps.v, col, item.row0, item.b, own_full);
-        sm90::produce_kv<Tr::kPanels, Br, NS>(qdo, &maps.q, &maps.dout, col, item.b, n_qb - i_begin, i_begin, seq);
+        sm90::produce_tile<Tr::kPanels>(sK, Tr::kPanelOwn, &maps.k, item.h, item.row0, item.b, own_full);
+        sm90::produce_tile<Tr::kPanels>(sV, Tr::kPanelOwn, &maps.v, item.h, item.row0, item.b, own_full);
+        sm90::produce_kv<Tr::kPanels, Br, NS>(qdo, &maps.q, &maps.dout, item.h, item.b, n_qb - i_begin, i_begin, seq);
         seq += n_qb - i_begin;
         w = next;
         if (w < n_items) next = sm90::claim_item(item_counter);
@@ -687,12 +687,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   // dK = scale · Σ dSᵀ Q: the softmax scale applied once, in fp32.
   const int64_t bt = int64_t(out.b) * T;
-  tg::bf16* dK = p.dk + bt * p.dk_row_stride + out.h * D;
-  tg::bf16* dV = p.dv + bt * p.dv_row_stride + out.h * D;
+  tg::bf16* dK = p.dk + bt * p.dk_row_stride + out.h * p.D;
+  tg::bf16* dV = p.dv + bt * p.dv_row_stride + out.h * p.D;
   const float fk[2] = {p.scale, p.scale}, fv[2] = {1.0f, 1.0f};
   const int key_row = out.row0 + 64 * c + 16 * warp;
-  store_rows<D>(dK, int(p.dk_row_stride), dk, fk, key_row, T, lane);
-  store_rows<D>(dV, int(p.dv_row_stride), dv, fv, key_row, T, lane);
+  store_rows<D>(dK, int(p.dk_row_stride), dk, fk, key_row, T, lane, int(p.D));
+  store_rows<D>(dV, int(p.dv_row_stride), dv, fv, key_row, T, lane, int(p.D));
   }
 }
 
@@ -760,10 +760,13 @@ namespace flash {
 // atomic TF/s, causal 1k 270–275 / 220–226, 2k 360–365 / 284–287, 4k 423–450 / 395–466; the
 // non-causal atomic kernel is level at 1k–2k (403 / 407, 447 / 428) and ahead from 4k.
 bool sm90a_runs_atomic_dq(const FlashAttentionParams& p) {
-  const bool has_kernel = p.D == 128 ? kSm90aAtomicDq<128> : kSm90aAtomicDq<64>;
+  // (At d 96 the d 128 atomic kernel would add 128-column rows into a 96-column accumulator.)
+  const bool has_kernel = p.D == 128 ? kSm90aAtomicDq<128> : p.D == 64 ? kSm90aAtomicDq<64> : false;
   return has_kernel && !(p.causal && p.T <= 2048);
 }
 
+// Head dim 96 runs the d 128 kernels, zero-padded as in the forward (flash_fwd_sm90a): dQ, dK
+// and dV over the padding columns are products of zeros, never stored.
 void flash_bwd_sm90a(const FlashAttentionParams& p, const float* delta, float* dq_accum, int accum_rows,
                      cudaStream_t stream) {
   if (p.D == 64)

@@ -226,7 +226,7 @@ bool use_wgmma(const FlashAttentionParams& p, const char* fn) {
       require(device_is_sm90(), fn,
               "FlashKernels::kWgmma needs compute capability 9.0 (H100/H200): its kernels are sm_90a code");
       require(wgmma_head_dim(p.D), fn,
-              "FlashKernels::kWgmma has kernels for head dims 64 and 128, not D = " + std::to_string(p.D) +
+              "FlashKernels::kWgmma has kernels for head dims 64, 96 and 128, not D = " + std::to_string(p.D) +
                   "; kAuto runs the mma.sync kernels there");
       return true;
     case FlashKernels::kAuto:

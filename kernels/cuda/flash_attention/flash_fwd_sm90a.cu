@@ -80,11 +80,11 @@ struct FwdTmaMaps {
 };
 template <class Tr>
 FwdTmaMaps fwd_tma_maps(const FlashAttentionParams& p) {  // p's row strides resolved
-  const uint64_t cols = uint64_t(p.H * p.D), T = uint64_t(p.T), B = uint64_t(p.B);
+  const uint64_t head_dim = uint64_t(p.D), heads = uint64_t(p.H), T = uint64_t(p.T), B = uint64_t(p.B);
   const uint64_t ldq = uint64_t(p.q_row_stride), ldk = uint64_t(p.k_row_stride), ldv = uint64_t(p.v_row_stride);
-  return {make_bf16_tensor_map(p.q, cols, T, B, ldq, T * ldq, Tr::kBr),
-          make_bf16_tensor_map(p.k, cols, T, B, ldk, T * ldk, Tr::kBc),
-          make_bf16_tensor_map(p.v, cols, T, B, ldv, T * ldv, Tr::kBc)};
+  return {make_bf16_head_tensor_map(p.q, head_dim, heads, T, B, ldq, T * ldq, Tr::kBr),
+          make_bf16_head_tensor_map(p.k, head_dim, heads, T, B, ldk, T * ldk, Tr::kBc),
+          make_bf16_head_tensor_map(p.v, head_dim, heads, T, B, ldv, T * ldv, Tr::kBc)};
 }
 
 // Block shapes per head dim, measured on the H200 with `tilegrad bench attention --backward 0`
@@ -171,13 +171,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       int w = int(blockIdx.x), next = sm90::claim_item(item_counter);
       for (int it = 0; w < n_items; ++it) {
         const FwdWorkItem item = fwd_work_item<Tr>(w, T, H, B, causal);
-        const int col = item.h * D;
         if (it > 0) sm90::mbarrier_wait(q_empty, uint32_t(it - 1) & 1);
         s_item[0] = w;
         s_item[1] = next;
         sm90::mbarrier_arrive_expect_tx(q_full, Tr::kTileQ);  // release: the slot before the consumers' reads
-        sm90::produce_tile<Tr::kPanels>(sQ, Tr::kPanelQ, &maps.q, col, item.q0, item.b, q_full);
-        sm90::produce_kv<Tr::kPanels, Bc, NS>(kv, &maps.k, &maps.v, col, item.b, item.n_kb, 0, seq);
+        sm90::produce_tile<Tr::kPanels>(sQ, Tr::kPanelQ, &maps.q, item.h, item.q0, item.b, q_full);
+        sm90::produce_kv<Tr::kPanels, Bc, NS>(kv, &maps.k, &maps.v, item.h, item.b, item.n_kb, 0, seq);
         seq += item.n_kb;
         w = next;
         if (w < n_items) next = sm90::claim_item(item_counter);
@@ -276,7 +275,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     seq += n_kb;
 
     // O = acc / l; lse = m·scale + ln l (m is a raw score), natural-log units as the CPU defines it.
-    tg::bf16* O = p.o + int64_t(item.b) * T * p.o_row_stride + item.h * D;
+    tg::bf16* O = p.o + int64_t(item.b) * T * p.o_row_stride + item.h * p.D;
     float* L = p.lse + (int64_t(item.b) * H + item.h) * T;
     float inv_l[2];
 #pragma unroll
@@ -284,7 +283,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       l[i] = quad_sum(l[i]);
       inv_l[i] = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
     }
-    store_rows<D>(O, int(p.o_row_stride), o, inv_l, row0, T, lane);
+    store_rows<D>(O, int(p.o_row_stride), o, inv_l, row0, T, lane, int(p.D));
     if ((lane & 3) == 0) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -327,6 +326,9 @@ void launch_fwd_sm90a(const FlashAttentionParams& p, cudaStream_t stream) {
 
 namespace flash {
 
+// Head dim 96 runs the d 128 kernel: its tensor maps end each head at column 96, so the second
+// 64-column panel of every tile is zero-filled past it (tma.h) — the products over the padding
+// add zeros — and O is stored to column 96 (store_rows' cols).
 void flash_fwd_sm90a(const FlashAttentionParams& p, cudaStream_t stream) {
   if (p.D == 64)
     launch_fwd_sm90a<64>(p, stream);

@@ -47,9 +47,9 @@ inline FlashAttentionParams with_resolved_row_strides(FlashAttentionParams p) {
 // True when the current device has compute capability 9.0, where the sm_90a kernels run; the
 // answer is cached per device (flash_fwd.cu).
 bool device_is_sm90();
-// The head dims the wgmma kernels are built for (64, 128); kAuto runs the mma.sync kernels for
-// the others on every GPU.
-constexpr bool wgmma_head_dim(int64_t D) { return D == 64 || D == 128; }
+// The head dims the wgmma kernels run: 64 and 128, and 96 on the d 128 kernels with its tiles
+// zero-padded (flash_fwd_sm90a); kAuto runs the mma.sync kernels for the others on every GPU.
+constexpr bool wgmma_head_dim(int64_t D) { return D == 64 || D == 96 || D == 128; }
 // Whether a call with p.kernels takes the wgmma kernels; std::invalid_argument (naming fn) for
 // kWgmma on another GPU or at a head dim they are not built for.
 bool use_wgmma(const FlashAttentionParams& p, const char* fn);
@@ -159,8 +159,9 @@ struct BwdTraits {
 
 // The configurations, one per head dim; the reasons are given at the launch functions
 // (flash_fwd.cu, flash_bwd.cu).
-// Head dims 32 (e.g. configs/kjv-tiny.yaml's model, d_model 128 over 4 heads, trained in bf16)
-// and 96 have these kernels alone, on every GPU (the wgmma ones are built for 64 and 128).
+// Head dim 32 (e.g. configs/kjv-tiny.yaml's model, d_model 128 over 4 heads, trained in bf16)
+// has these kernels alone, on every GPU; 96 has them on GPUs other than the H100/H200, which run
+// it on the d 128 wgmma kernels (wgmma_head_dim).
 template <int D> struct FwdConfig;
 template <> struct FwdConfig<32> { using type = FwdTraits<32, 4, 64, true, 3, 2>; };
 template <> struct FwdConfig<64> { using type = FwdTraits<64, 4, 64, true, 2, 2>; };

@@ -109,7 +109,7 @@ __device__ __forceinline__ void bulk_wait() {
 }
 
 // ── The tensor copy engine (TMA), mbarriers and warp specialisation ──
-// A producer thread starts a tile's copies with tma_load_3d, each signalling an mbarrier in shared
+// A producer thread starts a tile's copies with tma_load_4d, each signalling an mbarrier in shared
 // memory that counts bytes; consumers wait on the barrier's phase (one phase per use: the parity
 // of the use count), and hand the buffer back through a second barrier the producer waits on.
 // Verified on the H200 by tests/cuda/test_tma.cpp (tensor map, swizzle, zero fill, two phases).
@@ -148,12 +148,14 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 // dst (shared, 1024-byte aligned for the 128-byte swizzle) ← the box of `map` at coordinates
-// (c0, c1, c2), innermost first; completes `bytes of the box` on bar. Out-of-range elements are 0.
-__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, uint64_t* bar) {
+// (c0, c1, c2, c3), innermost first (tma.h's maps: column, head, row, sequence); completes
+// `bytes of the box` on bar. Out-of-range elements are 0.
+__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
+                                           uint64_t* bar) {
   asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
-          smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
       : "memory");
 }
 // Named block barriers (ids 1–15; 0 is __syncthreads) among `threads` threads (a multiple of 32):
@@ -446,7 +448,7 @@ __device__ __forceinline__ KvStream kv_stream_barriers(unsigned char* at, unsign
 }
 template <int Panels, int Rows, int NS>
 __device__ __forceinline__ void produce_kv(const KvStream& s, const CUtensorMap* k_map, const CUtensorMap* v_map,
-                                           int col, int b, int n_tiles, int first = 0, int seq0 = 0) {
+                                           int head, int b, int n_tiles, int first = 0, int seq0 = 0) {
   constexpr int kPanel = Rows * kSwizzleRowBytes, kTile = Panels * kPanel;
   for (int j = 0; j < n_tiles; ++j) {
     const int st = (seq0 + j) % NS;
@@ -454,18 +456,18 @@ __device__ __forceinline__ void produce_kv(const KvStream& s, const CUtensorMap*
     if (use > 0) mbarrier_wait(&s.k_empty[st], (use - 1) & 1);
     mbarrier_arrive_expect_tx(&s.k_full[st], kTile);
     for (int pn = 0; pn < Panels; ++pn)
-      tma_load_3d(s.sK + st * kTile + pn * kPanel, k_map, col + 64 * pn, (first + j) * Rows, b, &s.k_full[st]);
+      tma_load_4d(s.sK + st * kTile + pn * kPanel, k_map, 64 * pn, head, (first + j) * Rows, b, &s.k_full[st]);
     if (use > 0) mbarrier_wait(&s.v_empty[st], (use - 1) & 1);
     mbarrier_arrive_expect_tx(&s.v_full[st], kTile);
     for (int pn = 0; pn < Panels; ++pn)
-      tma_load_3d(s.sV + st * kTile + pn * kPanel, v_map, col + 64 * pn, (first + j) * Rows, b, &s.v_full[st]);
+      tma_load_4d(s.sV + st * kTile + pn * kPanel, v_map, 64 * pn, head, (first + j) * Rows, b, &s.v_full[st]);
   }
 }
 // Rows [row0, row0 + rows) of a tensor as Panels panels (panel_bytes apart) on one barrier.
 template <int Panels>
-__device__ __forceinline__ void produce_tile(unsigned char* dst, int panel_bytes, const CUtensorMap* map, int col,
+__device__ __forceinline__ void produce_tile(unsigned char* dst, int panel_bytes, const CUtensorMap* map, int head,
                                              int row0, int b, uint64_t* full) {
-  for (int pn = 0; pn < Panels; ++pn) tma_load_3d(dst + pn * panel_bytes, map, col + 64 * pn, row0, b, full);
+  for (int pn = 0; pn < Panels; ++pn) tma_load_4d(dst + pn * panel_bytes, map, 64 * pn, head, row0, b, full);
 }
 
 // The first byte of `smem` at or after it on a 1024-byte boundary: the swizzle works on absolute
