@@ -219,7 +219,7 @@ __global__ void flash_bwd_dq_convert_kernel(const float* __restrict__ dq_accum, 
   const int64_t bt = row / H;
   const int h = int(row - bt * H);
   const int64_t t = bt % T, b = bt / T;
-  // Chunk `part` of row t sits at part ^ (t % 8) (t % 4 at D = 32 and 96: dq_accum_offset's layout).
+  // Chunk `part` of row t sits at part ^ (t % 8) (t % 4 at D = 32: dq_accum_offset's layout).
   const float4* src = reinterpret_cast<const float4*>(dq_accum + ((b * H + h) * t_pad + t) * D +
                                                       ((part ^ dq_accum_chunk_xor(int(t), D)) * 8));
   const float4 x = src[0], y = src[1];

@@ -73,8 +73,9 @@ struct FwdSm90aTraits {
   static_assert(kSmemBytes <= 227 * 1024, "one block's shared memory");
 };
 
-// The tensor maps of q, k, v (tma.h): (H·D columns, T rows, B sequences), boxes of 64 columns ×
-// kBr rows (q) or kBc rows (k, v), so a box never reads past its own sequence.
+// The tensor maps of q, k, v (tma.h): (D columns, H heads, T rows, B sequences), boxes of 64
+// columns × kBr rows (q) or kBc rows (k, v), so a box never reads past its own sequence, nor past
+// its own head's columns (zeros there: head dim 96 on the d 128 kernels).
 struct FwdTmaMaps {
   CUtensorMap q, k, v;
 };
