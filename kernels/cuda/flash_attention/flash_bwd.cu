@@ -442,9 +442,12 @@ void flash_bwd_hdim32(const FlashAttentionParams& p, cudaStream_t stream) { laun
 // per SM; 54 KiB smem. Was: both 4 warps × 16 rows, 64-row tiles, 168 regs, 3 blocks/SM.
 void flash_bwd_hdim64(const FlashAttentionParams& p, cudaStream_t stream) { launch_bwd<64>(p, stream); }
 
-// D = 96 (no wgmma kernels). dK/dV: 6 warps × 1 row block own 96 keys — kAtomic's dQ product
-// gives each warp 96 / 6 = 16 columns —, query tiles of 32; dK, dV 2 × 48 registers, Sᵀ and dPᵀ
-// 2 × 16. dQ: 4 warps × 2 row blocks own 128 queries, key tiles of 32, dQ 2 × 48 registers.
+// D = 96 (on GPUs other than the H100/H200, which run the d 128 wgmma kernels zero-padded:
+// flash_bwd_sm90a). dK/dV: 6 warps × 1 row block own 96 keys, query tiles of 32; dK, dV 2 × 48
+// registers, Sᵀ and dPᵀ 2 × 16; ptxas 167 registers, 2 blocks per SM. FA2's shape (8 warps, 128
+// keys, 64-query tiles; 255 registers, one block per SM) measured 0.956× (2026-11-30,
+// docs/experiments/d96_dkdv_8warps.diff). dQ: 4 warps × 2 row blocks own 128 queries, key tiles
+// of 32, dQ 2 × 48 registers. kAtomic runs this pair too (kMmaSyncAtomicDq).
 void flash_bwd_hdim96(const FlashAttentionParams& p, cudaStream_t stream) { launch_bwd<96>(p, stream); }
 
 // D = 128. dK/dV: 4 warps own 64 keys (one row block each: dK and dV alone are 2 × 64 registers
