@@ -202,29 +202,21 @@ inline void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
   }
   emu_warp_barrier();
 }
-// Transposed: lane l receives (rows 2(l%4), +1, column l/4) of each matrix.
-inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+// Transposed, N matrices (lanes 0 to 8N − 1 supply the row addresses): lane l receives (rows
+// 2(l%4), +1, column l/4) of each matrix.
+template <int N>
+inline void ldmatrix_trans(uint32_t (&r)[N], const void* p) {
   const int l = emu_lane();
   emu_slots().addr[l] = reinterpret_cast<uintptr_t>(p);
   emu_warp_barrier();
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < N; ++i) {
     const uintptr_t r0 = emu_slots().addr[8 * i + 2 * (l % 4)], r1 = emu_slots().addr[8 * i + 2 * (l % 4) + 1];
     r[i] = uint32_t(emu_load_b16(r0 + 2 * (l / 4))) | (uint32_t(emu_load_b16(r1 + 2 * (l / 4))) << 16);
   }
   emu_warp_barrier();
 }
-
-// Two matrices, transposed: lanes 0-15 supply the addresses; r[i] as in ldmatrix_x4_trans.
-inline void ldmatrix_x2_trans(uint32_t (&r)[2], const void* p) {
-  const int l = emu_lane();
-  emu_slots().addr[l] = reinterpret_cast<uintptr_t>(p);
-  emu_warp_barrier();
-  for (int i = 0; i < 2; ++i) {
-    const uintptr_t r0 = emu_slots().addr[8 * i + 2 * (l % 4)], r1 = emu_slots().addr[8 * i + 2 * (l % 4) + 1];
-    r[i] = uint32_t(emu_load_b16(r0 + 2 * (l / 4))) | (uint32_t(emu_load_b16(r1 + 2 * (l / 4))) << 16);
-  }
-  emu_warp_barrier();
-}
+inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) { ldmatrix_trans<4>(r, p); }
+inline void ldmatrix_x2_trans(uint32_t (&r)[2], const void* p) { ldmatrix_trans<2>(r, p); }
 
 inline float emu_bf16_half(uint32_t reg, int high) {
   return tg::bf16_to_float(tg::bf16{uint16_t(high ? reg >> 16 : reg & 0xffffu)});
