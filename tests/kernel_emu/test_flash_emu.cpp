@@ -207,10 +207,8 @@ void forward_sm90a(const FlashAttentionParams& p_in) {
              [&] { flash::flash_fwd_sm90a_kernel<Tr>(p, maps, counter.words); });
 }
 
-// D is the head dim; head dim 96 runs the d 128 kernels with zero-padded tiles (flash_bwd_sm90a).
 template <int D>
 void backward_sm90a(const FlashAttentionParams& p_in) {
-  constexpr int KD = D == 96 ? 128 : D;  // the kernels' tile width
   const FlashAttentionParams p = flash::with_resolved_row_strides(p_in);
   using Ws = flash::BwdWorkspace<D>;
   const Ws ws(p);
@@ -229,13 +227,13 @@ void backward_sm90a(const FlashAttentionParams& p_in) {
       return;
     }
   }
-  using DkdvWs = typename flash::DkdvWsSm90aConfig<KD>::type;
+  using DkdvWs = typename flash::DkdvWsSm90aConfig<D>::type;
   const flash::BwdTmaMaps dkdv_maps = flash::bwd_tma_maps<DkdvWs>(p);
   ItemCounter dkdv_counter, dq_counter;
   emu_launch(item_grid(p, DkdvWs::kBc), DkdvWs::kThreads, DkdvWs::kSmemBytes, [&] {
     flash::flash_bwd_dkdv_sm90a_ws_kernel<DkdvWs>(p, ws.delta, nullptr, 0, dkdv_maps, dkdv_counter.words);
   });
-  using Dq = typename flash::DqSm90aConfig<KD>::type;
+  using Dq = typename flash::DqSm90aConfig<D>::type;
   const flash::BwdTmaMaps maps = flash::bwd_tma_maps<Dq>(p);
   emu_launch(item_grid(p, Dq::kBr), Dq::kThreads, Dq::kSmemBytes,
              [&] { flash::flash_bwd_dq_sm90a_kernel<Dq>(p, ws.delta, maps, dq_counter.words); });
@@ -293,13 +291,13 @@ TEST_P(FlashSm90aEmulated, MatchesDoubleReference) {
   }
   // As flash_attention_forward dispatches: a scale ≤ 0 takes the mma.sync forward (the wgmma one
   // keeps the row max of raw scores), the backward stays wgmma.
-  // Head dim 96 runs the d 128 kernels, its tiles zero-padded past column 96 (flash_fwd_sm90a).
+  // Head dim 96 runs the d 128 tiles, zero-padded past column 96 (flash_fwd_sm90a).
   const bool mma_sync_forward = !(p.scale > 0.0f);
   if (c.D == 64) {
     mma_sync_forward ? forward<64>(p) : forward_sm90a<64>(p);
     backward_sm90a<64>(p);
   } else if (c.D == 96) {
-    mma_sync_forward ? forward<96>(p) : forward_sm90a<128>(p);
+    mma_sync_forward ? forward<96>(p) : forward_sm90a<96>(p);
     backward_sm90a<96>(p);
   } else {
     mma_sync_forward ? forward<128>(p) : forward_sm90a<128>(p);

@@ -39,9 +39,13 @@ namespace flash {
 // overlaps tile j's products S = Q K_jᵀ, dP = dO V_jᵀ with dQ += dS_{j−1} K_{j−1}, so one tile's
 // elementwise work (P, dS) runs under the next tile's products and under the other consumers'.
 // dQ still sums over j in a fixed order: deterministic.
-template <int D_, int Consumers, int Bc_, int Stages>
+template <int D_, int Consumers, int Bc_, int Stages, int HeadDim = D_>
 struct DqSm90aTraits {
   static constexpr int kD = D_;
+  // The head's columns (≤ kD): head dim 96 runs the d 128 tiles, which the tensor maps zero-fill
+  // past column 96; the products that sum over the head's columns stop there (their k-steps
+  // over the padding would add zeros).
+  static constexpr int kHeadDim = HeadDim;
   static constexpr int kConsumers = Consumers;
   static constexpr int kThreads = 128 * (Consumers + 1);  // warpgroup 0 is the producer
   static constexpr int kBr = 64 * Consumers;              // query rows per block
@@ -57,6 +61,7 @@ struct DqSm90aTraits {
   static constexpr size_t kSmemBytes =
       size_t(2 * kTileQ + 2 * kStages * kTileKV + kBarrierBytes + sm90::kSwizzleAtomBytes);
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
+  static_assert(kHeadDim % 16 == 0 && kHeadDim <= kD && kHeadDim > kD - 64, "the head fills the tile's last panel in part");
   static_assert(kBc == 64 || kBc == 128, "S and dP are m64n64 or m64n128 products per warpgroup");
   static_assert(Consumers == 2 || Consumers == 3, "the register split is written for 2 or 3 consumers");
   static_assert(sm90::fits_launch_registers(kThreads, kProducerRegs, Consumers, kConsumerRegs),
@@ -79,6 +84,7 @@ struct DqSm90aTraits {
 template <int D> struct DqSm90aConfig;
 template <> struct DqSm90aConfig<64> { using type = DqSm90aTraits<64, 2, 128, 3>; };
 template <> struct DqSm90aConfig<128> { using type = DqSm90aTraits<128, 2, 64, 3>; };
+template <> struct DqSm90aConfig<96> { using type = DqSm90aTraits<128, 2, 64, 3, 96>; };
 
 // The tensor maps of both backward kernels (tma.h): q, dout in boxes of Tr::kBr rows, k, v of
 // Tr::kBc (the dQ kernel streams K/V tiles under its own Q/dO, the dK/dV kernel the reverse).
@@ -171,8 +177,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     sm90::mbarrier_wait(&kv.k_full[st], phase);
     sm90::mbarrier_wait(&kv.v_full[st], phase);
     sm90::wgmma_fence();
-    sm90::wgmma_abt_ss<D, Bc>(s, sQw, Tr::kPanelQ, sK + st * Tr::kTileKV, Tr::kPanelKV);
-    sm90::wgmma_abt_ss<D, Bc>(dp, sdOw, Tr::kPanelQ, sV + st * Tr::kTileKV, Tr::kPanelKV);
+    sm90::wgmma_abt_ss<Tr::kHeadDim, Bc>(s, sQw, Tr::kPanelQ, sK + st * Tr::kTileKV, Tr::kPanelKV);
+    sm90::wgmma_abt_ss<Tr::kHeadDim, Bc>(dp, sdOw, Tr::kPanelQ, sV + st * Tr::kTileKV, Tr::kPanelKV);
     sm90::wgmma_commit();
   };
   auto issue_dq = [&](float (&dq)[D / 8][4], const uint32_t (&dsf)[Bc / 16][4], int j) {  // dQ += dS K_j
@@ -264,9 +270,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 // layout (dq_accum_offset); the producer's third warp adds the
 // staged tile into dq_accum with one bulk reduction (dq_full / dq_empty) while the consumers go
 // on — unordered across blocks.
-template <int D_, int Consumers, int Stages, bool PingPong, bool FormDq = false, bool OwnInRegisters = false>
+template <int D_, int Consumers, int Stages, bool PingPong, bool FormDq = false, bool OwnInRegisters = false,
+          int HeadDim = D_>
 struct DkdvWsSm90aTraits {
   static constexpr int kD = D_;
+  // The head's columns (≤ kD): head dim 96 runs the d 128 tiles, which the tensor maps zero-fill
+  // past column 96; the products that sum over the head's columns stop there (their k-steps
+  // over the padding would add zeros).
+  static constexpr int kHeadDim = HeadDim;
   // Sᵀ = K Qᵀ, dPᵀ = V dOᵀ with the warpgroup's K and V rows loaded once per item as A fragments
   // (RS) rather than read from shared memory at every tile (SS): half the shared-memory traffic of
   // those two products; 2·D/4 registers more per thread.
@@ -302,6 +313,8 @@ struct DkdvWsSm90aTraits {
   static constexpr size_t kSmemBytes = size_t(2 * kTileOwn + 2 * kStages * kTileStream + kDqBytes + kStatsBytes +
                                               kBarrierBytes + sm90::kSwizzleAtomBytes);
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
+  static_assert(kHeadDim % 16 == 0 && kHeadDim <= kD && kHeadDim > kD - 64, "the head fills the tile's last panel in part");
+  static_assert(!FormDq || kHeadDim == kD, "FormDq's dQ accumulator rows are the tile's width");
   static_assert(Consumers == 2 || Consumers == 3, "the register split is written for 2 or 3 consumers");
   static_assert(sm90::fits_launch_registers(kThreads, kProducerRegs, Consumers, kConsumerRegs),
                 "the hand-over must fit the registers the block is launched with (wgmma.cuh, setmaxnreg)");
@@ -331,6 +344,7 @@ struct DkdvWsSm90aTraits {
 template <int D> struct DkdvWsSm90aConfig;
 template <> struct DkdvWsSm90aConfig<64> { using type = DkdvWsSm90aTraits<64, 2, 3, true, false, true>; };
 template <> struct DkdvWsSm90aConfig<128> { using type = DkdvWsSm90aTraits<128, 2, 3, false>; };
+template <> struct DkdvWsSm90aConfig<96> { using type = DkdvWsSm90aTraits<128, 2, 3, false, false, false, 96>; };
 // FlashDq::kAtomic's dK/dV kernel, which forms dQ too (5 products per tile pair, not 7), at d 128
 // only. Each block adds a (64 queries, D) fp32 dQ tile per streamed query tile; the L2 performs
 // the reductions. History, all measured on the H200 (docs/BENCHMARKS.md), backward TF/s at d 128
@@ -497,13 +511,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   if (Tr::kPingPong && c == C - 1) sm90::named_barrier_arrive(1, 256);  // consumer 0 takes the first turn
   int seq = 0;  // as the producer's
   // kOwnInRegisters: this warp's rows of K_j and V_j as A fragments, loaded per item.
-  uint32_t kf[Tr::kOwnInRegisters ? D / 16 : 1][4], vf[Tr::kOwnInRegisters ? D / 16 : 1][4];
+  uint32_t kf[Tr::kOwnInRegisters ? Tr::kHeadDim / 16 : 1][4], vf[Tr::kOwnInRegisters ? Tr::kHeadDim / 16 : 1][4];
 
   for (int it = 0, last_item = 0; !last_item; ++it) {
   sm90::mbarrier_wait(own_full, uint32_t(it) & 1);  // K_j, V_j and the item slot
   if constexpr (Tr::kOwnInRegisters) {
-    sm90::load_a_frags_swizzled<D>(kf, sK, Tr::kPanelOwn, 64 * c + 16 * warp, lane);
-    sm90::load_a_frags_swizzled<D>(vf, sV, Tr::kPanelOwn, 64 * c + 16 * warp, lane);
+    sm90::load_a_frags_swizzled<Tr::kHeadDim>(kf, sK, Tr::kPanelOwn, 64 * c + 16 * warp, lane);
+    sm90::load_a_frags_swizzled<Tr::kHeadDim>(vf, sV, Tr::kPanelOwn, 64 * c + 16 * warp, lane);
   }
   const sm90::ItemSlot slot = sm90::read_item_slot(s_item, lane);
   last_item = slot.next >= n_items;  // the ring's very last turn hands on to no one
@@ -533,12 +547,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     sm90::mbarrier_wait(&qdo.v_full[st], uint32_t((seq + j) / NS) & 1);
     sm90::wgmma_fence();
     if constexpr (Tr::kOwnInRegisters) {
-      sm90::wgmma_abt_rs<D, Br>(s, kf, sQ + st * Tr::kTileStream, Tr::kPanelStream);
-      sm90::wgmma_abt_rs<D, Br>(dp, vf, sdO + st * Tr::kTileStream, Tr::kPanelStream);
+      sm90::wgmma_abt_rs<Tr::kHeadDim, Br>(s, kf, sQ + st * Tr::kTileStream, Tr::kPanelStream);
+      sm90::wgmma_abt_rs<Tr::kHeadDim, Br>(dp, vf, sdO + st * Tr::kTileStream, Tr::kPanelStream);
     } else {
       const int own_row = 64 * c * sm90::kSwizzleRowBytes;  // the warpgroup's rows, in each panel
-      sm90::wgmma_abt_ss<D>(s, sK + own_row, Tr::kPanelOwn, sQ + st * Tr::kTileStream, Tr::kPanelStream);
-      sm90::wgmma_abt_ss<D>(dp, sV + own_row, Tr::kPanelOwn, sdO + st * Tr::kTileStream, Tr::kPanelStream);
+      sm90::wgmma_abt_ss<Tr::kHeadDim>(s, sK + own_row, Tr::kPanelOwn, sQ + st * Tr::kTileStream, Tr::kPanelStream);
+      sm90::wgmma_abt_ss<Tr::kHeadDim>(dp, sV + own_row, Tr::kPanelOwn, sdO + st * Tr::kTileStream, Tr::kPanelStream);
     }
     sm90::wgmma_commit();
   };
@@ -771,6 +785,8 @@ void flash_bwd_sm90a(const FlashAttentionParams& p, const float* delta, float* d
                      cudaStream_t stream) {
   if (p.D == 64)
     launch_bwd_sm90a<64>(p, delta, dq_accum, accum_rows, stream);
+  else if (p.D == 96)
+    launch_bwd_sm90a<96>(p, delta, dq_accum, accum_rows, stream);
   else
     launch_bwd_sm90a<128>(p, delta, dq_accum, accum_rows, stream);
 }

@@ -45,9 +45,13 @@ namespace flash {
 // the consumers. The consumers take turns: named barriers pass the right to issue a tile's two
 // products around the ring of consumer warpgroups, so one warpgroup's softmax overlaps the
 // others' products rather than coinciding with them (FlashAttention-3's ping-pong).
-template <int D_, int Consumers, int Bc_, int Stages, bool QInRegisters = false>
+template <int D_, int Consumers, int Bc_, int Stages, bool QInRegisters = false, int HeadDim = D_>
 struct FwdSm90aTraits {
   static constexpr int kD = D_;
+  // The head's columns (≤ kD): head dim 96 runs the d 128 tiles, which the tensor maps zero-fill
+  // past column 96; the products that sum over the head's columns stop there (their k-steps
+  // over the padding would add zeros).
+  static constexpr int kHeadDim = HeadDim;
   // S = Q K_jᵀ with Q's A fragments loaded once per item into registers (RS) instead of read from
   // shared memory at every tile (SS): a third of the product's shared-memory traffic less.
   static constexpr bool kQInRegisters = QInRegisters;
@@ -66,6 +70,7 @@ struct FwdSm90aTraits {
   static constexpr int kBarrierBytes = 8 * (3 + 4 * kStages);  // the mbarriers and the item slot, after the tiles
   static constexpr size_t kSmemBytes = size_t(kTileQ + 2 * kStages * kTileKV + kBarrierBytes + sm90::kSwizzleAtomBytes);
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
+  static_assert(kHeadDim % 16 == 0 && kHeadDim <= kD && kHeadDim > kD - 64, "the head fills the tile's last panel in part");
   static_assert(kBc == 64 || kBc == 128, "S is one m64n64 or m64n128 product per warpgroup");
   static_assert(Consumers == 2 || Consumers == 3, "the register split is written for 2 or 3 consumers");
   static_assert(sm90::fits_launch_registers(kThreads, kProducerRegs, Consumers, kConsumerRegs),
@@ -110,6 +115,7 @@ FwdTmaMaps fwd_tma_maps(const FlashAttentionParams& p) {  // p's row strides res
 template <int D> struct FwdSm90aConfig;
 template <> struct FwdSm90aConfig<64> { using type = FwdSm90aTraits<64, 3, 128, 2>; };
 template <> struct FwdSm90aConfig<128> { using type = FwdSm90aTraits<128, 2, 128, 2, true>; };
+template <> struct FwdSm90aConfig<96> { using type = FwdSm90aTraits<128, 2, 128, 2, true, 96>; };
 
 // Work items: (query tile, head, batch), numbered heaviest first when causal — the head fastest,
 // then the batch, the tile slowest and reversed, the order in which a grid of one item per block
@@ -201,16 +207,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     sm90::mbarrier_arrive_warp(bar);
   };
   int seq = 0;  // as the producer's
-  uint32_t qf[Tr::kQInRegisters ? D / 16 : 1][4];  // kQInRegisters: this warp's Q rows, per item
+  uint32_t qf[Tr::kQInRegisters ? Tr::kHeadDim / 16 : 1][4];  // kQInRegisters: this warp's Q rows, per item
   auto issue_s = [&](float (&s)[Bc / 8][4], int j) {
     const int st = (seq + j) % NS;
     sm90::mbarrier_wait(&kv.k_full[st], uint32_t((seq + j) / NS) & 1);
     const unsigned char* Kj = sK + st * Tr::kTileKV;
     sm90::wgmma_fence();
     if constexpr (Tr::kQInRegisters)
-      sm90::wgmma_abt_rs<D, Bc>(s, qf, Kj, Tr::kPanelKV);
+      sm90::wgmma_abt_rs<Tr::kHeadDim, Bc>(s, qf, Kj, Tr::kPanelKV);
     else
-      sm90::wgmma_abt_ss<D, Bc>(s, sQw, Tr::kPanelQ, Kj, Tr::kPanelKV);
+      sm90::wgmma_abt_ss<Tr::kHeadDim, Bc>(s, sQw, Tr::kPanelQ, Kj, Tr::kPanelKV);
     sm90::wgmma_commit();
   };
   auto issue_pv = [&](float (&o)[D / 8][4], const uint32_t (&pf)[Bc / 16][4], int j) {
@@ -224,7 +230,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   for (int it = 0, last_item = 0; !last_item; ++it) {
     sm90::mbarrier_wait(q_full, uint32_t(it) & 1);  // Q and the item slot
-    if constexpr (Tr::kQInRegisters) sm90::load_a_frags_swizzled<D>(qf, sQw, Tr::kPanelQ, 16 * warp, lane);
+    if constexpr (Tr::kQInRegisters) sm90::load_a_frags_swizzled<Tr::kHeadDim>(qf, sQw, Tr::kPanelQ, 16 * warp, lane);
     const sm90::ItemSlot slot = sm90::read_item_slot(s_item, lane);
     const int w = slot.item;
     last_item = slot.next >= n_items;
@@ -333,6 +339,8 @@ namespace flash {
 void flash_fwd_sm90a(const FlashAttentionParams& p, cudaStream_t stream) {
   if (p.D == 64)
     launch_fwd_sm90a<64>(p, stream);
+  else if (p.D == 96)
+    launch_fwd_sm90a<96>(p, stream);
   else
     launch_fwd_sm90a<128>(p, stream);
 }
