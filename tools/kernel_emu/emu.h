@@ -357,6 +357,12 @@ inline void wgmma_m64n128k16_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b
   emu_wgmma<128>(d, [&](int row, int k) { return emu_k_major(a, row, k); }, desc_b, kTransB, accumulate);
 }
 
+template <int kTransB>
+inline void wgmma_m64n176k16_ss(float (&d)[88], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  const EmuDescriptor a = emu_decode(desc_a);
+  emu_wgmma<176>(d, [&](int row, int k) { return emu_k_major(a, row, k); }, desc_b, kTransB, accumulate);
+}
+
 template <int kTransB, int kTransA = 0>
 inline void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
   const EmuDescriptor a = emu_decode(desc_a);

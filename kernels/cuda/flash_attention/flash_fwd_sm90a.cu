@@ -3,7 +3,7 @@
 // in log2 units, heaviest causal tiles first, mask only where a tile reaches past T or straddles
 // the diagonal — on Hopper's three engines:
 //   - the tensor copy engine (TMA, tma.h): one producer thread loads Q once and streams K and V
-//     tiles of 128 keys into stage buffers, 128-byte swizzled 64-column panels, each stage with
+//     tiles of 128 keys (176 at d 128 when not causal) into stage buffers, 128-byte swizzled 64-column panels, each stage with
 //     a "full" mbarrier that the copies' bytes complete and an "empty" one the consumers
 //     complete when they are done with it;
 //   - warpgroup MMA (wgmma.cuh): each consumer warpgroup owns 64 query rows and forms
@@ -71,7 +71,8 @@ struct FwdSm90aTraits {
   static constexpr size_t kSmemBytes = size_t(kTileQ + 2 * kStages * kTileKV + kBarrierBytes + sm90::kSwizzleAtomBytes);
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= kD && kHeadDim > kD - 64, "the head fills the tile's last panel in part");
-  static_assert(kBc == 64 || kBc == 128, "S is one m64n64 or m64n128 product per warpgroup");
+  static_assert(kBc == 64 || kBc == 128 || kBc == 176, "S is one m64n64, m64n128 or m64n176 product per warpgroup");
+  static_assert(kBc != 176 || !kQInRegisters, "S (88 registers), P and O leave no room for Q's fragments");
   static_assert(Consumers == 2 || Consumers == 3, "the register split is written for 2 or 3 consumers");
   static_assert(sm90::fits_launch_registers(kThreads, kProducerRegs, Consumers, kConsumerRegs),
                 "the hand-over must fit the registers the block is launched with (wgmma.cuh, setmaxnreg)");
@@ -116,6 +117,16 @@ template <int D> struct FwdSm90aConfig;
 template <> struct FwdSm90aConfig<64> { using type = FwdSm90aTraits<64, 3, 128, 2>; };
 template <> struct FwdSm90aConfig<128> { using type = FwdSm90aTraits<128, 2, 128, 2, true>; };
 template <> struct FwdSm90aConfig<96> { using type = FwdSm90aTraits<128, 2, 128, 2, true, 96>; };
+// Not causal, d 128: FlashAttention-3's 176-key tiles (S m64n176: one softmax reduction, one
+// turn and one K/V stage hand-over per 176 keys rather than 128; S, P and O fill the consumers'
+// 240 registers, so Q is read from shared memory: 168 registers at launch, no consumer spills,
+// 208 KiB). Measured on the H200 (fifteenth session, docs/BENCHMARKS.md; two A/B calls of
+// `tools/gpu_ab_patch.sh … --head-dim 128 --backward 0`, best of 3 and 4 interleaved rounds):
+// the non-causal forward 1.024× and 1.026× over its 6 shapes (1k–4k +0.2–1.1 %, 32k 624 → 639–642),
+// the untouched causal shapes 0.994× and 1.002× (the controls). Causal keeps 128 keys with Q in
+// registers (its diagonal tiles' masked work would grow with the tile).
+template <int D> struct FwdSm90aNonCausalConfig { using type = typename FwdSm90aConfig<D>::type; };
+template <> struct FwdSm90aNonCausalConfig<128> { using type = FwdSm90aTraits<128, 2, 176, 2, false>; };
 
 // Work items: (query tile, head, batch), numbered heaviest first when causal — the head fastest,
 // then the batch, the tile slowest and reversed, the order in which a grid of one item per block
@@ -321,9 +332,8 @@ namespace {
 // shapes, all four grids in one call) keeps the short-T gains and loses nothing at long T: mean
 // 1.045× one block per item (static round-robin 1.009×, the T ≤ 4096 rule 1.025×); d 64 causal
 // 1k 226 → 273, 8k 491 → 510; d 128 causal 4k 540 → 571, 8k 620 → 636, 32k 604 → 595.
-template <int D>
+template <class Tr>
 void launch_fwd_sm90a(const FlashAttentionParams& p, cudaStream_t stream) {
-  using Tr = typename flash::FwdSm90aConfig<D>::type;
   flash::launch_item_kernel<Tr>(flash::flash_fwd_sm90a_kernel<Tr>, Tr::kSmemBytes,
                                 flash::fwd_work_items<Tr>(int(p.T), int(p.H), int(p.B)), p,
                                 stream, flash::fwd_tma_maps<Tr>(p), flash::item_counter(stream));
@@ -338,11 +348,13 @@ namespace flash {
 // add zeros — and O is stored to column 96 (store_rows' cols).
 void flash_fwd_sm90a(const FlashAttentionParams& p, cudaStream_t stream) {
   if (p.D == 64)
-    launch_fwd_sm90a<64>(p, stream);
+    launch_fwd_sm90a<FwdSm90aConfig<64>::type>(p, stream);
   else if (p.D == 96)
-    launch_fwd_sm90a<96>(p, stream);
+    launch_fwd_sm90a<FwdSm90aConfig<96>::type>(p, stream);
+  else if (p.causal)
+    launch_fwd_sm90a<FwdSm90aConfig<128>::type>(p, stream);
   else
-    launch_fwd_sm90a<128>(p, stream);
+    launch_fwd_sm90a<FwdSm90aNonCausalConfig<128>::type>(p, stream);
 }
 
 }  // namespace flash
