@@ -9,6 +9,8 @@
 #include <cmath>
 #include <ostream>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 // The emulator first: it defines what the kernel sources expect from CUDA.
@@ -28,6 +30,16 @@ namespace {
 
 using namespace tg::cuda;
 using namespace tg::testing::flash;
+
+// f(std::integral_constant<int, D>{}) for the head dim D among Ds (the last of them when D is
+// none of the others): the kernels take the head dim as a template argument.
+template <int First, int... Rest, class F>
+decltype(auto) with_head_dim(int64_t D, F&& f) {
+  if constexpr (sizeof...(Rest) == 0)
+    return f(std::integral_constant<int, First>{});
+  else
+    return D == First ? f(std::integral_constant<int, First>{}) : with_head_dim<Rest...>(D, std::forward<F>(f));
+}
 
 // The GPU tests' bounds (tests/cuda/test_flash_attention.cpp): every output written (no NaN
 // left from the poison), O and dQ, dK, dV within the relative errors, lse within 1e-3.
@@ -130,10 +142,8 @@ TEST_P(FlashEmulated, MatchesDoubleReference) {
   std::vector<tg::bf16> o(n, nan_bf16), dq(n, nan_bf16), dk(n, nan_bf16), dv(n, nan_bf16);
   std::vector<float> lse(n_lse, NAN);
   const FlashDq mode = GetParam().dq_mode;
-  const size_t ws_bytes = c.D == 32   ? flash::BwdWorkspace<32>::bytes(c.B, c.T, c.H, mode)
-                          : c.D == 64 ? flash::BwdWorkspace<64>::bytes(c.B, c.T, c.H, mode)
-                          : c.D == 96 ? flash::BwdWorkspace<96>::bytes(c.B, c.T, c.H, mode)
-                                      : flash::BwdWorkspace<128>::bytes(c.B, c.T, c.H, mode);
+  const size_t ws_bytes = with_head_dim<32, 64, 96, 128>(
+      c.D, [&](auto d) { return flash::BwdWorkspace<d()>::bytes(c.B, c.T, c.H, mode); });
   std::vector<float> workspace(ws_bytes / sizeof(float) + 4, NAN);
 
   FlashAttentionParams p{};
@@ -141,19 +151,10 @@ TEST_P(FlashEmulated, MatchesDoubleReference) {
   p.dout = dout.bits.data(), p.dq = dq.data(), p.dk = dk.data(), p.dv = dv.data(), p.workspace = workspace.data();
   p.B = c.B, p.T = c.T, p.H = c.H, p.D = c.D, p.scale = float(scale), p.causal = c.causal;
   p.dq_mode = GetParam().dq_mode;
-  if (c.D == 32) {
-    forward<32>(p);
-    backward<32>(p);
-  } else if (c.D == 64) {
-    forward<64>(p);
-    backward<64>(p);
-  } else if (c.D == 96) {
-    forward<96>(p);
-    backward<96>(p);
-  } else {
-    forward<128>(p);
-    backward<128>(p);
-  }
+  with_head_dim<32, 64, 96, 128>(c.D, [&](auto d) {
+    forward<d()>(p);
+    backward<d()>(p);
+  });
 
   expect_matches_reference(o, lse, dq, dk, dv, ref);
 }
@@ -269,9 +270,8 @@ TEST_P(FlashSm90aEmulated, MatchesDoubleReference) {
   std::vector<tg::bf16> o(n, nan_bf16);
   std::vector<float> lse(n_lse, NAN);
   const FlashDq dq_mode = GetParam().dq_mode;
-  const size_t ws_bytes = c.D == 64   ? flash::BwdWorkspace<64>::bytes(c.B, c.T, c.H, dq_mode)
-                          : c.D == 96 ? flash::BwdWorkspace<96>::bytes(c.B, c.T, c.H, dq_mode)
-                                      : flash::BwdWorkspace<128>::bytes(c.B, c.T, c.H, dq_mode);
+  const size_t ws_bytes = with_head_dim<64, 96, 128>(
+      c.D, [&](auto d) { return flash::BwdWorkspace<d()>::bytes(c.B, c.T, c.H, dq_mode); });
   std::vector<float> workspace(ws_bytes / sizeof(float) + 4, NAN);
   FlashAttentionParams p{};
   p.q = q.bits.data(), p.k = k.bits.data(), p.v = v.bits.data(), p.o = o.data(), p.lse = lse.data();
@@ -299,16 +299,10 @@ TEST_P(FlashSm90aEmulated, MatchesDoubleReference) {
   // keeps the row max of raw scores), the backward stays wgmma.
   // Head dim 96 runs the d 128 tiles, zero-padded past column 96 (flash_fwd_sm90a).
   const bool mma_sync_forward = !(p.scale > 0.0f);
-  if (c.D == 64) {
-    mma_sync_forward ? forward<64>(p) : forward_sm90a<64>(p);
-    backward_sm90a<64>(p);
-  } else if (c.D == 96) {
-    mma_sync_forward ? forward<96>(p) : forward_sm90a<96>(p);
-    backward_sm90a<96>(p);
-  } else {
-    mma_sync_forward ? forward<128>(p) : forward_sm90a<128>(p);
-    backward_sm90a<128>(p);
-  }
+  with_head_dim<64, 96, 128>(c.D, [&](auto d) {
+    mma_sync_forward ? forward<d()>(p) : forward_sm90a<d()>(p);
+    backward_sm90a<d()>(p);
+  });
   if (GetParam().packed)
     for (size_t r = 0; r < rows; ++r)
       for (size_t e = 0; e < hd; ++e) {

@@ -122,7 +122,7 @@ template <> struct FwdSm90aConfig<96> { using type = FwdSm90aTraits<128, 2, 128,
 // 240 registers, so Q is read from shared memory: 168 registers at launch, no consumer spills,
 // 208 KiB). Measured on the H200 (fifteenth session, docs/BENCHMARKS.md; two A/B calls of
 // `tools/gpu_ab_patch.sh … --head-dim 128 --backward 0`, best of 3 and 4 interleaved rounds):
-// the non-causal forward 1.024× and 1.026× over its 6 shapes (1k–4k +0.2–1.1 %, 32k 624 → 639–642),
+// the non-causal forward 1.024× and 1.026× over its 6 shapes (1k–4k −0.6 to +1.1 %, 32k 624 → 639–642),
 // the untouched causal shapes 0.994× and 1.002× (the controls). Causal keeps 128 keys with Q in
 // registers (its diagonal tiles' masked work would grow with the tile).
 template <int D> struct FwdSm90aNonCausalConfig { using type = typename FwdSm90aConfig<D>::type; };
@@ -338,23 +338,29 @@ void launch_fwd_sm90a(const FlashAttentionParams& p, cudaStream_t stream) {
                                 flash::fwd_work_items<Tr>(int(p.T), int(p.H), int(p.B)), p,
                                 stream, flash::fwd_tma_maps<Tr>(p), flash::item_counter(stream));
 }
+// The block shape of head dim D for p's mask (FwdSm90aConfig, FwdSm90aNonCausalConfig).
+template <int D>
+void launch_fwd_sm90a_for(const FlashAttentionParams& p, cudaStream_t stream) {
+  if (p.causal)
+    launch_fwd_sm90a<typename flash::FwdSm90aConfig<D>::type>(p, stream);
+  else
+    launch_fwd_sm90a<typename flash::FwdSm90aNonCausalConfig<D>::type>(p, stream);
+}
 
 }  // namespace
 
 namespace flash {
 
 // Head dim 96 runs the d 128 kernel: its tensor maps end each head at column 96, so the second
-// 64-column panel of every tile is zero-filled past it (tma.h) — the products over the padding
-// add zeros — and O is stored to column 96 (store_rows' cols).
+// 64-column panel of every tile is zero-filled past it (tma.h); S = Q Kᵀ stops at column 96
+// (kHeadDim), P V's columns past it are zeros, and O is stored to column 96 (store_rows' cols).
 void flash_fwd_sm90a(const FlashAttentionParams& p, cudaStream_t stream) {
   if (p.D == 64)
-    launch_fwd_sm90a<FwdSm90aConfig<64>::type>(p, stream);
+    launch_fwd_sm90a_for<64>(p, stream);
   else if (p.D == 96)
-    launch_fwd_sm90a<FwdSm90aConfig<96>::type>(p, stream);
-  else if (p.causal)
-    launch_fwd_sm90a<FwdSm90aConfig<128>::type>(p, stream);
+    launch_fwd_sm90a_for<96>(p, stream);
   else
-    launch_fwd_sm90a<FwdSm90aNonCausalConfig<128>::type>(p, stream);
+    launch_fwd_sm90a_for<128>(p, stream);
 }
 
 }  // namespace flash
