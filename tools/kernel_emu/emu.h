@@ -358,6 +358,12 @@ inline void wgmma_m64n128k16_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b
 }
 
 template <int kTransB>
+inline void wgmma_m64n96k16_ss(float (&d)[48], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  const EmuDescriptor a = emu_decode(desc_a);
+  emu_wgmma<96>(d, [&](int row, int k) { return emu_k_major(a, row, k); }, desc_b, kTransB, accumulate);
+}
+
+template <int kTransB>
 inline void wgmma_m64n176k16_ss(float (&d)[88], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
   const EmuDescriptor a = emu_decode(desc_a);
   emu_wgmma<176>(d, [&](int row, int k) { return emu_k_major(a, row, k); }, desc_b, kTransB, accumulate);

@@ -17,7 +17,7 @@ PRIMITIVES = {"smem_addr", "cp_async_16", "cp_async_4", "cp_async_commit", "cp_a
               # wgmma.cuh
               "wgmma_fence", "wgmma_commit", "wgmma_wait", "fence_async_shared", "wgmma_m64n64k16_ss",
               "wgmma_m64n64k16_rs", "wgmma_m64n128k16_rs", "bulk_reduce_add_f32", "bulk_commit",
-              "bulk_wait_read", "bulk_wait", "opaque_u64", "opaque_u32", "wgmma_m64n128k16_ss", "wgmma_m64n176k16_ss",
+              "bulk_wait_read", "bulk_wait", "opaque_u64", "opaque_u32", "wgmma_m64n128k16_ss", "wgmma_m64n176k16_ss", "wgmma_m64n96k16_ss",
               "mbarrier_init",
               "fence_barrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait", "tma_load_4d",
               "named_barrier_sync", "named_barrier_arrive", "setmaxnreg_dec", "setmaxnreg_inc",

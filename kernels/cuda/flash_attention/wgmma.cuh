@@ -218,6 +218,7 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 #define TG_WGMMA_ACC32(d) TG_WGMMA_ACC8(d, 0), TG_WGMMA_ACC8(d, 8), TG_WGMMA_ACC8(d, 16), TG_WGMMA_ACC8(d, 24)
 #define TG_WGMMA_ACC64(d) TG_WGMMA_ACC32(d), TG_WGMMA_ACC8(d, 32), TG_WGMMA_ACC8(d, 40), TG_WGMMA_ACC8(d, 48), \
                           TG_WGMMA_ACC8(d, 56)
+#define TG_WGMMA_ACC48(d) TG_WGMMA_ACC32(d), TG_WGMMA_ACC8(d, 32), TG_WGMMA_ACC8(d, 40)
 #define TG_WGMMA_ACC88(d) TG_WGMMA_ACC64(d), TG_WGMMA_ACC8(d, 64), TG_WGMMA_ACC8(d, 72), TG_WGMMA_ACC8(d, 80)
 
 // d (64 × 64 fp32) = A·B (+ d when accumulate): A (64 × 16) and B (16 × 64) from descriptors,
@@ -262,6 +263,20 @@ __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t des
       : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));
 }
 
+// S = Q K_jᵀ, dP = dO V_jᵀ with N = 96 keys per tile (48 accumulator registers per thread): the
+// d 128 dQ kernel's tile, between 64 (more turns and waits per FLOP) and 128 (spills).
+template <int kTransB>
+__device__ __forceinline__ void wgmma_m64n96k16_ss(float (&d)[48], uint64_t desc_a, uint64_t desc_b,
+                                                   bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, %48, %49, p, 1, 1, 0, %51;\n}\n"
+      : TG_WGMMA_ACC48(d)
+      : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));
+}
+
 // S = Q Kᵀ with N = 176 keys per tile (88 accumulator registers per thread): the d 128 non-causal
 // forward's tile, FlashAttention-3's for that shape (one Q read per 176 keys; fewer softmax
 // reductions and turns per FLOP).
@@ -299,7 +314,7 @@ __device__ __forceinline__ float (&flat(float (&a)[R][4]))[4 * R] {
 }
 
 // ── The products of the flash kernels, over 128-byte-swizzled tiles of 64-column panels ──
-// acc (64 × N per warpgroup, N = 64, 128 or 176) = A Bᵀ over the D columns of two K-major swizzled
+// acc (64 × N per warpgroup, N = 64, 96, 128 or 176) = A Bᵀ over the D columns of two K-major swizzled
 // tiles: A the warpgroup's 64 rows (panels panel_a bytes apart), B the other tile's N rows
 // (panels panel_b apart). k-steps of 16 along D are 32 bytes along a panel's rows. The k-steps'
 // descriptors are one opaque base each plus immediate offsets (the address field counts 16-byte
@@ -317,6 +332,8 @@ __device__ __forceinline__ void wgmma_abt_ss(float (&acc)[N / 8][4], const unsig
     const uint64_t db = db0 + uint64_t(((ks / 4) * panel_b + at) >> 4);
     if constexpr (N == 176)
       wgmma_m64n176k16_ss<0>(flat(acc), da, db, ks > 0);
+    else if constexpr (N == 96)
+      wgmma_m64n96k16_ss<0>(flat(acc), da, db, ks > 0);
     else if constexpr (N == 128)
       wgmma_m64n128k16_ss<0>(flat(acc), da, db, ks > 0);
     else
@@ -340,7 +357,7 @@ __device__ __forceinline__ void wgmma_abt_rs(float (&acc)[N / 8][4], const uint3
   }
 }
 
-// acc (64 × D per warpgroup) += A B: A (64 × K, K = 64, 128 or 176) from registers as K/16 k-steps of
+// acc (64 × D per warpgroup) += A B: A (64 × K, K = 64, 96, 128 or 176) from registers as K/16 k-steps of
 // A fragments, B the (K, D) streamed or owned tile at b read MN-major (rows are K; 64-column
 // panels panel_b bytes apart): a k-step of 16 rows starts 16·128 bytes further.
 template <int D, int K = 64>
