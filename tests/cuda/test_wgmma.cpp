@@ -37,6 +37,7 @@ TEST(Wgmma, ProductsMatchTheCpu) {
   const auto a = random_bf16(1), b = random_bf16(2), v = random_bf16(3), v2 = random_bf16(4, 2 * kN * kN);
   DeviceBytes da(a.size() * 2), db(b.size() * 2), dv(v.size() * 2), dv2(v2.size() * 2);
   DeviceBytes ds(kN * kN * sizeof(float)), dout(kN * kN * sizeof(float)), dout2(2 * kN * kN * sizeof(float));
+  DeviceBytes dout3(96 * kN * sizeof(float));
   CHECK_CUDA(cudaMemcpy(da.p, a.data(), a.size() * 2, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(db.p, b.data(), b.size() * 2, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(dv.p, v.data(), v.size() * 2, cudaMemcpyHostToDevice));
@@ -44,16 +45,18 @@ TEST(Wgmma, ProductsMatchTheCpu) {
   for (DeviceBytes* out : {&ds, &dout})  // NaN: every element must be written
     CHECK_CUDA(cudaMemset(out->p, 0xFF, kN * kN * sizeof(float)));
   CHECK_CUDA(cudaMemset(dout2.p, 0xFF, 2 * kN * kN * sizeof(float)));
+  CHECK_CUDA(cudaMemset(dout3.p, 0xFF, 96 * kN * sizeof(float)));
   auto u16 = [](DeviceBytes& d) { return static_cast<const uint16_t*>(d.p); };
   auto f32 = [](DeviceBytes& d) { return static_cast<float*>(d.p); };
-  if (!testing::run_wgmma_probe(u16(da), u16(db), u16(dv), u16(dv2), f32(ds), f32(dout), f32(dout2)))
+  if (!testing::run_wgmma_probe(u16(da), u16(db), u16(dv), u16(dv2), f32(ds), f32(dout), f32(dout2), f32(dout3)))
     GTEST_SKIP() << "the GPU is not compute capability 9.0: sm_90a code does not run on it";
   CHECK_CUDA(cudaGetLastError());
   CHECK_CUDA(cudaDeviceSynchronize());
-  std::vector<float> s(kN * kN), o(kN * kN), o2(2 * kN * kN);
+  std::vector<float> s(kN * kN), o(kN * kN), o2(2 * kN * kN), o3(96 * kN);
   CHECK_CUDA(cudaMemcpy(s.data(), ds.p, s.size() * sizeof(float), cudaMemcpyDeviceToHost));
   CHECK_CUDA(cudaMemcpy(o.data(), dout.p, o.size() * sizeof(float), cudaMemcpyDeviceToHost));
   CHECK_CUDA(cudaMemcpy(o2.data(), dout2.p, o2.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(o3.data(), dout3.p, o3.size() * sizeof(float), cudaMemcpyDeviceToHost));
 
   // fp32 accumulation of 64 exact bf16 products: agreement to ~1e-5 of Σ|a|·max|b| per element.
   auto check = [&](const char* what, const std::vector<float>& got, int cols, auto ref_of) {
@@ -79,6 +82,11 @@ TEST(Wgmma, ProductsMatchTheCpu) {
     return r;
   });
   check("O = A V at N = 128 (two MN-major panels)", o2, 2 * kN, [&](int i, int j) {
+    double r = 0;
+    for (int k = 0; k < kN; ++k) r += value(a[i * kN + k]) * value(v2[k * 2 * kN + j]);
+    return r;
+  });
+  check("O = A V at N = 96 (one MN-major panel and half of the next)", o3, 96, [&](int i, int j) {
     double r = 0;
     for (int k = 0; k < kN; ++k) r += value(a[i * kN + k]) * value(v2[k * 2 * kN + j]);
     return r;

@@ -27,7 +27,7 @@ __device__ void store_accumulator(const float (&d)[N / 2], float* out) {
 
 __global__ void __launch_bounds__(128) wgmma_probe_kernel(const uint16_t* a, const uint16_t* b, const uint16_t* v,
                                                           const uint16_t* v2, float* s_out, float* o_out,
-                                                          float* o2_out) {
+                                                          float* o2_out, float* o3_out) {
   extern __shared__ unsigned char raw[];
   unsigned char* base = raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(raw)) & 1023)) & 1023);
   unsigned char *sa = base, *sb = base + kTileBytes, *sv = base + 2 * kTileBytes;
@@ -82,18 +82,26 @@ __global__ void __launch_bounds__(128) wgmma_probe_kernel(const uint16_t* a, con
   sm90::wgmma_commit();
   sm90::wgmma_wait<0>();
   store_accumulator<2 * kN>(o2, o2_out);
+
+  float o3[96 / 2];
+  sm90::wgmma_fence();
+  for (int k = 0; k < kN / 16; ++k)
+    sm90::wgmma_m64n96k16_rs<1>(o3, af[k], sm90::mn_major_descriptor(sv2 + 16 * 128 * k, kTileBytes), k > 0);
+  sm90::wgmma_commit();
+  sm90::wgmma_wait<0>();
+  store_accumulator<96>(o3, o3_out);
 }
 
 }  // namespace
 
 bool run_wgmma_probe(const uint16_t* a, const uint16_t* b, const uint16_t* v, const uint16_t* v2, float* s, float* o,
-                     float* o2) {
+                     float* o2, float* o3) {
   int device = 0, major = 0, minor = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return false;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
   if (major != 9 || minor != 0) return false;
-  wgmma_probe_kernel<<<1, 128, 5 * kTileBytes + 1024>>>(a, b, v, v2, s, o, o2);
+  wgmma_probe_kernel<<<1, 128, 5 * kTileBytes + 1024>>>(a, b, v, v2, s, o, o2, o3);
   return true;
 }
 

@@ -395,6 +395,10 @@ inline void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t 
   emu_wgmma_rs<64, kTransB>(d, a, desc_b, accumulate);
 }
 template <int kTransB>
+inline void wgmma_m64n96k16_rs(float (&d)[48], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate) {
+  emu_wgmma_rs<96, kTransB>(d, a, desc_b, accumulate);
+}
+template <int kTransB>
 inline void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate) {
   emu_wgmma_rs<128, kTransB>(d, a, desc_b, accumulate);
 }

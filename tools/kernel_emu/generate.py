@@ -16,8 +16,9 @@ PRIMITIVES = {"smem_addr", "cp_async_16", "cp_async_4", "cp_async_commit", "cp_a
               "ldmatrix_x4_trans", "ldmatrix_x2_trans", "mma_16x8x16", "pack_bf16x2", "fast_exp2", "red_add_f32x2",
               # wgmma.cuh
               "wgmma_fence", "wgmma_commit", "wgmma_wait", "fence_async_shared", "wgmma_m64n64k16_ss",
-              "wgmma_m64n64k16_rs", "wgmma_m64n128k16_rs", "bulk_reduce_add_f32", "bulk_commit",
-              "bulk_wait_read", "bulk_wait", "opaque_u64", "opaque_u32", "wgmma_m64n128k16_ss", "wgmma_m64n176k16_ss", "wgmma_m64n96k16_ss",
+              "wgmma_m64n64k16_rs", "wgmma_m64n128k16_rs", "wgmma_m64n96k16_rs", "bulk_reduce_add_f32", "bulk_commit",
+              "bulk_wait_read", "bulk_wait", "opaque_u64", "opaque_u32", "wgmma_m64n128k16_ss", "wgmma_m64n176k16_ss",
+              "wgmma_m64n96k16_ss",
               "mbarrier_init",
               "fence_barrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait", "tma_load_4d",
               "named_barrier_sync", "named_barrier_arrive", "setmaxnreg_dec", "setmaxnreg_inc",

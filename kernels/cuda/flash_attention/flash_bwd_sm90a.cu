@@ -44,7 +44,8 @@ struct DqSm90aTraits {
   static constexpr int kD = D_;
   // The head's columns (≤ kD): head dim 96 runs the d 128 tiles, which the tensor maps zero-fill
   // past column 96; the products that sum over the head's columns stop there (their k-steps
-  // over the padding would add zeros).
+  // over the padding would add zeros), and those whose N is the head's columns run N = 96
+  // (their columns past it would be zeros).
   static constexpr int kHeadDim = HeadDim;
   static constexpr int kConsumers = Consumers;
   static constexpr int kThreads = 128 * (Consumers + 1);  // warpgroup 0 is the producer
@@ -85,10 +86,11 @@ struct DqSm90aTraits {
 //          registers, no consumer spills, 208 KiB): deterministic backward 1.035× the 64-key
 //          tiles over the 12 d 128 shapes (best of 3 interleaved runs, every shape faster;
 //          T 8k causal 466 → 500): a third fewer turns, waits and stage hand-overs per FLOP.
+//          d 96 on the same tiles: 1.037× (T 8k causal 398 → 433).
 template <int D> struct DqSm90aConfig;
 template <> struct DqSm90aConfig<64> { using type = DqSm90aTraits<64, 2, 128, 3>; };
 template <> struct DqSm90aConfig<128> { using type = DqSm90aTraits<128, 2, 96, 3>; };
-template <> struct DqSm90aConfig<96> { using type = DqSm90aTraits<128, 2, 64, 3, 96>; };
+template <> struct DqSm90aConfig<96> { using type = DqSm90aTraits<128, 2, 96, 3, 96>; };
 
 // The tensor maps of both backward kernels (tma.h): q, dout in boxes of Tr::kBr rows, k, v of
 // Tr::kBc (the dQ kernel streams K/V tiles under its own Q/dO, the dK/dV kernel the reverse).
@@ -110,7 +112,8 @@ template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     flash_bwd_dq_sm90a_kernel(const FlashAttentionParams p, const float* __restrict__ delta,
                                  const __grid_constant__ BwdTmaMaps maps, unsigned* item_counter) {
-  constexpr int D = Tr::kD, Br = Tr::kBr, Bc = Tr::kBc, NS = Tr::kStages, C = Tr::kConsumers;
+  constexpr int Br = Tr::kBr, Bc = Tr::kBc, NS = Tr::kStages, C = Tr::kConsumers;
+  constexpr int Dh = Tr::kHeadDim;  // dQ's width: the head's columns (dS K as m64n96 at head dim 96)
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* sQ = sm90::align_to_swizzle_atom(smem);
   unsigned char* sdO = sQ + Tr::kTileQ;
@@ -185,9 +188,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     sm90::wgmma_abt_ss<Tr::kHeadDim, Bc>(dp, sdOw, Tr::kPanelQ, sV + st * Tr::kTileKV, Tr::kPanelKV);
     sm90::wgmma_commit();
   };
-  auto issue_dq = [&](float (&dq)[D / 8][4], const uint32_t (&dsf)[Bc / 16][4], int j) {  // dQ += dS K_j
+  auto issue_dq = [&](float (&dq)[Dh / 8][4], const uint32_t (&dsf)[Bc / 16][4], int j) {  // dQ += dS K_j
     sm90::wgmma_fence();
-    sm90::wgmma_ab_rs<D, Bc>(dq, dsf, sK + ((seq + j) % NS) * Tr::kTileKV, Tr::kPanelKV);
+    sm90::wgmma_ab_rs<Dh, Bc>(dq, dsf, sK + ((seq + j) % NS) * Tr::kTileKV, Tr::kPanelKV);
     sm90::wgmma_commit();
   };
   if (c == C - 1) sm90::named_barrier_arrive(1, 256);  // consumer 0 takes the first turn
@@ -217,7 +220,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       softmax_grad_row<Bc>(dp, s, dlt);
     };
 
-    float dq[D / 8][4];  // (16, D) per warp: the warpgroup's (64, D) accumulator
+    float dq[Dh / 8][4];  // (16, Dh) per warp: the warpgroup's (64, Dh) accumulator
     zero(dq);
     float s[Bc / 8][4], dp[Bc / 8][4];
     uint32_t dsf[Bc / 16][4];
@@ -252,7 +255,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
     tg::bf16* dQ = p.dq + int64_t(item.b) * T * p.dq_row_stride + item.h * p.D;
     const float fq[2] = {p.scale, p.scale};
-    store_rows<D>(dQ, int(p.dq_row_stride), dq, fq, row0, T, lane, int(p.D));
+    store_rows<Dh>(dQ, int(p.dq_row_stride), dq, fq, row0, T, lane);
   }
 }
 
@@ -280,7 +283,8 @@ struct DkdvWsSm90aTraits {
   static constexpr int kD = D_;
   // The head's columns (≤ kD): head dim 96 runs the d 128 tiles, which the tensor maps zero-fill
   // past column 96; the products that sum over the head's columns stop there (their k-steps
-  // over the padding would add zeros).
+  // over the padding would add zeros), and those whose N is the head's columns run N = 96
+  // (their columns past it would be zeros).
   static constexpr int kHeadDim = HeadDim;
   // Sᵀ = K Qᵀ, dPᵀ = V dOᵀ with the warpgroup's K and V rows loaded once per item as A fragments
   // (RS) rather than read from shared memory at every tile (SS): half the shared-memory traffic of
@@ -381,6 +385,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                                    float* __restrict__ dq_accum, int accum_rows,
                                    const __grid_constant__ BwdTmaMaps maps, unsigned* item_counter) {
   constexpr int D = Tr::kD, Bc = Tr::kBc, Br = Tr::kBr, NS = Tr::kStages, C = Tr::kConsumers;
+  // dK's and dV's width: the head's columns (dSᵀ Q and Pᵀ dO as m64n96 at head dim 96).
+  constexpr int Dh = Tr::kHeadDim;
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* sK = sm90::align_to_swizzle_atom(smem);
   unsigned char* sV = sK + Tr::kTileOwn;
@@ -531,7 +537,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   if constexpr (Tr::kReleaseOwnEarly) {  // K_j, V_j are in kf, vf and the item in `item`
     sm90::mbarrier_arrive_warp(own_empty);
   }
-  float dk[D / 8][4], dv[D / 8][4];  // (16, D) per warp: the warpgroup's (64, D) accumulators
+  float dk[Dh / 8][4], dv[Dh / 8][4];  // (16, Dh) per warp: the warpgroup's (64, Dh) accumulators
   zero(dk);
   zero(dv);
 
@@ -562,7 +568,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   };
   auto issue_dk = [&](int j) {  // dK += dSᵀ_j Q_j
     sm90::wgmma_fence();
-    sm90::wgmma_ab_rs<D>(dk, dsf, sQ + stage(j) * Tr::kTileStream, Tr::kPanelStream);
+    sm90::wgmma_ab_rs<Dh>(dk, dsf, sQ + stage(j) * Tr::kTileStream, Tr::kPanelStream);
     sm90::wgmma_commit();
   };
   // Pᵀ = exp(S·scale − lse) into pf, then dV += Pᵀ dO issued.
@@ -573,7 +579,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       mask_tile<Br>(s, key0, q0, lane, [=](int k, int q) { return q >= T || (causal && k > q); }, 0.0f);
     acc_to_a<Br>(pf, s);
     sm90::wgmma_fence();
-    sm90::wgmma_ab_rs<D>(dv, pf, sdO + st * Tr::kTileStream, Tr::kPanelStream);
+    sm90::wgmma_ab_rs<Dh>(dv, pf, sdO + st * Tr::kTileStream, Tr::kPanelStream);
     sm90::wgmma_commit();
   };
   auto ds = [&](int j) {  // dSᵀ = Pᵀ ∘ (dPᵀ − delta), without the scale, into dsf
@@ -709,8 +715,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   tg::bf16* dV = p.dv + bt * p.dv_row_stride + out.h * p.D;
   const float fk[2] = {p.scale, p.scale}, fv[2] = {1.0f, 1.0f};
   const int key_row = out.row0 + 64 * c + 16 * warp;
-  store_rows<D>(dK, int(p.dk_row_stride), dk, fk, key_row, T, lane, int(p.D));
-  store_rows<D>(dV, int(p.dv_row_stride), dv, fv, key_row, T, lane, int(p.D));
+  store_rows<Dh>(dK, int(p.dk_row_stride), dk, fk, key_row, T, lane);
+  store_rows<Dh>(dV, int(p.dv_row_stride), dv, fv, key_row, T, lane);
   }
 }
 
@@ -784,7 +790,7 @@ bool sm90a_runs_atomic_dq(const FlashAttentionParams& p) {
 }
 
 // Head dim 96 runs the d 128 kernels, zero-padded as in the forward (flash_fwd_sm90a): dQ, dK
-// and dV over the padding columns are products of zeros, never stored.
+// and dV are m64n96 products (their columns past 96 would be zeros).
 void flash_bwd_sm90a(const FlashAttentionParams& p, const float* delta, float* dq_accum, int accum_rows,
                      cudaStream_t stream) {
   if (p.D == 64)

@@ -50,7 +50,8 @@ struct FwdSm90aTraits {
   static constexpr int kD = D_;
   // The head's columns (≤ kD): head dim 96 runs the d 128 tiles, which the tensor maps zero-fill
   // past column 96; the products that sum over the head's columns stop there (their k-steps
-  // over the padding would add zeros).
+  // over the padding would add zeros), and those whose N is the head's columns run N = 96
+  // (their columns past it would be zeros).
   static constexpr int kHeadDim = HeadDim;
   // S = Q K_jᵀ with Q's A fragments loaded once per item into registers (RS) instead of read from
   // shared memory at every tile (SS): a third of the product's shared-memory traffic less.
@@ -116,6 +117,11 @@ FwdTmaMaps fwd_tma_maps(const FlashAttentionParams& p) {  // p's row strides res
 template <int D> struct FwdSm90aConfig;
 template <> struct FwdSm90aConfig<64> { using type = FwdSm90aTraits<64, 3, 128, 2>; };
 template <> struct FwdSm90aConfig<128> { using type = FwdSm90aTraits<128, 2, 128, 2, true>; };
+// d 96 runs d 128's shape (fourteenth session: 1.109× the 64-key tiles); its products stop at the
+// head's 96 columns, both those that sum over them (fifteenth session: forward 1.059×, backward
+// 1.079×) and those whose N they are — P V here, Pᵀ dO, dSᵀ Q, dS K in the backward (sixteenth
+// session, `tools/gpu_ab_patch.sh … --head-dim 96`, best of 3: forward 1.029×, deterministic
+// backward 1.006×, atomic 1.012× over the 12 shapes).
 template <> struct FwdSm90aConfig<96> { using type = FwdSm90aTraits<128, 2, 128, 2, true, 96>; };
 // Not causal, d 128: FlashAttention-3's 176-key tiles (S m64n176: one softmax reduction, one
 // turn and one K/V stage hand-over per 176 keys rather than 128; S, P and O fill the consumers'
@@ -153,7 +159,10 @@ template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     flash_fwd_sm90a_kernel(const FlashAttentionParams p, const __grid_constant__ FwdTmaMaps maps,
                            unsigned* item_counter) {
-  constexpr int D = Tr::kD, Bc = Tr::kBc, NS = Tr::kStages, C = Tr::kConsumers;
+  constexpr int Bc = Tr::kBc, NS = Tr::kStages, C = Tr::kConsumers;
+  // O's width: the head's columns (P V as m64n96 at head dim 96, reading V's first panel and half
+  // its second, rather than m64n128 over the zero padding).
+  constexpr int Dh = Tr::kHeadDim;
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* sQ = sm90::align_to_swizzle_atom(smem);
   unsigned char* sK = sQ + Tr::kTileQ;  // (stage) tiles of Tr::kTileKV bytes
@@ -230,11 +239,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       sm90::wgmma_abt_ss<Tr::kHeadDim, Bc>(s, sQw, Tr::kPanelQ, Kj, Tr::kPanelKV);
     sm90::wgmma_commit();
   };
-  auto issue_pv = [&](float (&o)[D / 8][4], const uint32_t (&pf)[Bc / 16][4], int j) {
+  auto issue_pv = [&](float (&o)[Dh / 8][4], const uint32_t (&pf)[Bc / 16][4], int j) {
     const int st = (seq + j) % NS;
     sm90::mbarrier_wait(&kv.v_full[st], uint32_t((seq + j) / NS) & 1);
     sm90::wgmma_fence();
-    sm90::wgmma_ab_rs<D, Bc>(o, pf, sV + st * Tr::kTileKV, Tr::kPanelKV);
+    sm90::wgmma_ab_rs<Dh, Bc>(o, pf, sV + st * Tr::kTileKV, Tr::kPanelKV);
     sm90::wgmma_commit();
   };
   if (c == C - 1) sm90::named_barrier_arrive(1, 256);  // consumer 0 takes the first turn
@@ -257,7 +266,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       exp2_rows_raw<Bc>(s, m, sum, scale2);
     };
 
-    float o[D / 8][4];  // (16, D) per warp: the warpgroup's (64, D) accumulator
+    float o[Dh / 8][4];  // (16, Dh) per warp: the warpgroup's (64, Dh) accumulator
     zero(o);
     float s[Bc / 8][4], alpha[2], sum[2];
     uint32_t pf[Bc / 16][4];
@@ -271,7 +280,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     release(&kv.k_empty[seq % NS]);
     if (n_kb == 1) release(q_empty);
     softmax(s, 0, alpha, sum);
-    rescale_accumulate<D>(o, l, alpha, sum);
+    rescale_accumulate<Dh>(o, l, alpha, sum);
     acc_to_a<Bc>(pf, s);
     for (int j = 1; j < n_kb; ++j) {
       sm90::named_barrier_sync(my_turn, 256);
@@ -284,7 +293,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       softmax(s, j, alpha, sum);
       sm90::wgmma_wait<0>();  // P_{j−1} V_{j−1} has landed: O may be rescaled and pf rewritten
       release(&kv.v_empty[(seq + j - 1) % NS]);
-      rescale_accumulate<D>(o, l, alpha, sum);
+      rescale_accumulate<Dh>(o, l, alpha, sum);
       acc_to_a<Bc>(pf, s);
     }
     issue_pv(o, pf, n_kb - 1);
@@ -301,7 +310,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       l[i] = quad_sum(l[i]);
       inv_l[i] = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
     }
-    store_rows<D>(O, int(p.o_row_stride), o, inv_l, row0, T, lane, int(p.D));
+    store_rows<Dh>(O, int(p.o_row_stride), o, inv_l, row0, T, lane);
     if ((lane & 3) == 0) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -353,7 +362,8 @@ namespace flash {
 
 // Head dim 96 runs the d 128 kernel: its tensor maps end each head at column 96, so the second
 // 64-column panel of every tile is zero-filled past it (tma.h); S = Q Kᵀ stops at column 96
-// (kHeadDim), P V's columns past it are zeros, and O is stored to column 96 (store_rows' cols).
+// (kHeadDim), and O = P V is an m64n96 product (its columns past 96 would be zeros), stored to
+// column 96.
 void flash_fwd_sm90a(const FlashAttentionParams& p, cudaStream_t stream) {
   if (p.D == 64)
     launch_fwd_sm90a_for<64>(p, stream);

@@ -293,6 +293,21 @@ __device__ __forceinline__ void wgmma_m64n176k16_ss(float (&d)[88], uint64_t des
       : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));
 }
 
+// The register-A form with N = 96 (48 accumulator registers per thread): O = P V, dV, dK and dQ
+// at head dim 96 over the d 128 tiles, B MN-major across V's first 64-column panel and half of
+// its second (panel_bytes apart in the descriptor), the zero padding past column 96 not read.
+template <int kTransB>
+__device__ __forceinline__ void wgmma_m64n96k16_rs(float (&d)[48], const uint32_t (&a)[4], uint64_t desc_b,
+                                                   bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, {%48, %49, %50, %51}, %52, p, 1, 1, %54;\n}\n"
+      : TG_WGMMA_ACC48(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));
+}
+
 // The register-A form with N = 128 (64 accumulator registers per thread): O = P V at head dim
 // 128, V's two 64-column panels `panel_bytes` apart in the MN-major descriptor.
 template <int kTransB>
@@ -357,9 +372,10 @@ __device__ __forceinline__ void wgmma_abt_rs(float (&acc)[N / 8][4], const uint3
   }
 }
 
-// acc (64 × D per warpgroup) += A B: A (64 × K, K = 64, 96, 128 or 176) from registers as K/16 k-steps of
-// A fragments, B the (K, D) streamed or owned tile at b read MN-major (rows are K; 64-column
-// panels panel_b bytes apart): a k-step of 16 rows starts 16·128 bytes further.
+// acc (64 × D per warpgroup, D = 64, 96 or 128) += A B: A (64 × K, K = 64, 96, 128 or 176) from
+// registers as K/16 k-steps of A fragments, B the (K, D) streamed or owned tile at b read MN-major
+// (rows are K; 64-column panels panel_b bytes apart): a k-step of 16 rows starts 16·128 bytes
+// further.
 template <int D, int K = 64>
 __device__ __forceinline__ void wgmma_ab_rs(float (&acc)[D / 8][4], const uint32_t (&a)[K / 16][4], const unsigned char* b,
                                             int panel_b) {
@@ -369,6 +385,8 @@ __device__ __forceinline__ void wgmma_ab_rs(float (&acc)[D / 8][4], const uint32
     const uint64_t desc = desc0 + uint64_t(kk * 16 * kSwizzleRowBytes / 16);
     if constexpr (D == 64)
       wgmma_m64n64k16_rs<1>(flat(acc), a[kk], desc, true);
+    else if constexpr (D == 96)
+      wgmma_m64n96k16_rs<1>(flat(acc), a[kk], desc, true);
     else
       wgmma_m64n128k16_rs<1>(flat(acc), a[kk], desc, true);
   }
