@@ -214,6 +214,14 @@ void forward_sm90a(const FlashAttentionParams& p_in) {
     forward_sm90a_with<typename flash::FwdSm90aNonCausalConfig<D>::type>(p);
 }
 
+template <class Tr>
+void dkdv_sm90a_with(const FlashAttentionParams& p, const float* delta) {
+  const flash::BwdTmaMaps maps = flash::bwd_tma_maps<Tr>(p);
+  ItemCounter counter;
+  emu_launch(item_grid(p, Tr::kBc), Tr::kThreads, Tr::kSmemBytes, [&] {
+    flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr>(p, delta, nullptr, 0, maps, counter.words);
+  });
+}
 template <int D>
 void backward_sm90a(const FlashAttentionParams& p_in) {
   const FlashAttentionParams p = flash::with_resolved_row_strides(p_in);
@@ -234,14 +242,15 @@ void backward_sm90a(const FlashAttentionParams& p_in) {
       return;
     }
   }
-  using DkdvWs = typename flash::DkdvWsSm90aConfig<D>::type;
-  const flash::BwdTmaMaps dkdv_maps = flash::bwd_tma_maps<DkdvWs>(p);
-  ItemCounter dkdv_counter, dq_counter;
-  emu_launch(item_grid(p, DkdvWs::kBc), DkdvWs::kThreads, DkdvWs::kSmemBytes, [&] {
-    flash::flash_bwd_dkdv_sm90a_ws_kernel<DkdvWs>(p, ws.delta, nullptr, 0, dkdv_maps, dkdv_counter.words);
-  });
+  // The launcher takes DkdvWsSm90aLongConfig from T = kDkdvSm90aLongT; here from T = 256, so that
+  // its stages, turns and ragged tails run too (at 256 and 600).
+  if (p.T >= 256)
+    dkdv_sm90a_with<typename flash::DkdvWsSm90aLongConfig<D>::type>(p, ws.delta);
+  else
+    dkdv_sm90a_with<typename flash::DkdvWsSm90aConfig<D>::type>(p, ws.delta);
   using Dq = typename flash::DqSm90aConfig<D>::type;
   const flash::BwdTmaMaps maps = flash::bwd_tma_maps<Dq>(p);
+  ItemCounter dq_counter;
   emu_launch(item_grid(p, Dq::kBr), Dq::kThreads, Dq::kSmemBytes,
              [&] { flash::flash_bwd_dq_sm90a_kernel<Dq>(p, ws.delta, maps, dq_counter.words); });
 }

@@ -278,7 +278,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 // staged tile into dq_accum with one bulk reduction (dq_full / dq_empty) while the consumers go
 // on — unordered across blocks.
 template <int D_, int Consumers, int Stages, bool PingPong, bool FormDq = false, bool OwnInRegisters = false,
-          int HeadDim = D_>
+          int HeadDim = D_, int Br_ = 64>
 struct DkdvWsSm90aTraits {
   static constexpr int kD = D_;
   // The head's columns (≤ kD): head dim 96 runs the d 128 tiles, which the tensor maps zero-fill
@@ -298,7 +298,7 @@ struct DkdvWsSm90aTraits {
   static constexpr int kConsumers = Consumers;
   static constexpr int kThreads = 128 * (Consumers + 1);  // warpgroup 0 is the producer
   static constexpr int kBc = 64 * Consumers;              // keys per block
-  static constexpr int kBr = 64;                          // queries per streamed tile
+  static constexpr int kBr = Br_;                         // queries per streamed tile
   static constexpr int kStages = Stages;
   static constexpr bool kPingPong = PingPong;
   static constexpr bool kFormDq = FormDq;
@@ -323,6 +323,7 @@ struct DkdvWsSm90aTraits {
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= kD && kHeadDim > kD - 64, "the head fills the tile's last panel in part");
   static_assert(!FormDq || kHeadDim == kD, "FormDq's dQ accumulator rows are the tile's width");
+  static_assert(kBr == 64 || kBr == 96 || kBr == 128, "Sᵀ and dPᵀ are m64n64, m64n96 or m64n128 products per warpgroup");
   static_assert(Consumers == 2 || Consumers == 3, "the register split is written for 2 or 3 consumers");
   static_assert(sm90::fits_launch_registers(kThreads, kProducerRegs, Consumers, kConsumerRegs),
                 "the hand-over must fit the registers the block is launched with (wgmma.cuh, setmaxnreg)");
@@ -353,6 +354,18 @@ template <int D> struct DkdvWsSm90aConfig;
 template <> struct DkdvWsSm90aConfig<64> { using type = DkdvWsSm90aTraits<64, 2, 3, true, false, true>; };
 template <> struct DkdvWsSm90aConfig<128> { using type = DkdvWsSm90aTraits<128, 2, 3, false>; };
 template <> struct DkdvWsSm90aConfig<96> { using type = DkdvWsSm90aTraits<128, 2, 3, false, false, false, 96>; };
+// From T = 4096 at d 64: 96-query streamed tiles with K and V read from shared memory (Sᵀ and dPᵀ
+// m64n96; 0 consumer spills; a third fewer turns, waits and stage hand-overs per FLOP, as the dQ
+// kernel's 96-key tiles). Sixteenth session, `tools/gpu_ab.sh` (a temporary switch, best of 3
+// interleaved runs, deterministic backward against the 64-query shape): from 4k 0.99–1.03× (8
+// shapes, causal 32k 381 → 392, non-causal 4k 376 → 383), but 0.93–0.99× at 1k–2k, where items
+// are a few tiles long and the 64-query shape's early release of K and V (kReleaseOwnEarly, which
+// needs them in registers) lets the next item's tiles load under this one's. 96 queries with K
+// and V in registers: 0.914× (ptxas reloads a K fragment from local memory at every tile); 128
+// queries spill 216 bytes in the consumers.
+template <int D> struct DkdvWsSm90aLongConfig { using type = typename DkdvWsSm90aConfig<D>::type; };
+template <> struct DkdvWsSm90aLongConfig<64> { using type = DkdvWsSm90aTraits<64, 2, 3, true, false, false, 64, 96>; };
+constexpr int64_t kDkdvSm90aLongT = 4096;
 // FlashDq::kAtomic's dK/dV kernel, which forms dQ too (5 products per tile pair, not 7), at d 128
 // only. Each block adds a (64 queries, D) fp32 dQ tile per streamed query tile; the L2 performs
 // the reductions. History, all measured on the H200 (docs/BENCHMARKS.md), backward TF/s at d 128
@@ -470,7 +483,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
       sm90::release_items(item_counter);
     } else if (warp == 1) {
-      // lse and delta of each query tile into its stage, 2 of the 64 rows per lane (0 past T:
+      // lse and delta of each query tile into its stage, Br / 32 of its rows per lane (0 past T:
       // those queries are masked). The item from its slot: the consumers cannot finish an item
       // (and the producer overwrite its slot) before this warp has staged all its tiles.
       for (int it = 0, seq = 0, last_item = 0; !last_item; ++it) {
@@ -561,14 +574,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       sm90::wgmma_abt_rs<Tr::kHeadDim, Br>(dp, vf, sdO + st * Tr::kTileStream, Tr::kPanelStream);
     } else {
       const int own_row = 64 * c * sm90::kSwizzleRowBytes;  // the warpgroup's rows, in each panel
-      sm90::wgmma_abt_ss<Tr::kHeadDim>(s, sK + own_row, Tr::kPanelOwn, sQ + st * Tr::kTileStream, Tr::kPanelStream);
-      sm90::wgmma_abt_ss<Tr::kHeadDim>(dp, sV + own_row, Tr::kPanelOwn, sdO + st * Tr::kTileStream, Tr::kPanelStream);
+      sm90::wgmma_abt_ss<Tr::kHeadDim, Br>(s, sK + own_row, Tr::kPanelOwn, sQ + st * Tr::kTileStream, Tr::kPanelStream);
+      sm90::wgmma_abt_ss<Tr::kHeadDim, Br>(dp, sV + own_row, Tr::kPanelOwn, sdO + st * Tr::kTileStream, Tr::kPanelStream);
     }
     sm90::wgmma_commit();
   };
   auto issue_dk = [&](int j) {  // dK += dSᵀ_j Q_j
     sm90::wgmma_fence();
-    sm90::wgmma_ab_rs<Dh>(dk, dsf, sQ + stage(j) * Tr::kTileStream, Tr::kPanelStream);
+    sm90::wgmma_ab_rs<Dh, Br>(dk, dsf, sQ + stage(j) * Tr::kTileStream, Tr::kPanelStream);
     sm90::wgmma_commit();
   };
   // Pᵀ = exp(S·scale − lse) into pf, then dV += Pᵀ dO issued.
@@ -579,7 +592,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       mask_tile<Br>(s, key0, q0, lane, [=](int k, int q) { return q >= T || (causal && k > q); }, 0.0f);
     acc_to_a<Br>(pf, s);
     sm90::wgmma_fence();
-    sm90::wgmma_ab_rs<Dh>(dv, pf, sdO + st * Tr::kTileStream, Tr::kPanelStream);
+    sm90::wgmma_ab_rs<Dh, Br>(dv, pf, sdO + st * Tr::kTileStream, Tr::kPanelStream);
     sm90::wgmma_commit();
   };
   auto ds = [&](int j) {  // dSᵀ = Pᵀ ∘ (dPᵀ − delta), without the scale, into dsf
@@ -746,17 +759,24 @@ void launch_dq_sm90a(const FlashAttentionParams& p, const float* delta, cudaStre
                                 flash::item_counter(stream));
 }
 
-// The dK/dV kernel, likewise.
-template <int D>
-void launch_dkdv_sm90a(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
-  using Tr = typename flash::DkdvWsSm90aConfig<D>::type;
+// The dK/dV kernel, likewise, in the block shape of p's length (DkdvWsSm90aConfig,
+// DkdvWsSm90aLongConfig).
+template <class Tr>
+void launch_dkdv_sm90a_with(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
   flash::launch_item_kernel<Tr>(flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr>, Tr::kSmemBytes, item_count(p, Tr::kBc),
                                 p, stream, delta, static_cast<float*>(nullptr), 0,
                                 flash::bwd_tma_maps<Tr>(p), flash::item_counter(stream));
 }
+template <int D>
+void launch_dkdv_sm90a(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
+  if (p.T >= flash::kDkdvSm90aLongT)
+    launch_dkdv_sm90a_with<typename flash::DkdvWsSm90aLongConfig<D>::type>(p, delta, stream);
+  else
+    launch_dkdv_sm90a_with<typename flash::DkdvWsSm90aConfig<D>::type>(p, delta, stream);
+}
 
-// Block shapes: DkdvWsSm90aConfig, DqSm90aConfig, DkdvAtomicSm90aConfig (above), with the
-// measurements that chose them.
+// Block shapes: DkdvWsSm90aConfig, DkdvWsSm90aLongConfig, DqSm90aConfig, DkdvAtomicSm90aConfig
+// (above), with the measurements that chose them.
 template <int D>
 void launch_bwd_sm90a(const FlashAttentionParams& p, const float* delta, float* dq_accum, int accum_rows,
                       cudaStream_t stream) {

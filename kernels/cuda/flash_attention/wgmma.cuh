@@ -338,6 +338,7 @@ __device__ __forceinline__ float (&flat(float (&a)[R][4]))[4 * R] {
 template <int D, int N = 64>
 __device__ __forceinline__ void wgmma_abt_ss(float (&acc)[N / 8][4], const unsigned char* a, int panel_a,
                                              const unsigned char* b, int panel_b) {
+  static_assert(N == 64 || N == 96 || N == 128 || N == 176, "the wgmma shapes wrapped above");
   const uint64_t da0 = opaque_u64(k_major_descriptor(a));
   const uint64_t db0 = opaque_u64(k_major_descriptor(b));
 #pragma unroll
@@ -361,12 +362,15 @@ __device__ __forceinline__ void wgmma_abt_ss(float (&acc)[N / 8][4], const unsig
 template <int D, int N>
 __device__ __forceinline__ void wgmma_abt_rs(float (&acc)[N / 8][4], const uint32_t (&a)[D / 16][4],
                                              const unsigned char* b, int panel_b) {
+  static_assert(N == 64 || N == 96 || N == 128, "the wgmma shapes wrapped above");
   const uint64_t db0 = opaque_u64(k_major_descriptor(b));
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
     const uint64_t db = db0 + uint64_t(((ks / 4) * panel_b + 32 * (ks % 4)) >> 4);
     if constexpr (N == 128)
       wgmma_m64n128k16_rs<0>(flat(acc), a[ks], db, ks > 0);
+    else if constexpr (N == 96)
+      wgmma_m64n96k16_rs<0>(flat(acc), a[ks], db, ks > 0);
     else
       wgmma_m64n64k16_rs<0>(flat(acc), a[ks], db, ks > 0);
   }
@@ -379,6 +383,7 @@ __device__ __forceinline__ void wgmma_abt_rs(float (&acc)[N / 8][4], const uint3
 template <int D, int K = 64>
 __device__ __forceinline__ void wgmma_ab_rs(float (&acc)[D / 8][4], const uint32_t (&a)[K / 16][4], const unsigned char* b,
                                             int panel_b) {
+  static_assert(D == 64 || D == 96 || D == 128, "the wgmma shapes wrapped above");
   const uint64_t desc0 = opaque_u64(mn_major_descriptor(b, panel_b));
 #pragma unroll
   for (int kk = 0; kk < K / 16; ++kk) {
