@@ -260,9 +260,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 }
 
 // ── dK/dV, warp-specialised ──
-// The producer loads the block's K_j, V_j once and streams Q_i, dO_i tiles of 64 queries by TMA
-// through Stages stage buffers (produce_kv, the Q/dO pair in the K/V roles); a second producer
-// warp stages each tile's lse and delta (64 floats each, plain loads: TMA would need T % 4 = 0)
+// The producer loads the block's K_j, V_j once and streams Q_i, dO_i tiles of Br_ queries (64;
+// 96 for d 64 from T = 4096: DkdvWsSm90aLongConfig) by TMA through Stages stage buffers
+// (produce_kv, the Q/dO pair in the K/V roles); a second producer warp stages each tile's lse and
+// delta (Br_ floats each, plain loads: TMA would need T % 4 = 0)
 // and counts itself into the Q barrier. Consumer warpgroups own 64 keys each and run the
 // transposed products per tile: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (SS), dV += Pᵀ dO and dK += dSᵀ Q
 // (register A, Q and dO MN-major); with PingPong they take turns to issue, as the forward does.
