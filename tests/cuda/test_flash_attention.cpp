@@ -287,6 +287,9 @@ std::vector<Case> cases() {
           out.push_back({1, T, 2, D, causal, 0.0});
       }
   out.push_back({1, 4096, 1, 64, false, 0.0});  // many key tiles: the online rescale over a long row
+  // d 64's long-T dK/dV shape on sm_90a (96-query tiles from T = 4096: DkdvWsSm90aLongConfig),
+  // causal, with a ragged last tile (4200 = 43 · 96 + 72).
+  out.push_back({1, 4200, 1, 64, true, 0.0});
   out.push_back({1, 2048, 1, 128, true, 0.0});
   // Causal past 2048 at d 128: where the opt-in atomic dQ runs its own wgmma kernel
   // (sm90a_runs_atomic_dq; at T ≤ 2048 it takes the faster deterministic pair), ragged end.
