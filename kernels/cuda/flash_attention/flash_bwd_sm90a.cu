@@ -83,7 +83,7 @@ struct DqSm90aTraits {
 //          314–349; 2 stages (2 × 128 or 3 × 64): 278–285. Eleventh session, 3 × 64 again on
 //          the pipelined loop (best of 3 interleaved runs): 0.971× over the 12 d 64 shapes.
 //   d 128, sixteenth session: 2 consumers × 96-key tiles, 3 stages (m64n96 S and dP; 168
-//          registers, no consumer spills, 208 KiB): deterministic backward 1.035× the 64-key
+//          registers, no consumer spills, 209 KiB): deterministic backward 1.035× the 64-key
 //          tiles over the 12 d 128 shapes (best of 3 interleaved runs, every shape faster;
 //          T 8k causal 466 → 500): a third fewer turns, waits and stage hand-overs per FLOP.
 //          d 96 on the same tiles: 1.037× (T 8k causal 398 → 433).

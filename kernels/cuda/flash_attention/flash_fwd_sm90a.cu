@@ -126,7 +126,7 @@ template <> struct FwdSm90aConfig<96> { using type = FwdSm90aTraits<128, 2, 128,
 // Not causal, d 128: FlashAttention-3's 176-key tiles (S m64n176: one softmax reduction, one
 // turn and one K/V stage hand-over per 176 keys rather than 128; S, P and O fill the consumers'
 // 240 registers, so Q is read from shared memory: 168 registers at launch, no consumer spills,
-// 208 KiB). Measured on the H200 (fifteenth session, docs/BENCHMARKS.md; two A/B calls of
+// 209 KiB). Measured on the H200 (fifteenth session, docs/BENCHMARKS.md; two A/B calls of
 // `tools/gpu_ab_patch.sh … --head-dim 128 --backward 0`, best of 3 and 4 interleaved rounds):
 // the non-causal forward 1.024× and 1.026× over its 6 shapes (1k–4k −0.6 to +1.1 %, 32k 624 → 639–642),
 // the untouched causal shapes 0.994× and 1.002× (the controls). Causal keeps 128 keys with Q in
