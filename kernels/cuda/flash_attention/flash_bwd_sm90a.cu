@@ -113,7 +113,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     flash_bwd_dq_sm90a_kernel(const FlashAttentionParams p, const float* __restrict__ delta,
                                  const __grid_constant__ BwdTmaMaps maps, unsigned* item_counter) {
   constexpr int Br = Tr::kBr, Bc = Tr::kBc, NS = Tr::kStages, C = Tr::kConsumers;
-  constexpr int Dh = Tr::kHeadDim;  // dQ's width: the head's columns (dS K as m64n96 at head dim 96)
+  // The head's columns: S and dP sum over them, and dQ = dS K is that wide (m64n96 at head dim 96).
+  constexpr int Dh = Tr::kHeadDim;
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* sQ = sm90::align_to_swizzle_atom(smem);
   unsigned char* sdO = sQ + Tr::kTileQ;
@@ -184,8 +185,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     sm90::mbarrier_wait(&kv.k_full[st], phase);
     sm90::mbarrier_wait(&kv.v_full[st], phase);
     sm90::wgmma_fence();
-    sm90::wgmma_abt_ss<Tr::kHeadDim, Bc>(s, sQw, Tr::kPanelQ, sK + st * Tr::kTileKV, Tr::kPanelKV);
-    sm90::wgmma_abt_ss<Tr::kHeadDim, Bc>(dp, sdOw, Tr::kPanelQ, sV + st * Tr::kTileKV, Tr::kPanelKV);
+    sm90::wgmma_abt_ss<Dh, Bc>(s, sQw, Tr::kPanelQ, sK + st * Tr::kTileKV, Tr::kPanelKV);
+    sm90::wgmma_abt_ss<Dh, Bc>(dp, sdOw, Tr::kPanelQ, sV + st * Tr::kTileKV, Tr::kPanelKV);
     sm90::wgmma_commit();
   };
   auto issue_dq = [&](float (&dq)[Dh / 8][4], const uint32_t (&dsf)[Bc / 16][4], int j) {  // dQ += dS K_j
@@ -399,7 +400,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                                    float* __restrict__ dq_accum, int accum_rows,
                                    const __grid_constant__ BwdTmaMaps maps, unsigned* item_counter) {
   constexpr int D = Tr::kD, Bc = Tr::kBc, Br = Tr::kBr, NS = Tr::kStages, C = Tr::kConsumers;
-  // dK's and dV's width: the head's columns (dSᵀ Q and Pᵀ dO as m64n96 at head dim 96).
+  // The head's columns: Sᵀ and dPᵀ sum over them, and dK = dSᵀ Q, dV = Pᵀ dO are that wide
+  // (m64n96 at head dim 96).
   constexpr int Dh = Tr::kHeadDim;
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* sK = sm90::align_to_swizzle_atom(smem);
@@ -535,13 +537,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   if (Tr::kPingPong && c == C - 1) sm90::named_barrier_arrive(1, 256);  // consumer 0 takes the first turn
   int seq = 0;  // as the producer's
   // kOwnInRegisters: this warp's rows of K_j and V_j as A fragments, loaded per item.
-  uint32_t kf[Tr::kOwnInRegisters ? Tr::kHeadDim / 16 : 1][4], vf[Tr::kOwnInRegisters ? Tr::kHeadDim / 16 : 1][4];
+  uint32_t kf[Tr::kOwnInRegisters ? Dh / 16 : 1][4], vf[Tr::kOwnInRegisters ? Dh / 16 : 1][4];
 
   for (int it = 0, last_item = 0; !last_item; ++it) {
   sm90::mbarrier_wait(own_full, uint32_t(it) & 1);  // K_j, V_j and the item slot
   if constexpr (Tr::kOwnInRegisters) {
-    sm90::load_a_frags_swizzled<Tr::kHeadDim>(kf, sK, Tr::kPanelOwn, 64 * c + 16 * warp, lane);
-    sm90::load_a_frags_swizzled<Tr::kHeadDim>(vf, sV, Tr::kPanelOwn, 64 * c + 16 * warp, lane);
+    sm90::load_a_frags_swizzled<Dh>(kf, sK, Tr::kPanelOwn, 64 * c + 16 * warp, lane);
+    sm90::load_a_frags_swizzled<Dh>(vf, sV, Tr::kPanelOwn, 64 * c + 16 * warp, lane);
   }
   const sm90::ItemSlot slot = sm90::read_item_slot(s_item, lane);
   last_item = slot.next >= n_items;  // the ring's very last turn hands on to no one
@@ -571,12 +573,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     sm90::mbarrier_wait(&qdo.v_full[st], uint32_t((seq + j) / NS) & 1);
     sm90::wgmma_fence();
     if constexpr (Tr::kOwnInRegisters) {
-      sm90::wgmma_abt_rs<Tr::kHeadDim, Br>(s, kf, sQ + st * Tr::kTileStream, Tr::kPanelStream);
-      sm90::wgmma_abt_rs<Tr::kHeadDim, Br>(dp, vf, sdO + st * Tr::kTileStream, Tr::kPanelStream);
+      sm90::wgmma_abt_rs<Dh, Br>(s, kf, sQ + st * Tr::kTileStream, Tr::kPanelStream);
+      sm90::wgmma_abt_rs<Dh, Br>(dp, vf, sdO + st * Tr::kTileStream, Tr::kPanelStream);
     } else {
       const int own_row = 64 * c * sm90::kSwizzleRowBytes;  // the warpgroup's rows, in each panel
-      sm90::wgmma_abt_ss<Tr::kHeadDim, Br>(s, sK + own_row, Tr::kPanelOwn, sQ + st * Tr::kTileStream, Tr::kPanelStream);
-      sm90::wgmma_abt_ss<Tr::kHeadDim, Br>(dp, sV + own_row, Tr::kPanelOwn, sdO + st * Tr::kTileStream, Tr::kPanelStream);
+      sm90::wgmma_abt_ss<Dh, Br>(s, sK + own_row, Tr::kPanelOwn, sQ + st * Tr::kTileStream, Tr::kPanelStream);
+      sm90::wgmma_abt_ss<Dh, Br>(dp, sV + own_row, Tr::kPanelOwn, sdO + st * Tr::kTileStream, Tr::kPanelStream);
     }
     sm90::wgmma_commit();
   };

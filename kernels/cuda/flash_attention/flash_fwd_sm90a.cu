@@ -160,8 +160,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     flash_fwd_sm90a_kernel(const FlashAttentionParams p, const __grid_constant__ FwdTmaMaps maps,
                            unsigned* item_counter) {
   constexpr int Bc = Tr::kBc, NS = Tr::kStages, C = Tr::kConsumers;
-  // O's width: the head's columns (P V as m64n96 at head dim 96, reading V's first panel and half
-  // its second, rather than m64n128 over the zero padding).
+  // The head's columns: S = Q Kᵀ sums over them and O = P V is that wide (m64n96 at head dim 96,
+  // reading V's first panel and half its second, rather than m64n128 over the zero padding).
   constexpr int Dh = Tr::kHeadDim;
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* sQ = sm90::align_to_swizzle_atom(smem);
@@ -227,16 +227,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     sm90::mbarrier_arrive_warp(bar);
   };
   int seq = 0;  // as the producer's
-  uint32_t qf[Tr::kQInRegisters ? Tr::kHeadDim / 16 : 1][4];  // kQInRegisters: this warp's Q rows, per item
+  uint32_t qf[Tr::kQInRegisters ? Dh / 16 : 1][4];  // kQInRegisters: this warp's Q rows, per item
   auto issue_s = [&](float (&s)[Bc / 8][4], int j) {
     const int st = (seq + j) % NS;
     sm90::mbarrier_wait(&kv.k_full[st], uint32_t((seq + j) / NS) & 1);
     const unsigned char* Kj = sK + st * Tr::kTileKV;
     sm90::wgmma_fence();
     if constexpr (Tr::kQInRegisters)
-      sm90::wgmma_abt_rs<Tr::kHeadDim, Bc>(s, qf, Kj, Tr::kPanelKV);
+      sm90::wgmma_abt_rs<Dh, Bc>(s, qf, Kj, Tr::kPanelKV);
     else
-      sm90::wgmma_abt_ss<Tr::kHeadDim, Bc>(s, sQw, Tr::kPanelQ, Kj, Tr::kPanelKV);
+      sm90::wgmma_abt_ss<Dh, Bc>(s, sQw, Tr::kPanelQ, Kj, Tr::kPanelKV);
     sm90::wgmma_commit();
   };
   auto issue_pv = [&](float (&o)[Dh / 8][4], const uint32_t (&pf)[Bc / 16][4], int j) {
@@ -250,7 +250,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   for (int it = 0, last_item = 0; !last_item; ++it) {
     sm90::mbarrier_wait(q_full, uint32_t(it) & 1);  // Q and the item slot
-    if constexpr (Tr::kQInRegisters) sm90::load_a_frags_swizzled<Tr::kHeadDim>(qf, sQw, Tr::kPanelQ, 16 * warp, lane);
+    if constexpr (Tr::kQInRegisters) sm90::load_a_frags_swizzled<Dh>(qf, sQw, Tr::kPanelQ, 16 * warp, lane);
     const sm90::ItemSlot slot = sm90::read_item_slot(s_item, lane);
     const int w = slot.item;
     last_item = slot.next >= n_items;

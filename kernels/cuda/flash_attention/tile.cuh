@@ -559,12 +559,10 @@ __device__ __forceinline__ void accumulate_rows_f32(float* dst, int ld, const fl
 }
 
 // Rows [row0, row0 + 16) of one head (row t at dst + t·ld) ← acc · f[row], bf16; rows ≥ T are
-// never written, nor columns ≥ cols (a multiple of 8: a head narrower than the tile, as head dim
-// 96 on the d 128 wgmma kernels, whose padding columns belong to the next head). Each lane
-// stores its column pairs as 4-byte bf16x2.
+// never written. Each lane stores its column pairs as 4-byte bf16x2.
 template <int D>
 __device__ __forceinline__ void store_rows(tg::bf16* dst, int ld, const float (&acc)[D / 8][4], const float (&f)[2],
-                                           int row0, int T, int lane, int cols = D) {
+                                           int row0, int T, int lane) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int row = row0 + (lane >> 2) + 8 * i;
@@ -572,9 +570,8 @@ __device__ __forceinline__ void store_rows(tg::bf16* dst, int ld, const float (&
     tg::bf16* out = dst + int64_t(row) * ld;
 #pragma unroll
     for (int nt = 0; nt < D / 8; ++nt)
-      if (8 * nt < cols)
-        *reinterpret_cast<uint32_t*>(out + frag_col(lane, nt, 0)) =
-            pack_bf16x2(acc[nt][2 * i] * f[i], acc[nt][2 * i + 1] * f[i]);
+      *reinterpret_cast<uint32_t*>(out + frag_col(lane, nt, 0)) =
+          pack_bf16x2(acc[nt][2 * i] * f[i], acc[nt][2 * i + 1] * f[i]);
   }
 }
 
