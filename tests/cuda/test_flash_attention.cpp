@@ -291,9 +291,12 @@ std::vector<Case> cases() {
   // causal, with a ragged last tile (4200 = 43 · 96 + 72).
   out.push_back({1, 4200, 1, 64, true, 0.0});
   out.push_back({1, 2048, 1, 128, true, 0.0});
-  // Causal past 2048 at d 128: where the opt-in atomic dQ runs its own wgmma kernel
-  // (sm90a_runs_atomic_dq; at T ≤ 2048 it takes the faster deterministic pair), ragged end.
+  // Where the opt-in atomic dQ runs its own wgmma kernel (sm90a_runs_atomic_dq), ragged end: d 128
+  // causal past 2048 (at T ≤ 2048 it takes the faster deterministic pair), d 64 non-causal from
+  // 4096 (its dQ products by turns: 65 query tiles per key block, the last of 34 rows, so the
+  // consumer that forms an item's first dQ tile alternates from item to item).
   out.push_back({1, 2200, 1, 128, true, 0.0});
+  out.push_back({1, 4130, 1, 64, false, 0.0});
   out.push_back({1, 300, 2, 64, true, 1.0});    // scale 1: peaked rows, large running-max jumps
   out.push_back({1, 300, 2, 128, false, 1.0});
   // More work items than an H200 has SMs (192 and 288 query tiles × heads × batches for 132):

@@ -328,8 +328,9 @@ TEST_P(FlashSm90aEmulated, MatchesDoubleReference) {
 // T = 600 (the warp-specialised forward's stages each filled, released and refilled, the
 // consumers' turns over 5 tiles, a tail);
 // q, k, v packed; a negative scale (the mma.sync forward, then the wgmma backward); the atomic dQ
-// at d 128 (its tail tile, several key blocks adding into one query tile, packed d(qkv), a long
-// sequence).
+// at d 128 and d 64 — there the consumers form whole dQ tiles by turns, and items of odd tile
+// counts (T 129 causal: 3 and 1) hand an item's first one to either consumer — (its tail tile,
+// several key blocks adding into one query tile, packed d(qkv), a long sequence).
 std::vector<Sm90aCase> sm90a_cases() {
   std::vector<Sm90aCase> out;
   for (int64_t D : {64, 128})
@@ -340,16 +341,18 @@ std::vector<Sm90aCase> sm90a_cases() {
   // forward reused.
   for (int64_t D : {64, 128})
     for (bool causal : {false, true}) out.push_back({{1, 600, 1, D, causal, 0.0}, false});
-  for (bool causal : {false, true})  // (d 64 runs the deterministic kernels in both modes)
-    for (int64_t T : {129, 256}) out.push_back({{1, T, 2, 128, causal, 0.0}, false, FlashDq::kAtomic});
-  out.push_back({{2, 129, 3, 128, true, 0.0}, true, FlashDq::kAtomic});
-  // 10 query tiles: every Q/dO stage, dSᵀ buffer and the dQ staging reused several times.
-  for (bool causal : {false, true}) out.push_back({{1, 600, 1, 128, causal, 0.0}, false, FlashDq::kAtomic});
+  for (int64_t D : {64, 128}) {
+    for (bool causal : {false, true})
+      for (int64_t T : {129, 256}) out.push_back({{1, T, 2, D, causal, 0.0}, false, FlashDq::kAtomic});
+    out.push_back({{2, 129, 3, D, true, 0.0}, true, FlashDq::kAtomic});
+    // 10 query tiles: every Q/dO stage, dSᵀ buffer and the dQ staging reused several times.
+    for (bool causal : {false, true}) out.push_back({{1, 600, 1, D, causal, 0.0}, false, FlashDq::kAtomic});
+  }
   for (int64_t D : {64, 128}) out.push_back({{1, 129, 2, D, true, -0.125}, false});
   // Several batches and heads over 3 blocks, non-causal: the head-major item order
   // (sm90::item_tile) decoded alike by every role of every kernel, batch index included.
   for (int64_t D : {64, 128}) out.push_back({{2, 300, 3, D, false, 0.0}, false});
-  out.push_back({{2, 300, 3, 128, false, 0.0}, false, FlashDq::kAtomic});
+  for (int64_t D : {64, 128}) out.push_back({{2, 300, 3, D, false, 0.0}, false, FlashDq::kAtomic});
   // Head dim 96 on the d 128 kernels: each tile's second panel zero-filled past the head's last
   // column, and stores that stop there — with several heads, whose columns follow one another
   // (contiguous and packed), so a load or store past column 96 would meet the next head's; the

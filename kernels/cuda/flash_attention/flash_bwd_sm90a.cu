@@ -10,9 +10,10 @@
 // Tiles are 128-byte swizzled 64-column panels. Both deterministic kernels are warp-specialised
 // as the forward is (flash_fwd_sm90a.cu): a producer thread on the tensor copy engine streams the
 // tiles of the other side through mbarrier-guarded stages, consumer warpgroups take turns at the
-// tensor cores (named barriers). FlashDq::kAtomic (opt-in) at d 128 runs the dK/dV kernel alone,
+// tensor cores (named barriers). FlashDq::kAtomic (opt-in) runs the dK/dV kernel alone where it
+// is the faster (sm90a_runs_atomic_dq: d 128 but causal T ≤ 2048, d 64 non-causal from 4096),
 // forming dQ too and adding it into an fp32 buffer with the bulk copy engine's reductions: 5
-// products per tile pair (see DkdvAtomicSm90aConfig for why d 64 does not).
+// products per tile pair.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -271,14 +272,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 // Q_i, dO_i are released once dK and dV have read them. The deterministic kernel is pipelined:
 // dK's product for one tile runs while the next tile is exponentiated.
 //
-// FormDq (FlashDq::kAtomic, d 128): the block also forms dQ_i = dS K_j over its Bc keys, 5
-// products per tile pair instead of the 7 of the deterministic pair. Each consumer writes its
-// dSᵀ rows to a swizzled tile (two buffers, ds_full / ds_empty mbarriers), then — a tile later,
-// issued with the next tile's dK product — computes the dQ columns [64c, 64c + 64) over all Bc
-// keys (SS, A read transposed), and stages them in fp32 in one (Br, D) tile in the dq_accum
-// layout (dq_accum_offset); the producer's third warp adds the
-// staged tile into dq_accum with one bulk reduction (dq_full / dq_empty) while the consumers go
-// on — unordered across blocks.
+// FormDq (FlashDq::kAtomic): the block also forms dQ_i = dS K_j over its Bc keys, 5 products per
+// tile pair instead of the 7 of the deterministic pair. Each consumer writes its dSᵀ rows to a
+// swizzled tile (kDsBuffers buffers, ds_full / ds_empty mbarriers), then — a tile later, issued
+// with the next tile's dK product — computes dQ over all Bc keys (SS, A read transposed): at d
+// 128 each consumer the columns [64c, 64c + 64) of every tile, at d 64 one consumer all 64
+// columns of every second tile (kDqByTurns) — and stages them in fp32 in a (Br, D) tile in the
+// dq_accum layout (dq_accum_offset); the producer's third warp adds each staged tile into
+// dq_accum with one bulk reduction (dq_full / dq_empty) while the consumers go on — unordered
+// across blocks.
 template <int D_, int Consumers, int Stages, bool PingPong, bool FormDq = false, bool OwnInRegisters = false,
           int HeadDim = D_, int Br_ = 64>
 struct DkdvWsSm90aTraits {
@@ -314,12 +316,27 @@ struct DkdvWsSm90aTraits {
   static constexpr int kProducerRegs = Consumers == 2 ? (FormDq ? 40 : 24) : 32;
   static constexpr int kConsumerRegs = Consumers == 2 ? (FormDq ? 232 : 240) : 160;
   static constexpr int kStatsBytes = 2 * kStages * kBr * int(sizeof(float));  // lse, delta per stage
-  // FormDq: two dSᵀ tiles (Bc keys × Br queries, one swizzled panel each) and the fp32 dQ tile.
+  // FormDq at d 128: each consumer forms 64 of the tile's dQ columns (m64n64 over the Bc keys).
+  // At d 64 (kDqByTurns), where that split would leave m64n32 products, which read more shared
+  // memory per FLOP than the tensor cores' operand bandwidth allows, one consumer forms the whole
+  // tile's dQ (m64n64 over Bc keys, twice the FLOPs of its other products), consumer g % 2 for
+  // the block's tile g: each does one such product every second tile.
+  static constexpr bool kDqByTurns = FormDq && kD == 64;
+  static constexpr int kDqCols = kDqByTurns ? kD : kD / Consumers;  // columns one consumer forms
+  // FormDq: dSᵀ tiles (Bc keys × Br queries, one swizzled panel each) and fp32 dQ staging tiles.
+  // kDqByTurns: 4 dSᵀ buffers, as the consumer that does not read a tile's dSᵀ may run up to
+  // the Q/dO stages (3 tiles) ahead of the one that does, so with 2 it could wait for the
+  // release of a buffer's use two phases on (an mbarrier wait tells phases apart by parity only);
+  // and a staging tile per consumer.
+  static constexpr int kDsBuffers = kDqByTurns ? 4 : 2;
+  static constexpr int kDqStaging = kDqByTurns ? 2 : 1;
   static constexpr int kTileDs = kBc * sm90::kSwizzleRowBytes;
   static constexpr int kTileDq = kBr * kD * int(sizeof(float));
-  static constexpr int kDqBytes = FormDq ? 2 * kTileDs + kTileDq : 0;
-  // The mbarriers, then the item slot (2 ints) and FormDq's reduction slot (2 int64s).
-  static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages + (FormDq ? 6 : 0)) + 8 + (FormDq ? 16 : 0);
+  static constexpr int kDqBytes = FormDq ? kDsBuffers * kTileDs + kDqStaging * kTileDq : 0;
+  // The mbarriers (FormDq's: ds_full, ds_empty per buffer, dq_full, dq_empty per staging tile),
+  // then the item slot (2 ints) and FormDq's reduction slots (2 int64s per staging tile).
+  static constexpr int kDqBarriers = FormDq ? 2 * kDsBuffers + 2 * kDqStaging : 0;
+  static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages + kDqBarriers) + 8 + (FormDq ? 16 * kDqStaging : 0);
   static constexpr size_t kSmemBytes = size_t(2 * kTileOwn + 2 * kStages * kTileStream + kDqBytes + kStatsBytes +
                                               kBarrierBytes + sm90::kSwizzleAtomBytes);
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
@@ -330,7 +347,7 @@ struct DkdvWsSm90aTraits {
   static_assert(sm90::fits_launch_registers(kThreads, kProducerRegs, Consumers, kConsumerRegs),
                 "the hand-over must fit the registers the block is launched with (wgmma.cuh, setmaxnreg)");
   static_assert(kSmemBytes <= 227 * 1024, "one block's shared memory");
-  static_assert(!FormDq || (kD == 64 * Consumers && kBr == 64), "FormDq: one m64n64 dQ product per consumer");
+  static_assert(!FormDq || (kDqCols == 64 && kBr == 64 && Consumers == 2), "FormDq: m64n64 dQ products");
 };
 
 // Block shapes, measured on the H200 (2026-11-30, docs/BENCHMARKS.md, seventh session; backward
@@ -368,9 +385,9 @@ template <> struct DkdvWsSm90aConfig<96> { using type = DkdvWsSm90aTraits<128, 2
 template <int D> struct DkdvWsSm90aLongConfig { using type = typename DkdvWsSm90aConfig<D>::type; };
 template <> struct DkdvWsSm90aLongConfig<64> { using type = DkdvWsSm90aTraits<64, 2, 3, true, false, false, 64, 96>; };
 constexpr int64_t kDkdvSm90aLongT = 4096;
-// FlashDq::kAtomic's dK/dV kernel, which forms dQ too (5 products per tile pair, not 7), at d 128
-// only. Each block adds a (64 queries, D) fp32 dQ tile per streamed query tile; the L2 performs
-// the reductions. History, all measured on the H200 (docs/BENCHMARKS.md), backward TF/s at d 128
+// FlashDq::kAtomic's dK/dV kernel, which forms dQ too (5 products per tile pair, not 7). Each
+// block adds a (64 queries, D) fp32 dQ tile per streamed query tile; the L2 performs the
+// reductions. History, all measured on the H200 (docs/BENCHMARKS.md), backward TF/s at d 128
 // causal 8k against the deterministic kernels of the same call: fifth session, a cp.async kernel
 // with all warps in lockstep — one warpgroup per block (64 keys) ran 0.55-0.99× the
 // deterministic pair at T ≥ 4k, bound by the reductions (~2 TB/s into L2); two warpgroups (128
@@ -385,13 +402,19 @@ constexpr int64_t kDkdvSm90aLongT = 4096;
 // 499), causal 0.981× (1k–2k −2 %, 8k 479 → 473, 32k 502 → 522); with ping-pong turns 1.002×,
 // so still without. Eleventh session, K in registers (Sᵀ register-A, dPᵀ still SS; 24 + 2 × 240
 // registers, 80 bytes of spills): 0.851× — the fragments ptxas reloads from local memory cost
-// more than the operand reads they save. At d 64 the deterministic kernels serve both modes:
-// the cp.async two-warpgroup version (m64n32 dQ halves) ran 0.89-0.94× the deterministic pair
-// at causal T ≤ 16k — GPT-2's 1k causal 0.90×; the warp-specialised one (this kernel, 32 dQ
-// columns per consumer) 0.969× without turns and 0.961× with (eleventh session, 12 d 64
-// shapes). Causal T ≤ 2048 at d 128 too (sm90a_runs_atomic_dq).
-template <int D> constexpr bool kSm90aAtomicDq = D == 128;
+// more than the operand reads they save. At d 64, split by columns, each consumer's dQ product is
+// m64n32: the cp.async two-warpgroup version ran 0.89-0.94× the deterministic pair at causal T ≤
+// 16k — GPT-2's 1k causal 0.90× —, the warp-specialised one 0.969× without turns and 0.961× with
+// (eleventh session, 12 d 64 shapes). An m64n32k16 product from shared memory reads 3 KB per
+// 64·32·16·2 FLOPs, 1.5× the m64n64k16's bytes per FLOP and more than the tensor cores' 128
+// bytes per clock of operand reads at full rate. Eighteenth session: one consumer forms the whole
+// tile's dQ (m64n64 over Bc keys), consumer g % 2 for the block's tile g (kDqByTurns): the atomic
+// column 1.004× the pair over the 12 d 64 shapes (best of 3 in one call), 1.03–1.065× non-causal
+// from 4k (8k 391 → 416 TF/s, 32k 407 → 425), 1.04× causal 16k–32k, but 0.90× / 0.94× at causal
+// 4k / 8k (sm90a_runs_atomic_dq).
+template <int D> constexpr bool kSm90aAtomicDq = D == 128 || D == 64;
 template <int D> struct DkdvAtomicSm90aConfig;
+template <> struct DkdvAtomicSm90aConfig<64> { using type = DkdvWsSm90aTraits<64, 2, 3, false, true, true>; };
 template <> struct DkdvAtomicSm90aConfig<128> { using type = DkdvWsSm90aTraits<128, 2, 3, false, true>; };
 
 template <class Tr>
@@ -408,8 +431,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   unsigned char* sV = sK + Tr::kTileOwn;
   unsigned char* sQ = sV + Tr::kTileOwn;  // (stage) tiles of kTileStream bytes
   unsigned char* sdO = sQ + NS * Tr::kTileStream;
-  unsigned char* sdSt = sdO + NS * Tr::kTileStream;                 // FormDq: (2) dSᵀ tiles of kTileDs bytes
-  float* sDq = reinterpret_cast<float*>(sdSt + 2 * Tr::kTileDs);    // FormDq: (Br, D) fp32
+  unsigned char* sdSt = sdO + NS * Tr::kTileStream;  // FormDq: (kDsBuffers) dSᵀ tiles of kTileDs bytes
+  float* sDq = reinterpret_cast<float*>(sdSt + Tr::kDsBuffers * Tr::kTileDs);  // FormDq: (kDqStaging, Br, D) fp32
   float* sL = reinterpret_cast<float*>(sdO + NS * Tr::kTileStream + Tr::kDqBytes);  // (stage, Br) lse
   float* sDelta = sL + NS * Br;                                                      // (stage, Br) delta
 
@@ -432,30 +455,37 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // warp after __syncwarp orders them as well, but compute-sanitizer's racecheck follows the
   // ordering only from the threads that arrive, and reported the stage's reuse as a race).
   // Then K/V's empty one (every consumer warp arrives, and the statistics warp once it has read
-  // the item slot, which shares K/V's lifetime), then FormDq's: ds_full[2], ds_empty[2]
-  // (likewise), dq_full (likewise), dq_empty (the reducing thread).
+  // the item slot, which shares K/V's lifetime), then FormDq's: ds_full[kDsBuffers] (every
+  // consumer warp), ds_empty[kDsBuffers] and dq_full[kDqStaging] (the warps of the consumers
+  // that form dQ: both at d 128, the tile's one with kDqByTurns), dq_empty[kDqStaging] (the
+  // reducing thread).
   uint64_t* own_full;
   const sm90::KvStream qdo = sm90::kv_stream_barriers<NS>(reinterpret_cast<unsigned char*>(sDelta + NS * Br), sQ, sdO,
                                                           &own_full, 4 * C, tid == 0, 32, 128 * C);
   uint64_t* own_empty = qdo.v_empty + NS;
   if (tid == 0) sm90::mbarrier_init(own_empty, 4 * C + 1);
+  constexpr int NDs = Tr::kDsBuffers, NSt = Tr::kDqStaging;
   uint64_t* ds_full = own_empty + 1;
-  uint64_t* ds_empty = ds_full + 2;
-  uint64_t* dq_full = ds_empty + 2;
-  uint64_t* dq_empty = dq_full + 1;
-  int* s_item = reinterpret_cast<int*>(ds_full + (Tr::kFormDq ? 6 : 0));  // K_j, V_j's lifetime
-  // FormDq: the staged dQ tile's destination in dq_accum (elements) and whether it is the block's
-  // last, written with the tile by one consumer thread, read by the reducing thread (which cannot
-  // go by the item slot: with one-tile items it may lag the producer by more than an item).
+  uint64_t* ds_empty = ds_full + NDs;
+  uint64_t* dq_full = ds_empty + NDs;
+  uint64_t* dq_empty = dq_full + NSt;
+  int* s_item = reinterpret_cast<int*>(ds_full + Tr::kDqBarriers);  // K_j, V_j's lifetime
+  // FormDq: per staging tile, the staged dQ tile's destination in dq_accum (elements) and whether
+  // it is the block's last, written with the tile by one consumer thread, read by the reducing
+  // thread (which cannot go by the item slot: with one-tile items it may lag the producer by more
+  // than an item).
   long long* s_dq = reinterpret_cast<long long*>(s_item + 2);
   if constexpr (Tr::kFormDq) {
     if (tid == 0) {
-      for (int k = 0; k < 2; ++k) {
+      constexpr int dq_warps = Tr::kDqByTurns ? 4 : 4 * C;
+      for (int k = 0; k < NDs; ++k) {
         sm90::mbarrier_init(&ds_full[k], 4 * C);
-        sm90::mbarrier_init(&ds_empty[k], 4 * C);
+        sm90::mbarrier_init(&ds_empty[k], dq_warps);
       }
-      sm90::mbarrier_init(dq_full, 4 * C);
-      sm90::mbarrier_init(dq_empty, 1);
+      for (int k = 0; k < NSt; ++k) {
+        sm90::mbarrier_init(&dq_full[k], dq_warps);
+        sm90::mbarrier_init(&dq_empty[k], 1);
+      }
       sm90::fence_barrier_init();
     }
   } else {
@@ -513,16 +543,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     } else if (Tr::kFormDq && tid == 64) {
       // The dQ reductions: each tile's staged (Br, D) fp32 rows added into its head's dq_accum
       // rows (accum_rows per head, a multiple of Br ≥ T, zeroed by the launcher; the destination
-      // from s_dq) in one bulk reduction; the staging is free again once the copy engine has
-      // read it.
+      // from s_dq) in one bulk reduction, tile after tile; the staging is free again once the
+      // copy engine has read it.
       for (int g = 0, last = 0; !last; ++g) {
-        sm90::mbarrier_wait(dq_full, uint32_t(g) & 1);
-        const long long dst = s_dq[0];
-        last = int(s_dq[1]);
-        sm90::bulk_reduce_add_f32(dq_accum + dst, sDq, Tr::kTileDq);
+        const int k = g % NSt;
+        sm90::mbarrier_wait(&dq_full[k], uint32_t(g / NSt) & 1);
+        const long long dst = s_dq[2 * k];
+        last = int(s_dq[2 * k + 1]);
+        sm90::bulk_reduce_add_f32(dq_accum + dst, sDq + k * (Tr::kTileDq / 4), Tr::kTileDq);
         sm90::bulk_commit();
         sm90::bulk_wait_read<0>();
-        sm90::mbarrier_arrive(dq_empty);
+        sm90::mbarrier_arrive(&dq_empty[k]);
       }
       sm90::bulk_wait<0>();  // every reduction done before the block exits
     }
@@ -639,16 +670,19 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // reduction when it has retired, at the end of that iteration (staged under the next Sᵀ, dPᵀ
     // instead, the registers overflowed). The consumers may then run up to a tile apart instead
     // of meeting at every tile. g, the block's tile count (seq + j), picks the dSᵀ buffer
-    // (g & 1) and the staging tile's phase.
-    // dq: (64 queries, this consumer's 64 columns of dQ), declared where it is used: the wgmma's
-    // accumulator operands are read-write, so one declared outside the loop stays live across
-    // it (32 registers more at the loop's peak; ptxas then spilled 440 bytes).
+    // (g % NDs), the staging tile (g % NSt) and their phases; with kDqByTurns, the consumer that
+    // forms tile g's dQ (g % 2).
+    // dq: (64 queries, the kDqCols columns of dQ this consumer forms), declared where it is
+    // used: the wgmma's accumulator operands are read-write, so one declared outside the loop
+    // stays live across it (32 registers more at the loop's peak; ptxas then spilled 440 bytes).
+    const int dq_col0 = Tr::kDqByTurns ? 0 : Tr::kDqCols * c;  // the first dQ column this consumer forms
     // dQ of the block's tile g = dS K_j over its Bc keys (SS, A read transposed).
-    auto issue_dq = [&](float (&dq)[64 / 8][4], int g) {
-      const int buf = g & 1;
-      sm90::mbarrier_wait(&ds_full[buf], uint32_t(g / 2) & 1);  // both consumers' dSᵀ rows
+    auto issue_dq = [&](float (&dq)[Tr::kDqCols / 8][4], int g) {
+      const int buf = g % NDs;
+      sm90::mbarrier_wait(&ds_full[buf], uint32_t(g / NDs) & 1);  // both consumers' dSᵀ rows
       const uint64_t desc_ds = sm90::opaque_u64(sm90::mn_major_descriptor(sdSt + buf * Tr::kTileDs, Tr::kTileDs));
-      const uint64_t desc_k = sm90::opaque_u64(sm90::mn_major_descriptor(sK + c * Tr::kPanelOwn, Tr::kPanelOwn));
+      const uint64_t desc_k =
+          sm90::opaque_u64(sm90::mn_major_descriptor(sK + dq_col0 / 64 * Tr::kPanelOwn, Tr::kPanelOwn));
       sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < Bc / 16; ++kk)  // a k-step of 16 keys is 16 rows of both tiles, 2048 bytes
@@ -656,62 +690,88 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       sm90::wgmma_commit();
     };
     // Tile g (the item's tile j)'s dQ product has retired: its dSᵀ buffer is free, and dq goes to
-    // the staging tile once the previous tile's reduction has read it, in the dq_accum layout: row
-    // r at sDq + r·D, the column pair (col, col + 1) at ((col & ~7) ^ 8·(r % 8)) + (col & 7)
-    // (dq_accum_offset); both of a lane's rows are lane / 4 mod 8, so one XOR term serves all its
-    // stores, which hit distinct banks.
-    auto stage_dq = [&](const float (&dq)[64 / 8][4], int g, int j) {
-      sm90::mbarrier_arrive_warp(&ds_empty[g & 1]);
-      if (g >= 1) sm90::mbarrier_wait(dq_empty, uint32_t(g - 1) & 1);
-      float* rows = sDq + (16 * warp + (lane >> 2)) * D + frag_col(lane, 0, 0);
+    // its staging tile once the reduction of that tile's last use has read it, in the dq_accum
+    // layout: row r at sDq + r·D, the column pair (col, col + 1) at ((col & ~7) ^ 8·(r % 8)) +
+    // (col & 7) (dq_accum_offset); both of a lane's rows are lane / 4 mod 8, so one XOR term
+    // serves all its stores, which hit distinct banks.
+    auto stage_dq = [&](const float (&dq)[Tr::kDqCols / 8][4], int g, int j) {
+      const int k = g % NSt;
+      sm90::mbarrier_arrive_warp(&ds_empty[g % NDs]);
+      if (g >= NSt) sm90::mbarrier_wait(&dq_empty[k], uint32_t(g / NSt - 1) & 1);
+      float* rows = sDq + k * (Tr::kTileDq / 4) + (16 * warp + (lane >> 2)) * D + frag_col(lane, 0, 0);
       const uint32_t chunk_xor = sm90::opaque_u32((lane >> 2) * 8);
 #pragma unroll
       for (int e = 0; e < 2; ++e)
 #pragma unroll
-        for (int nt = 0; nt < 64 / 8; ++nt)
-          *reinterpret_cast<float2*>(rows + 8 * e * D + ((64 * c + 8 * nt) ^ chunk_xor)) =
+        for (int nt = 0; nt < Tr::kDqCols / 8; ++nt)
+          *reinterpret_cast<float2*>(rows + 8 * e * D + ((dq_col0 + 8 * nt) ^ chunk_xor)) =
               make_float2(dq[nt][2 * e], dq[nt][2 * e + 1]);
-      if (c == 0 && warp == 0 && lane == 0) {  // the tile's destination, for the reducing thread
+      if ((Tr::kDqByTurns || c == 0) && warp == 0 && lane == 0) {  // the destination, for the reducing thread
         const sm90::ItemTile at = sm90::item_tile(s_item[0], H, B, n_kb, Bc, causal, false);
-        s_dq[0] = ((int64_t(at.b) * H + at.h) * accum_rows + int64_t(first_tile(at.row0) + j) * Br) * D;
-        s_dq[1] = last_item && j + 1 == n_tiles;
+        s_dq[2 * k] = ((int64_t(at.b) * H + at.h) * accum_rows + int64_t(first_tile(at.row0) + j) * Br) * D;
+        s_dq[2 * k + 1] = last_item && j + 1 == n_tiles;
       }
       sm90::fence_async_shared();  // st.shared, read by the bulk copy engine
-      sm90::mbarrier_arrive_warp(dq_full);
+      sm90::mbarrier_arrive_warp(&dq_full[k]);
     };
     // Tile j's four products (dK's issued), its dSᵀ rows published.
     auto tile_products = [&](int j) {
-      const int g = seq + j;
+      const int g = seq + j, buf = g % NDs;
       turn_begin();
       issue_s_dp(j);
       turn_end(j);
       sm90::wgmma_wait<0>();
       p_and_dv(j);
       ds(j);
-      // This warp's 16 dSᵀ rows into buffer g & 1, once tile g − 2's dQ products have read it.
-      if (g >= 2) sm90::mbarrier_wait(&ds_empty[g & 1], uint32_t(g / 2 - 1) & 1);
-      sm90::store_a_frags_swizzled(sdSt + (g & 1) * Tr::kTileDs + 64 * c * sm90::kSwizzleRowBytes, dsf, 16 * warp,
-                                   lane);
+      // This warp's 16 dSᵀ rows into their buffer, once the dQ product of its last use has read it.
+      if (g >= NDs) sm90::mbarrier_wait(&ds_empty[buf], uint32_t(g / NDs - 1) & 1);
+      sm90::store_a_frags_swizzled(sdSt + buf * Tr::kTileDs + 64 * c * sm90::kSwizzleRowBytes, dsf, 16 * warp, lane);
       sm90::fence_async_shared();  // st.shared, read by the other warps' wgmma
       issue_dk(j);
-      sm90::mbarrier_arrive_warp(&ds_full[g & 1]);
+      sm90::mbarrier_arrive_warp(&ds_full[buf]);
     };
-    // The first tile alone (no conditional wgmma inside the loop: ptxas would serialise them).
-    tile_products(0);
-    sm90::wgmma_wait<0>();
-    release(0);
-    for (int j = 1; j < n_tiles; ++j) {
+    // Iteration j ≥ 1: tile j's products, and tile j − 1's dQ product with them (a tile later).
+    auto tile_with_dq = [&](int j) {
       tile_products(j);
-      float dq[64 / 8][4];
+      float dq[Tr::kDqCols / 8][4];
       issue_dq(dq, seq + j - 1);
       sm90::wgmma_wait<0>();  // dV_j, dK_j and dQ_{j−1}
       release(j);
       stage_dq(dq, seq + j - 1, j - 1);
-    }
-    float dq[64 / 8][4];
-    issue_dq(dq, seq + n_tiles - 1);
+    };
+    auto last_dq = [&] {  // the item's last tile's dQ product, after its loop
+      float dq[Tr::kDqCols / 8][4];
+      issue_dq(dq, seq + n_tiles - 1);
+      sm90::wgmma_wait<0>();
+      stage_dq(dq, seq + n_tiles - 1, n_tiles - 1);
+    };
+    // The first tile alone, and no conditional wgmma inside a loop: ptxas would serialise them.
+    tile_products(0);
     sm90::wgmma_wait<0>();
-    stage_dq(dq, seq + n_tiles - 1, n_tiles - 1);
+    release(0);
+    if constexpr (!Tr::kDqByTurns) {
+      for (int j = 1; j < n_tiles; ++j) tile_with_dq(j);
+      last_dq();
+    } else {
+      // This consumer forms the dQ of the block's tiles g with g % 2 = c: iteration j (which
+      // issues tile j − 1's) every second one. The loop runs pairs of iterations, the first with
+      // this consumer's dQ product; an iteration without one before it if the item's first
+      // tile is the other consumer's.
+      auto tile_without_dq = [&](int j) {
+        tile_products(j);
+        sm90::wgmma_wait<0>();
+        release(j);
+      };
+      const auto forms = [&](int g) { return (g & 1) == c; };
+      int j = 1;
+      if (j < n_tiles && !forms(seq + j - 1)) tile_without_dq(j++);
+      for (; j + 1 < n_tiles; j += 2) {
+        tile_with_dq(j);
+        tile_without_dq(j + 1);
+      }
+      if (j < n_tiles) tile_with_dq(j);  // (j − 1 is this consumer's tile)
+      if (forms(seq + n_tiles - 1)) last_dq();
+    }
   }
 
   // Every product of the item has retired: K_j, V_j (and the item slot) may take the next
@@ -801,15 +861,19 @@ void launch_bwd_sm90a(const FlashAttentionParams& p, const float* delta, float* 
 namespace flash {
 
 // kAtomic permits a run-dependent dQ; it does not require one. Causal at T ≤ 2048 the
-// deterministic pair is the faster at d 128 too (the atomic kernel's accumulator is zeroed and
+// deterministic pair is the faster at d 128 (the atomic kernel's accumulator is zeroed and
 // converted in passes of their own, and its short causal items end in an unhidden dQ product):
 // measured on the H200 in three calls of the ninth session (docs/BENCHMARKS.md), deterministic /
 // atomic TF/s, causal 1k 270–275 / 220–226, 2k 360–365 / 284–287, 4k 423–450 / 395–466; the
-// non-causal atomic kernel is level at 1k–2k (403 / 407, 447 / 428) and ahead from 4k.
+// non-causal atomic kernel is level at 1k–2k (403 / 407, 447 / 428) and ahead from 4k. At d 64
+// the atomic kernel runs non-causal from 4k only, where it is ahead (eighteenth session, two
+// calls: 1.03–1.065× at 4k–32k, level at 1k–2k); causal it is 0.90–0.94× at 4k–8k and level to
+// 1.04× from 16k, so the pair keeps the causal shapes.
 bool sm90a_runs_atomic_dq(const FlashAttentionParams& p) {
   // (At d 96 the d 128 atomic kernel would add 128-column rows into a 96-column accumulator.)
-  const bool has_kernel = p.D == 128 ? kSm90aAtomicDq<128> : p.D == 64 ? kSm90aAtomicDq<64> : false;
-  return has_kernel && !(p.causal && p.T <= 2048);
+  if (p.D == 128) return kSm90aAtomicDq<128> && !(p.causal && p.T <= 2048);
+  if (p.D == 64) return kSm90aAtomicDq<64> && !p.causal && p.T >= 4096;
+  return false;
 }
 
 // Head dim 96 runs the d 128 kernels, zero-padded as in the forward (flash_fwd_sm90a): dQ, dK
