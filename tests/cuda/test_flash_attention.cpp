@@ -431,6 +431,56 @@ TEST(FlashAttention, NonPositiveScaleMatchesReference) {
   }
 }
 
+// The persistent kernels' causal order in groups of heads (sm90::item_tile: groups of 8 waves of
+// the grid) on the GPU: with 128 heads at T 2048 every pass runs more than one group, and each
+// head's O, lse, dQ, dK, dV are the bits of that head run alone (B = H = 1, read and written in
+// place through the row strides) — the order decides which block takes which item, never the
+// numbers; an item run twice or never would show (the outputs are poisoned first).
+TEST(FlashAttention, CausalHeadGroupsGiveEachHeadItsOwnBits) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
+  for (int64_t D : {64, 128}) {
+    const int64_t T = 2048, H = 2048 / D, B = 128 / H, hd = H * D;
+    const size_t n = size_t(B * T * hd);
+    DeviceBuffer<tg::bf16> q(n), k(n), v(n), dout(n), o(n), dq(n), dk(n), dv(n);
+    DeviceBuffer<float> lse(size_t(B * H * T));
+    DeviceBuffer<unsigned char> ws(tg::cuda::flash_attention_backward_workspace_bytes(B, T, H, D));
+    q.upload(random_input(n, 2.0, 11).bits), k.upload(random_input(n, 2.0, 12).bits);
+    v.upload(random_input(n, 1.0, 13).bits), dout.upload(random_input(n, 1.0, 14).bits);
+    o.poison(), lse.poison(), dq.poison(), dk.poison(), dv.poison();
+    tg::cuda::FlashAttentionParams p{};
+    p.q = q.ptr, p.k = k.ptr, p.v = v.ptr, p.o = o.ptr, p.lse = lse.ptr;
+    p.dout = dout.ptr, p.dq = dq.ptr, p.dk = dk.ptr, p.dv = dv.ptr, p.workspace = ws.ptr;
+    p.B = B, p.T = T, p.H = H, p.D = D, p.scale = float(1.0 / std::sqrt(double(D))), p.causal = true;
+    tg::cuda::flash_attention_forward(p, nullptr);
+    tg::cuda::flash_attention_backward(p, nullptr);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    const std::vector<tg::bf16> all[4] = {o.download(), dq.download(), dk.download(), dv.download()};
+    const std::vector<float> all_lse = lse.download();
+    for (const auto [b, h] : {std::pair<int64_t, int64_t>{0, 0}, {B / 2, H / 3}, {B - 1, H - 1}}) {
+      tg::cuda::FlashAttentionParams one = p;
+      const int64_t at = b * T * hd + h * D;  // the head's first element in every (B, T, H·D) tensor
+      one.q = q.ptr + at, one.k = k.ptr + at, one.v = v.ptr + at, one.dout = dout.ptr + at;
+      one.o = o.ptr + at, one.dq = dq.ptr + at, one.dk = dk.ptr + at, one.dv = dv.ptr + at;
+      one.lse = lse.ptr + (b * H + h) * T;
+      one.q_row_stride = one.k_row_stride = one.v_row_stride = one.o_row_stride = one.do_row_stride = hd;
+      one.dq_row_stride = one.dk_row_stride = one.dv_row_stride = hd;
+      one.B = 1, one.H = 1;
+      tg::cuda::flash_attention_forward(one, nullptr);
+      tg::cuda::flash_attention_backward(one, nullptr);
+      CHECK_CUDA(cudaDeviceSynchronize());
+      const std::vector<tg::bf16> again[4] = {o.download(), dq.download(), dk.download(), dv.download()};
+      const char* names[4] = {"O", "dQ", "dK", "dV"};
+      for (int t = 0; t < 4; ++t) {
+        EXPECT_EQ(count_nonfinite(to_double(all[t])), 0u) << names[t] << " D " << D;
+        EXPECT_EQ(std::memcmp(all[t].data(), again[t].data(), n * sizeof(tg::bf16)), 0)
+            << names[t] << " of head " << h << ", batch " << b << " alone differs, D " << D;
+      }
+      EXPECT_EQ(std::memcmp(all_lse.data(), lse.download().data(), all_lse.size() * sizeof(float)), 0)
+          << "lse of head " << h << ", batch " << b << " alone differs, D " << D;
+    }
+  }
+}
+
 // A row stride must be 0 (contiguous) or ≥ H·D and a multiple of 8 elements (16-byte rows).
 TEST(FlashAttention, InvalidRowStrideIsRejected) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";

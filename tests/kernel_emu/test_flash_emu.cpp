@@ -353,6 +353,12 @@ std::vector<Sm90aCase> sm90a_cases() {
   // (sm90::item_tile) decoded alike by every role of every kernel, batch index included.
   for (int64_t D : {64, 128}) out.push_back({{2, 300, 3, D, false, 0.0}, false});
   for (int64_t D : {64, 128}) out.push_back({{2, 300, 3, D, false, 0.0}, false, FlashDq::kAtomic});
+  // Causal with 16 heads over 3 blocks: the causal order's groups of heads (sm90::item_tile: 8
+  // waves of the grid, 24 items here; 3 tiles of 128 rows per head, so 2 groups of 8 heads in the
+  // dK/dV and dQ passes and the d 128 forward, 12 and 4 in the d 64 forward's 192-row tiles; the
+  // atomic dK/dV kernel keeps one group) decoded alike by every role.
+  out.push_back({{2, 300, 8, 64, true, 0.0}, false});
+  out.push_back({{2, 300, 8, 128, true, 0.0}, false, FlashDq::kAtomic});
   // Head dim 96 on the d 128 kernels: each tile's second panel zero-filled past the head's last
   // column, and stores that stop there — with several heads, whose columns follow one another
   // (contiguous and packed), so a load or store past column 96 would meet the next head's; the
@@ -372,5 +378,42 @@ std::string sm90a_case_name(const ::testing::TestParamInfo<Sm90aCase>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, FlashSm90aEmulated, ::testing::ValuesIn(sm90a_cases()), sm90a_case_name);
+
+// The persistent kernels' causal item order (sm90::causal_item_tile): every (head, batch, tile)
+// exactly once; groups of the fewest heads that hold group_items items, consecutive in b·H + h,
+// each group's items heaviest first (tile index rising, or falling with heaviest_last), the head
+// fastest; with no group size, every head in one group (the order before groups).
+TEST(CausalItemOrder, GroupsOfHeadsHeaviestFirst) {
+  struct Shape {
+    int H, B, n_tiles, group_items;
+  };
+  for (const Shape s : {Shape{3, 2, 5, 0}, Shape{3, 2, 5, 12}, Shape{16, 2, 3, 24}, Shape{16, 1, 5, 24},
+                        Shape{7, 3, 4, 1}, Shape{32, 4, 32, 1056}, Shape{16, 1, 128, 1056}, Shape{5, 1, 2000, 1056}})
+    for (bool heaviest_last : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "H " << s.H << " B " << s.B << " tiles " << s.n_tiles << " group "
+                                        << s.group_items << " heaviest_last " << heaviest_last);
+      const int HB = s.H * s.B, n = HB * s.n_tiles;
+      const int G = s.group_items > 0 ? std::min(HB, std::max(1, (s.group_items + s.n_tiles - 1) / s.n_tiles)) : HB;
+      std::vector<int> seen(size_t(n), 0);
+      for (int w = 0; w < n; ++w) {
+        const flash::sm90::ItemTile t = flash::sm90::causal_item_tile(w, s.H, s.B, s.n_tiles, 10, heaviest_last,
+                                                                      s.group_items);
+        ASSERT_TRUE(t.h >= 0 && t.h < s.H && t.b >= 0 && t.b < s.B && t.row0 % 10 == 0);
+        const int hb = t.b * s.H + t.h, tile = t.row0 / 10;
+        ASSERT_TRUE(tile >= 0 && tile < s.n_tiles);
+        ++seen[size_t(hb * s.n_tiles + tile)];
+        const int group = w / (G * s.n_tiles), heads = std::min(G, HB - group * G);
+        const int r = w - group * G * s.n_tiles;
+        EXPECT_EQ(hb, group * G + r % heads) << w;  // the group's heads, the head fastest
+        EXPECT_EQ(heaviest_last ? s.n_tiles - 1 - tile : tile, r / heads) << w;  // heaviest first
+      }
+      EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), n) << "every item exactly once";
+      if (s.group_items <= 0)
+        for (int w = 0; w < n; ++w) {  // one group: head w % H, batch (w / H) % B, tile w / (H · B)
+          const flash::sm90::ItemTile t = flash::sm90::causal_item_tile(w, s.H, s.B, s.n_tiles, 1, false, 0);
+          EXPECT_TRUE(t.h == w % s.H && t.b == (w / s.H) % s.B && t.row0 == w / HB) << w;
+        }
+    }
+}
 
 }  // namespace

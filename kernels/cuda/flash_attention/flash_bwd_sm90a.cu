@@ -411,7 +411,10 @@ constexpr int64_t kDkdvSm90aLongT = 4096;
 // tile's dQ (m64n64 over Bc keys), consumer g % 2 for the block's tile g (kDqByTurns): the atomic
 // column 1.004× the pair over the 12 d 64 shapes (best of 3 in one call), 1.03–1.065× non-causal
 // from 4k (8k 391 → 416 TF/s, 32k 407 → 425), 1.04× causal 16k–32k, but 0.90× / 0.94× at causal
-// 4k / 8k (sm90a_runs_atomic_dq).
+// 4k / 8k (sm90a_runs_atomic_dq). Its causal items keep the order with every head in one group
+// (sm90::item_tile's grouped = false): in groups of heads, as the other kernels run them, the d
+// 128 atomic column ran 414–426 TF/s at causal 8k and 470–480 at 16k against 426–447 and
+// 481–494 (eighteenth session, call 2, 3 rounds each), 426 and 464 in call 3.
 template <int D> constexpr bool kSm90aAtomicDq = D == 128 || D == 64;
 template <int D> struct DkdvAtomicSm90aConfig;
 template <> struct DkdvAtomicSm90aConfig<64> { using type = DkdvWsSm90aTraits<64, 2, 3, false, true, true>; };
@@ -501,7 +504,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if (tid == 0) {  // per item, K_j, V_j once the last item's are done with, then its Q/dO tiles
       int w = int(blockIdx.x), next = sm90::claim_item(item_counter);
       for (int it = 0, seq = 0; w < n_items; ++it) {
-        const sm90::ItemTile item = sm90::item_tile(w, H, B, n_kb, Bc, causal, false);
+        const sm90::ItemTile item = sm90::item_tile(w, H, B, n_kb, Bc, causal, false, !Tr::kFormDq);
         const int i_begin = first_tile(item.row0);
         if (it > 0) sm90::mbarrier_wait(own_empty, uint32_t(it - 1) & 1);
         s_item[0] = w;
@@ -524,7 +527,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         const sm90::ItemSlot slot = sm90::read_item_slot(s_item, lane);
         sm90::mbarrier_arrive_warp(own_empty);  // the slot is read
         last_item = slot.next >= n_items;
-        const sm90::ItemTile item = sm90::item_tile(slot.item, H, B, n_kb, Bc, causal, false);
+        const sm90::ItemTile item = sm90::item_tile(slot.item, H, B, n_kb, Bc, causal, false, !Tr::kFormDq);
         const float* lse = p.lse + (int64_t(item.b) * H + item.h) * T;
         const float* dlt = delta + (int64_t(item.b) * H + item.h) * T;
         for (int i = first_tile(item.row0); i < n_qb; ++i, ++seq) {
@@ -578,7 +581,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
   const sm90::ItemSlot slot = sm90::read_item_slot(s_item, lane);
   last_item = slot.next >= n_items;  // the ring's very last turn hands on to no one
-  const sm90::ItemTile item = sm90::item_tile(slot.item, H, B, n_kb, Bc, causal, false);
+  const sm90::ItemTile item = sm90::item_tile(slot.item, H, B, n_kb, Bc, causal, false, !Tr::kFormDq);
   const int i_begin = first_tile(item.row0), n_tiles = n_qb - i_begin;  // ≥ 1
   const int key0 = item.row0 + 64 * c + 16 * warp;  // this warp's first key
   if constexpr (Tr::kReleaseOwnEarly) {  // K_j, V_j are in kf, vf and the item in `item`
@@ -707,7 +710,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           *reinterpret_cast<float2*>(rows + 8 * e * D + ((dq_col0 + 8 * nt) ^ chunk_xor)) =
               make_float2(dq[nt][2 * e], dq[nt][2 * e + 1]);
       if ((Tr::kDqByTurns || c == 0) && warp == 0 && lane == 0) {  // the destination, for the reducing thread
-        const sm90::ItemTile at = sm90::item_tile(s_item[0], H, B, n_kb, Bc, causal, false);
+        const sm90::ItemTile at = sm90::item_tile(s_item[0], H, B, n_kb, Bc, causal, false, !Tr::kFormDq);
         s_dq[2 * k] = ((int64_t(at.b) * H + at.h) * accum_rows + int64_t(first_tile(at.row0) + j) * Br) * D;
         s_dq[2 * k + 1] = last_item && j + 1 == n_tiles;
       }
@@ -781,7 +784,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   if constexpr (!Tr::kReleaseOwnEarly) {
     const sm90::ItemSlot done = sm90::read_item_slot(s_item, lane);
     sm90::mbarrier_arrive_warp(own_empty);
-    out = sm90::item_tile(done.item, H, B, n_kb, Bc, causal, false);
+    out = sm90::item_tile(done.item, H, B, n_kb, Bc, causal, false, !Tr::kFormDq);
   }
   seq += n_tiles;
 

@@ -444,9 +444,23 @@ __device__ __forceinline__ void load_a_frags_swizzled(uint32_t (&a)[D / 16][4], 
 
 // ── Work items of the persistent kernels ──
 // Item w of H · B · n_tiles, in one of two orders (blocks claim items in increasing w):
-//   causal — heaviest first: head w % H, batch (w / H) % B, tile w / (H · B), reversed (last tile
-//     first) when the heaviest tiles are the last ones (heaviest_last: the forward's and the dQ
-//     pass's query tiles; the dK/dV pass's key blocks are heaviest first as they are);
+//   causal — heaviest first within groups of heads: the (head, batch) pairs hb = b·H + h in
+//     groups of G consecutive ones, group after group; within a group head fastest, then the
+//     tile, heaviest first — reversed (last tile first) when the heaviest tiles are the last ones
+//     (heaviest_last: the forward's and the dQ pass's query tiles; the dK/dV pass's key blocks are
+//     heaviest first as they are). G is the fewest heads whose tiles fill kCausalGroupWaves waves
+//     of the grid, so that the blocks running at once share few heads — each streamed K/V (Q/dO)
+//     tile, and the atomic mode's dQ rows, are reused while in L2 —, and a group's last, lightest
+//     items still overlap the next group's heaviest (the dynamic scheduler keeps the order
+//     whatever the items' lengths; only the last group's tail is not filled, and it is its
+//     lightest items). With every head in one group (the order before the eighteenth session) the
+//     blocks running at once at T 4k worked on 128 different heads.
+//     Measured on the H200 (eighteenth session, docs/BENCHMARKS.md: 3 interleaved rounds in one
+//     call, best of each against one group, geometric mean over the 12 causal shapes):
+//     deterministic backward 1.030× with 8 waves (d 64 +2.5–6 % at every T, in every round; d 128
+//     +3.5–6 % at 1k–4k, level from 8k), 1.031× with 2, 1.037× with 4; the non-causal shapes (the
+//     same code both ways, the control) 1.005–1.007×. The forward's 1.006–1.024× and the atomic
+//     kernel's 1.004–1.017× are within that call's drift (non-causal forward 1.025–1.035×).
 //   non-causal — every item equally long, so head-major: tile w % n_tiles, head (w / n_tiles) % H,
 //     batch w / (n_tiles · H). The blocks running at once then work on few heads, and each K/V (or
 //     Q/dO) tile they stream is read by many of them while it is in L2. Measured on the H200
@@ -457,11 +471,23 @@ __device__ __forceinline__ void load_a_frags_swizzled(uint32_t (&a)[D / 16][4], 
 struct ItemTile {
   int h, b, row0;
 };
+constexpr int kCausalGroupWaves = 8;
+// The causal order, with groups of at least group_items items (all heads in one group if ≤ 0).
+__device__ __forceinline__ ItemTile causal_item_tile(int w, int H, int B, int n_tiles, int rows, bool heaviest_last,
+                                                     int group_items) {
+  const int HB = H * B;
+  const int G = group_items > 0 ? min(HB, max(1, (group_items + n_tiles - 1) / n_tiles)) : HB;
+  const int per_group = G * n_tiles, group = w / per_group, r = w - group * per_group;
+  const int group_heads = min(G, HB - group * G);  // the last group may have fewer
+  const int z = r / group_heads, hb = group * G + r % group_heads;
+  return {hb % H, hb / H, (heaviest_last ? n_tiles - 1 - z : z) * rows};
+}
+// grouped = false: every head in one group (the atomic dK/dV kernel's order, see
+// DkdvAtomicSm90aConfig).
 __device__ __forceinline__ ItemTile item_tile(int w, int H, int B, int n_tiles, int rows, bool causal,
-                                              bool heaviest_last) {
+                                              bool heaviest_last, bool grouped = true) {
   if (!causal) return {(w / n_tiles) % H, w / (n_tiles * H), (w % n_tiles) * rows};
-  const int z = w / (H * B);
-  return {w % H, (w / H) % B, (heaviest_last ? n_tiles - 1 - z : z) * rows};
+  return causal_item_tile(w, H, B, n_tiles, rows, heaviest_last, grouped ? kCausalGroupWaves * int(gridDim.x) : 0);
 }
 
 // ── The producer of the warp-specialised kernels ──
