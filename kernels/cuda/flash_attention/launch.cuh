@@ -2,9 +2,10 @@
 // TileRows rows — the rows a block owns: Tr::kOwn for the backward's, Tr::kBr for the
 // warp-specialised ones). Blocks start in launch order, x fastest, so with the tile index slowest
 // every head's heaviest causal tile starts before any lighter one (see flash_fwd_kernel).
-// launch_item_kernel: a persistent 1-D grid over n_items work items numbered in that same order
-// (the kernel decodes them): one block per SM (fewer if there are fewer items), each taking its
-// first item by its index and claiming the next ones from item_counter (below).
+// launch_item_kernel: a persistent 1-D grid over n_items work items, heaviest first too when
+// causal, in groups of heads (the kernels decode them: sm90::item_tile): one block per SM (fewer
+// if there are fewer items), each taking its first item by its index and claiming the next ones
+// from item_counter (below).
 #pragma once
 #include <cuda_runtime.h>
 
