@@ -175,12 +175,16 @@ int bench_attention(const cli::Args& a) {
   TG_CHECK(cuda_device_count() > 0, fn, ": needs a CUDA GPU");
   const Device dev = Device::cuda(0);
   // bwd: the default, deterministic backward (dQ in a pass of its own); atomic: the opt-in
-  // backward that adds dQ with unordered atomics (FlashDq::kAtomic, train.deterministic: false).
+  // backward that adds dQ with unordered atomics (FlashDq::kAtomic, train.deterministic: false;
+  // --atomic 2: FlashDq::kAtomicKernel, its kernel also where kAtomic takes the deterministic one).
   // The kernels flash attention takes on this GPU (FlashKernels::kAuto: wgmma on an H100/H200);
   // --compare 1 also times the portable mma.sync kernels (fwd/bwd mma.sync TF/s) on the same inputs.
   const bool compare = a.get_int("compare", 0) != 0;
   const bool backward = a.get_int("backward", 1) != 0;  // 0: the forward alone (backward columns 0)
-  const bool atomic = backward && a.get_int("atomic", 1) != 0;  // 0: not the opt-in atomic backward (column 0)
+  const int64_t atomic_arg = a.get_int("atomic", 1);
+  TG_CHECK(atomic_arg >= 0 && atomic_arg <= 2, fn, ": --atomic takes 0, 1 or 2, got ", atomic_arg);
+  const bool atomic = backward && atomic_arg != 0;  // 0: not the opt-in atomic backward (column 0)
+  const cuda::FlashDq atomic_mode = atomic_arg == 2 ? cuda::FlashDq::kAtomicKernel : cuda::FlashDq::kAtomic;
   std::printf("%-4s %-6s %-7s %-9s %-9s %-9s %-9s %-10s%s\n", "d", "T", "causal", "fwd ms", "bwd ms", "fwd TF/s",
               "bwd TF/s", "atomic TF/s", compare ? " mma.sync fwd / bwd TF/s" : "");
   // Head dims 32 and 96 only when asked for: the shapes of ../shared/bench/torch_attention.py are
@@ -226,7 +230,7 @@ int bench_attention(const cli::Args& a) {
         };
         const double tf = time_fwd();
         const double tb = backward ? time_bwd(tf) : 0.0;  // 0: not timed
-        p.dq_mode = cuda::FlashDq::kAtomic;
+        p.dq_mode = atomic_mode;
         const double tb_atomic = atomic ? time_bwd(tf) : 0.0;
         p.dq_mode = cuda::FlashDq::kRecompute;
         double tf_mma = 0, tb_mma = 0;

@@ -172,7 +172,10 @@ std::vector<cli::Command> commands() {
         {"--head-dim", "D", "attention: only this head dim (32, 64, 96 or 128; 0 = 64 and 128, the shapes of torch_attention.py)", "0"},
         {"--compare", "0|1", "attention: 1 also times the portable mma.sync kernels beside the default (wgmma on H100/H200)", "0"},
         {"--backward", "0|1", "attention: 0 times the forward alone (the backward columns read 0)", "1"},
-        {"--atomic", "0|1", "attention: 0 skips the opt-in atomic-dQ backward (its column reads 0)", "1"}},
+        {"--atomic", "0|1|2",
+         "attention: 0 skips the opt-in atomic-dQ backward (its column reads 0); 2 times its kernel at every shape "
+         "(FlashDq::kAtomicKernel), not only where kAtomic takes it",
+         "1"}},
        [](const cli::Args& a) {
          if (a.positional[0] == "train") {
            TG_CHECK(a.positional.size() == 2, "tilegrad bench train: needs a CONFIG");

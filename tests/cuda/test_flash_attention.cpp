@@ -135,9 +135,10 @@ TEST_P(FlashAttentionTest, MatchesDoubleReference) {
   for (int t = 0; t < 3; ++t)
     EXPECT_EQ(std::memcmp(g1[t].data(), g2[t].data(), n * sizeof(tg::bf16)), 0) << names[t] << " not reproducible";
 
-  // The opt-in atomic dQ (either family's dK/dV kernel adding dS K into an fp32 buffer) meets the
+  // The opt-in atomic dQ (either family's dK/dV kernel adding dS K into an fp32 buffer; asked for
+  // as kAtomicKernel, so that it runs at every shape, not only where kAtomic takes it) meets the
   // same bound; dK and dV do not depend on the dQ strategy (same kernel arithmetic, bit for bit).
-  p.dq_mode = tg::cuda::FlashDq::kAtomic;
+  p.dq_mode = tg::cuda::FlashDq::kAtomicKernel;
   const auto ga = run_backward();
   const std::vector<double> gq = to_double(ga[0]);
   ASSERT_EQ(count_nonfinite(gq), 0u) << "dQ (kAtomic) has NaN/inf";
@@ -252,11 +253,12 @@ TEST_P(FlashAttentionPackedTest, MatchesContiguousBitwise) {
   for (int t = 0; t < 3; ++t)
     EXPECT_EQ(std::memcmp(g_p[t].data(), g_c[t]->data(), n * sizeof(tg::bf16)), 0) << names[t] << " differs from contiguous";
 
-  // The opt-in atomic dQ into the same strided d(qkv): every element written, dQ within the
-  // bound, dK and dV the same bits as before (only dQ's summation order changes).
+  // The opt-in atomic dQ (its kernel, kAtomicKernel) into the same strided d(qkv): every element
+  // written, dQ within the bound, dK and dV the same bits as before (only dQ's summation order
+  // changes).
   dqkv.poison();
   pws.poison();
-  pp.dq_mode = tg::cuda::FlashDq::kAtomic;
+  pp.dq_mode = tg::cuda::FlashDq::kAtomicKernel;
   tg::cuda::flash_attention_backward(pp, nullptr);
   CHECK_CUDA(cudaDeviceSynchronize());
   const std::vector<tg::bf16> g_atomic = dqkv.download();
@@ -291,10 +293,10 @@ std::vector<Case> cases() {
   // causal, with a ragged last tile (4200 = 43 · 96 + 72).
   out.push_back({1, 4200, 1, 64, true, 0.0});
   out.push_back({1, 2048, 1, 128, true, 0.0});
-  // Where the opt-in atomic dQ runs its own wgmma kernel (sm90a_runs_atomic_dq), ragged end: d 128
-  // causal past 2048 (at T ≤ 2048 it takes the faster deterministic pair), d 64 non-causal from
-  // 4096 (its dQ products by turns: 65 query tiles per key block, the last of 34 rows, so the
-  // consumer that forms an item's first dQ tile alternates from item to item).
+  // The atomic dQ kernels over longer items with a ragged end: d 128 causal, and d 64 non-causal
+  // from 4096, where kAtomic takes it (sm90a_runs_atomic_dq; its dQ products by turns: 65 query
+  // tiles per key block, the last of 34 rows, so the consumer that forms an item's first dQ tile
+  // alternates from item to item).
   out.push_back({1, 2200, 1, 128, true, 0.0});
   out.push_back({1, 4130, 1, 64, false, 0.0});
   out.push_back({1, 300, 2, 64, true, 1.0});    // scale 1: peaked rows, large running-max jumps

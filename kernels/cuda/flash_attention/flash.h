@@ -23,12 +23,15 @@ namespace tg::cuda {
 //   kAtomic    the dK/dV kernel, which already holds dS, adds dS_ij K_j into an fp32 buffer
 //              with unordered atomics (mma.sync: vector red.global; wgmma: the bulk copy
 //              engine's reductions): 5 matmuls per pair, but the rounding, and so the last bits
-//              of dQ, depend on the order the GPU happens to run them. Opt-in. On compute
-//              capability 9.0 at head dim 64 the deterministic wgmma kernels are the faster and
-//              serve this mode too (flash_bwd_sm90a.cu, DkdvAtomicSm90aConfig).
-// (A third way, the same adds admitted in key-block order by per-tile semaphores, was built and
+//              of dQ, depend on the order the GPU happens to run them. Opt-in. Where the
+//              deterministic kernels are the faster they serve this mode too: on compute
+//              capability 9.0 everywhere but d 128 from T = 16384 and d 64 non-causal from
+//              T = 4096 (flash_bwd_sm90a.cu, sm90a_runs_atomic_dq), and at d 96.
+//   kAtomicKernel  kAtomic's kernel wherever one is built (every head dim but 96), even where
+//              the deterministic pair is the faster: for tests and benchmarks.
+// (A fourth way, the same adds admitted in key-block order by per-tile semaphores, was built and
 // measured slower than kRecompute: docs/BENCHMARKS.md.)
-enum class FlashDq { kRecompute, kAtomic };
+enum class FlashDq { kRecompute, kAtomic, kAtomicKernel };
 
 // Which kernels run. kAuto (default) picks the fastest this GPU has: on compute capability 9.0
 // (H100/H200) the wgmma kernels (flash_fwd_sm90a.cu, flash_bwd_sm90a.cu, built for sm_90a),

@@ -352,7 +352,7 @@ struct BwdWorkspace {
   static size_t accum_bytes(int64_t B, int64_t T, int64_t H) {
     return round_up(size_t(B * H) * size_t(accum_rows(T)) * D * sizeof(float));
   }
-  static bool has_accum(FlashDq mode) { return mode == FlashDq::kAtomic && kMmaSyncAtomicDq<D>; }
+  static bool has_accum(FlashDq mode) { return mode != FlashDq::kRecompute && kMmaSyncAtomicDq<D>; }
   static size_t bytes(int64_t B, int64_t T, int64_t H, FlashDq mode) {
     return delta_bytes(B, T, H) + (has_accum(mode) ? accum_bytes(B, T, H) : 0);
   }
@@ -385,11 +385,12 @@ void launch_bwd(const FlashAttentionParams& p_in, cudaStream_t stream) {
                                                                         ws.delta, rows, int(p.T), int(p.H));
   TG_CUDA_CHECK(cudaGetLastError());
 
-  // kAtomic runs an atomic-dQ kernel only where one exists and is the faster; elsewhere the
-  // deterministic kernels serve both modes. On compute capability 9.0 that is the wgmma one at
-  // d 128 (flash_bwd_sm90a.cu), on the mma.sync kernels every head dim but 96 (kMmaSyncAtomicDq).
-  const bool atomic_dq =
-      p.dq_mode == FlashDq::kAtomic && (wgmma ? flash::sm90a_runs_atomic_dq(p) : flash::kMmaSyncAtomicDq<D>);
+  // kAtomic runs an atomic-dQ kernel only where one exists and is the faster (kAtomicKernel
+  // wherever one exists); elsewhere the deterministic kernels serve both modes. On compute
+  // capability 9.0 the wgmma ones (flash_bwd_sm90a.cu, sm90a_runs_atomic_dq), on the mma.sync
+  // kernels every head dim but 96 (kMmaSyncAtomicDq).
+  const bool atomic_dq = p.dq_mode != FlashDq::kRecompute &&
+                         (wgmma ? flash::sm90a_runs_atomic_dq(p) : flash::kMmaSyncAtomicDq<D>);
   const int accum_rows = int(Ws::accum_rows(p.T));
   if (atomic_dq)  // every key block adds
     TG_CUDA_CHECK(cudaMemsetAsync(ws.dq_accum, 0, Ws::accum_bytes(p.B, p.T, p.H), stream));

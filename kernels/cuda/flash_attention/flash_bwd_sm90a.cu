@@ -11,7 +11,7 @@
 // as the forward is (flash_fwd_sm90a.cu): a producer thread on the tensor copy engine streams the
 // tiles of the other side through mbarrier-guarded stages, consumer warpgroups take turns at the
 // tensor cores (named barriers). FlashDq::kAtomic (opt-in) runs the dK/dV kernel alone where it
-// is the faster (sm90a_runs_atomic_dq: d 128 but causal T ≤ 2048, d 64 non-causal from 4096),
+// is the faster (sm90a_runs_atomic_dq: d 128 from T = 16384, d 64 non-causal from 4096),
 // forming dQ too and adding it into an fp32 buffer with the bulk copy engine's reductions: 5
 // products per tile pair.
 #include <cuda_runtime.h>
@@ -863,20 +863,21 @@ void launch_bwd_sm90a(const FlashAttentionParams& p, const float* delta, float* 
 
 namespace flash {
 
-// kAtomic permits a run-dependent dQ; it does not require one. Causal at T ≤ 2048 the
-// deterministic pair is the faster at d 128 (the atomic kernel's accumulator is zeroed and
-// converted in passes of their own, and its short causal items end in an unhidden dQ product):
-// measured on the H200 in three calls of the ninth session (docs/BENCHMARKS.md), deterministic /
-// atomic TF/s, causal 1k 270–275 / 220–226, 2k 360–365 / 284–287, 4k 423–450 / 395–466; the
-// non-causal atomic kernel is level at 1k–2k (403 / 407, 447 / 428) and ahead from 4k. At d 64
-// the atomic kernel runs non-causal from 4k only, where it is ahead (eighteenth session, two
-// calls: 1.03–1.065× at 4k–32k, level at 1k–2k); causal it is 0.90–0.94× at 4k–8k and level to
-// 1.04× from 16k, so the pair keeps the causal shapes.
+// kAtomic permits a run-dependent dQ; it does not require one, and runs the atomic kernel only
+// where it is the faster (kAtomicKernel wherever it is built). At d 128 from T = 16384: the
+// deterministic pair, with its causal items in groups of heads since the eighteenth session, is
+// the faster below (that session, calls 1 and 4, atomic / deterministic TF/s: causal 4k
+// 392–408 / 453–478, 8k 443–454 / 479–494, 16k 482–495 / 479–491; non-causal 1k–4k 0.87–0.99×,
+// 8k 0.99–1.01×, 16k–32k 1.01–1.05×; causal T ≤ 2048 was 0.80× already in the ninth session: the
+// accumulator's zeroing and conversion are passes of their own). At d 64 non-causal from 4k,
+// where it is ahead (eighteenth session, calls 1 and 4: 1.03–1.065×, level at 1k–2k); causal it
+// is 0.90–0.94× at 4k–8k and level from 16k.
 bool sm90a_runs_atomic_dq(const FlashAttentionParams& p) {
   // (At d 96 the d 128 atomic kernel would add 128-column rows into a 96-column accumulator.)
-  if (p.D == 128) return kSm90aAtomicDq<128> && !(p.causal && p.T <= 2048);
-  if (p.D == 64) return kSm90aAtomicDq<64> && !p.causal && p.T >= 4096;
-  return false;
+  const bool built = p.D == 128 ? kSm90aAtomicDq<128> : p.D == 64 ? kSm90aAtomicDq<64> : false;
+  if (!built || p.dq_mode == FlashDq::kRecompute) return false;
+  if (p.dq_mode == FlashDq::kAtomicKernel) return true;
+  return p.D == 128 ? p.T >= 16384 : !p.causal && p.T >= 4096;
 }
 
 // Head dim 96 runs the d 128 kernels, zero-padded as in the forward (flash_fwd_sm90a): dQ, dK
