@@ -324,10 +324,14 @@ struct DkdvWsSm90aTraits {
   static constexpr bool kDqByTurns = FormDq && kD == 64;
   static constexpr int kDqCols = kDqByTurns ? kD : kD / Consumers;  // columns one consumer forms
   // FormDq: dSᵀ tiles (Bc keys × Br queries, one swizzled panel each) and fp32 dQ staging tiles.
-  // kDqByTurns: 4 dSᵀ buffers, as the consumer that does not read a tile's dSᵀ may run up to
-  // the Q/dO stages (3 tiles) ahead of the one that does, so with 2 it could wait for the
-  // release of a buffer's use two phases on (an mbarrier wait tells phases apart by parity only);
-  // and a staging tile per consumer.
+  // kDqByTurns: a staging tile per consumer. With one, shared, a consumer staging tile g waits
+  // for the reduction of tile g − 1 (the other consumer's) to have read it, but its own last wait
+  // there was for tile g − 3's: the reduction of its own tile g − 2 may still be pending, and an
+  // mbarrier wait tells phases apart by parity only, so it would pass, one phase short. Each
+  // consumer waiting on its own staging tile sees every phase of it. And 4 dSᵀ buffers, as
+  // measured (eighteenth session); 2 would do, as at d 128: both consumers store into, and wait
+  // on, every use of every buffer, so neither can be two phases behind one; the next GPU call can
+  // take the 32 KB back.
   static constexpr int kDsBuffers = kDqByTurns ? 4 : 2;
   static constexpr int kDqStaging = kDqByTurns ? 2 : 1;
   static constexpr int kTileDs = kBc * sm90::kSwizzleRowBytes;
