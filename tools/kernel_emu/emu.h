@@ -12,7 +12,8 @@
 // primitives are real waits between the emulated threads: TMA boxes (copied at once, with the
 // swizzle and zero fill) counting down mbarriers, mbarrier phases, named barriers, and
 // setmaxnreg's register account (within the launch allocation, as on the GPU); a wait that
-// never completes aborts with a deadlock report naming it.
+// never completes aborts with a deadlock report naming it. A wgmma whose shared-memory operands
+// change between its issue and its wait aborts too (emu_wgmma_product).
 //
 // tools/kernel_emu/generate.py turns tile.cuh, flash_fwd.cu and flash_bwd.cu into headers that
 // use these definitions instead of the PTX ones (tests/kernel_emu/ includes them).
@@ -260,7 +261,10 @@ inline void red_add_f32x2(float* p, float a, float b) { p[0] += a, p[1] += b; }
 // element (k, n) at start + (k/8)·SBO + (k%8)·128 + (n/64)·LBO + 2(n%64), accumulator and
 // register-A fragments as mma.sync's per warp of 16 rows. Asynchrony is strict: a wgmma's results
 // reach the accumulator registers only at the wgmma_wait that retires its group, so a read
-// before the wait sees the old values (a missing wait shows up as a wrong result).
+// before the wait sees the old values (a missing wait shows up as a wrong result). And the
+// hardware may read a wgmma's shared-memory operands at any time until that wait: each product
+// is computed at its issue and again when it retires, and if its operands changed in between
+// (a tile reused, or written, while a product still reads it) the emulator aborts naming it.
 inline uint32_t __cvta_generic_to_shared(const void* p) {
   return uint32_t(static_cast<const unsigned char*>(p) - emu_smem);
 }
@@ -288,9 +292,24 @@ inline float emu_mn_major(const EmuDescriptor& d, int k, int n) {
                            uint32_t(n / 64) * d.leading + 2u * uint32_t(n % 64));
 }
 
+// A wgmma's A operand: from shared memory (a descriptor, K- or MN-major), or this thread's two
+// rows of the register fragments the warpgroup exchanged at the issue (read then, as the hardware
+// reads registers).
+struct EmuAOperand {
+  bool in_smem;
+  EmuDescriptor desc;
+  bool mn_major;
+  float rows[2][16];  // register A: rows 16·warp + lane/4 and + 8
+};
 struct EmuPending {
   float* d;
-  std::vector<float> v;
+  std::vector<float> v;   // the result, computed at the issue
+  std::vector<float> in;  // the accumulator it started from
+  int n;
+  EmuAOperand a;
+  uint64_t desc_b;
+  int trans_b;
+  bool accumulate;
 };
 inline thread_local std::vector<EmuPending> emu_wgmma_pending;   // issued, in order
 inline thread_local std::vector<size_t> emu_wgmma_group_ends;    // committed groups: end index in pending
@@ -316,64 +335,89 @@ inline void bulk_wait() {}
 inline void wgmma_fence() {}
 inline void fence_async_shared() {}
 inline void wgmma_commit() { emu_wgmma_group_ends.push_back(emu_wgmma_pending.size()); }
+inline std::vector<float> emu_wgmma_product(const EmuPending& p);
+// Operand hazards abort the run, unless a test that provokes one on purpose counts them instead.
+inline bool emu_abort_on_operand_hazard = true;
+inline std::atomic<int> emu_operand_hazards{0};
 template <int N>
 inline void wgmma_wait() {
   while (int(emu_wgmma_group_ends.size()) > N) {
     const size_t end = emu_wgmma_group_ends.front();
-    for (size_t i = 0; i < end; ++i) std::copy(emu_wgmma_pending[i].v.begin(), emu_wgmma_pending[i].v.end(),
-                                               emu_wgmma_pending[i].d);
+    for (size_t i = 0; i < end; ++i) {
+      const EmuPending& p = emu_wgmma_pending[i];
+      if (emu_wgmma_product(p) != p.v) {
+        ++emu_operand_hazards;
+        if (emu_abort_on_operand_hazard) {
+          std::fprintf(stderr,
+                       "kernel_emu: thread %u: the shared-memory operands of a wgmma (m64n%dk16, B at shared offset "
+                       "%u) changed between its issue and the wait that retired it\n",
+                       threadIdx.x, p.n, unsigned(emu_decode(p.desc_b).start));
+          std::abort();
+        }
+      }
+      std::copy(p.v.begin(), p.v.end(), p.d);
+    }
     emu_wgmma_pending.erase(emu_wgmma_pending.begin(), emu_wgmma_pending.begin() + long(end));
     emu_wgmma_group_ends.erase(emu_wgmma_group_ends.begin());
     for (size_t& e : emu_wgmma_group_ends) e -= end;
   }
 }
 
-// d (64 × N) = A (64 × 16) · B (16 × N) (+ d): this thread's N/2 elements. a_of(row, k) gives A.
-template <int N, typename AOf>
-inline void emu_wgmma(float* d, AOf a_of, uint64_t desc_b, int trans_b, bool accumulate) {
-  const EmuDescriptor b = emu_decode(desc_b);
+// d (64 × N) = A (64 × 16) · B (16 × N) (+ d): this thread's N/2 elements, from the operands as
+// they are in shared memory now.
+inline std::vector<float> emu_wgmma_product(const EmuPending& p) {
+  const EmuDescriptor b = emu_decode(p.desc_b);
   const int t = int(threadIdx.x % 128), warp = t / 32, lane = t % 32;
-  std::vector<float> in(d, d + N / 2);
-  for (auto it = emu_wgmma_pending.rbegin(); it != emu_wgmma_pending.rend(); ++it)
-    if (it->d == d) {  // still in flight: the hardware chains it
-      in = it->v;
-      break;
-    }
-  std::vector<float> out(N / 2);
-  for (int j = 0; j < N / 8; ++j)
+  std::vector<float> out(size_t(p.n / 2));
+  for (int j = 0; j < p.n / 8; ++j)
     for (int e = 0; e < 4; ++e) {
       const int row = 16 * warp + lane / 4 + 8 * (e / 2), col = 8 * j + 2 * (lane % 4) + e % 2;
-      float acc = accumulate ? in[size_t(4 * j + e)] : 0.0f;
-      for (int k = 0; k < 16; ++k)
-        acc += a_of(row, k) * (trans_b ? emu_mn_major(b, k, col) : emu_k_major(b, col, k));
+      float acc = p.accumulate ? p.in[size_t(4 * j + e)] : 0.0f;
+      for (int k = 0; k < 16; ++k) {
+        const float a = !p.a.in_smem  ? p.a.rows[e / 2][k]
+                        : p.a.mn_major ? emu_mn_major(p.a.desc, k, row)
+                                       : emu_k_major(p.a.desc, row, k);
+        acc += a * (p.trans_b ? emu_mn_major(b, k, col) : emu_k_major(b, col, k));
+      }
       out[size_t(4 * j + e)] = acc;
     }
-  emu_wgmma_pending.push_back({d, std::move(out)});
+  return out;
+}
+template <int N>
+inline void emu_wgmma(float* d, const EmuAOperand& a, uint64_t desc_b, int trans_b, bool accumulate) {
+  EmuPending p{d, {}, std::vector<float>(d, d + N / 2), N, a, desc_b, trans_b, accumulate};
+  for (auto it = emu_wgmma_pending.rbegin(); it != emu_wgmma_pending.rend(); ++it)
+    if (it->d == d) {  // still in flight: the hardware chains it
+      p.in = it->v;
+      break;
+    }
+  p.v = emu_wgmma_product(p);
+  emu_wgmma_pending.push_back(std::move(p));
+}
+inline EmuAOperand emu_a_smem(uint64_t desc_a, bool mn_major) {
+  EmuAOperand a{};
+  a.in_smem = true, a.desc = emu_decode(desc_a), a.mn_major = mn_major;
+  return a;
 }
 
 template <int kTransB>
 inline void wgmma_m64n128k16_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  const EmuDescriptor a = emu_decode(desc_a);
-  emu_wgmma<128>(d, [&](int row, int k) { return emu_k_major(a, row, k); }, desc_b, kTransB, accumulate);
+  emu_wgmma<128>(d, emu_a_smem(desc_a, false), desc_b, kTransB, accumulate);
 }
 
 template <int kTransB>
 inline void wgmma_m64n96k16_ss(float (&d)[48], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  const EmuDescriptor a = emu_decode(desc_a);
-  emu_wgmma<96>(d, [&](int row, int k) { return emu_k_major(a, row, k); }, desc_b, kTransB, accumulate);
+  emu_wgmma<96>(d, emu_a_smem(desc_a, false), desc_b, kTransB, accumulate);
 }
 
 template <int kTransB>
 inline void wgmma_m64n176k16_ss(float (&d)[88], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  const EmuDescriptor a = emu_decode(desc_a);
-  emu_wgmma<176>(d, [&](int row, int k) { return emu_k_major(a, row, k); }, desc_b, kTransB, accumulate);
+  emu_wgmma<176>(d, emu_a_smem(desc_a, false), desc_b, kTransB, accumulate);
 }
 
 template <int kTransB, int kTransA = 0>
 inline void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  const EmuDescriptor a = emu_decode(desc_a);
-  emu_wgmma<64>(d, [&](int row, int k) { return kTransA ? emu_mn_major(a, k, row) : emu_k_major(a, row, k); },
-                desc_b, kTransB, accumulate);
+  emu_wgmma<64>(d, emu_a_smem(desc_a, kTransA != 0), desc_b, kTransB, accumulate);
 }
 
 // The register-A forms: the warpgroup's threads exchange their fragments first.
@@ -387,7 +431,12 @@ inline void emu_wgmma_rs(float* d, const uint32_t (&a)[4], uint64_t desc_b, bool
     const int r = row % 16;
     return emu_bf16_half(S.a[32 * (row / 16) + (r % 8) * 4 + (k % 8) / 2][(r >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)], k % 2);
   };
-  emu_wgmma<N>(d, a_of, desc_b, kTransB, accumulate);
+  EmuAOperand op{};
+  op.in_smem = false;
+  const int warp = t / 32, lane = t % 32;
+  for (int h = 0; h < 2; ++h)
+    for (int k = 0; k < 16; ++k) op.rows[h][k] = a_of(16 * warp + lane / 4 + 8 * h, k);
+  emu_wgmma<N>(d, op, desc_b, kTransB, accumulate);
   g_emu_block->warpgroup_barrier[size_t(g)]->arrive_and_wait();
 }
 template <int kTransB>
