@@ -13,7 +13,8 @@
 // swizzle and zero fill) counting down mbarriers, mbarrier phases, named barriers, and
 // setmaxnreg's register account (within the launch allocation, as on the GPU); a wait that
 // never completes aborts with a deadlock report naming it. A wgmma whose shared-memory operands
-// change between its issue and its wait aborts too (emu_wgmma_product).
+// change between its issue and its wait aborts too (emu_wgmma_product), as does a bulk reduction
+// whose shared source changes before the wait that retires it (emu_bulk_retire).
 //
 // tools/kernel_emu/generate.py turns tile.cuh, flash_fwd.cu and flash_bwd.cu into headers that
 // use these definitions instead of the PTX ones (tests/kernel_emu/ includes them).
@@ -315,7 +316,16 @@ inline thread_local std::vector<EmuPending> emu_wgmma_pending;   // issued, in o
 inline thread_local std::vector<size_t> emu_wgmma_group_ends;    // committed groups: end index in pending
 
 // The bulk copy engine's reduction, performed at once (blocks run one at a time, so nothing else
-// adds to dst meanwhile); its completion waits have nothing left to wait for.
+// adds to dst meanwhile). The hardware may read the shared source at any time until a
+// bulk_wait_read (or bulk_wait) retires the reduction's group: the source is kept as it was at
+// the issue and compared when the group retires, and the run aborts if it changed in between (a
+// staging tile handed back before the copy engine had read it).
+struct EmuBulkRead {
+  const unsigned char* src;
+  std::vector<unsigned char> was;
+};
+inline thread_local std::vector<EmuBulkRead> emu_bulk_open;                 // issued, not committed
+inline thread_local std::vector<std::vector<EmuBulkRead>> emu_bulk_groups;  // committed, oldest first
 inline void bulk_reduce_add_f32(float* dst, const void* src, uint32_t bytes) {
   const unsigned char* s = static_cast<const unsigned char*>(src);
   for (uint32_t i = 0; i < bytes / 4; ++i) {
@@ -323,14 +333,38 @@ inline void bulk_reduce_add_f32(float* dst, const void* src, uint32_t bytes) {
     std::memcpy(&v, s + 4 * i, 4);
     dst[i] += v;
   }
+  emu_bulk_open.push_back({s, std::vector<unsigned char>(s, s + bytes)});
 }
-inline void bulk_commit() {}
+inline void bulk_commit() {
+  emu_bulk_groups.push_back(std::move(emu_bulk_open));
+  emu_bulk_open.clear();
+}
+inline void emu_bulk_retire(int keep) {
+  // A moment for the other threads first: a source handed back too early (a barrier arrived on
+  // before this wait) then has time to be overwritten, as the copy engine's read would lag.
+  if (int(emu_bulk_groups.size()) > keep) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  while (int(emu_bulk_groups.size()) > keep) {
+    for (const EmuBulkRead& r : emu_bulk_groups.front())
+      if (std::memcmp(r.src, r.was.data(), r.was.size()) != 0) {
+        std::fprintf(stderr,
+                     "kernel_emu: thread %u: the shared source of a bulk reduction (shared offset %u, %zu bytes) "
+                     "changed before the wait that retired it\n",
+                     threadIdx.x, unsigned(r.src - emu_smem), r.was.size());
+        std::abort();
+      }
+    emu_bulk_groups.erase(emu_bulk_groups.begin());
+  }
+}
 inline uint64_t opaque_u64(uint64_t x) { return x; }
 inline uint32_t opaque_u32(uint32_t x) { return x; }
 template <int N>
-inline void bulk_wait_read() {}
+inline void bulk_wait_read() {
+  emu_bulk_retire(N);
+}
 template <int N>
-inline void bulk_wait() {}
+inline void bulk_wait() {
+  emu_bulk_retire(N);
+}
 
 inline void wgmma_fence() {}
 inline void fence_async_shared() {}
@@ -627,6 +661,8 @@ void emu_launch(EmuDim3 grid, int threads, size_t smem_bytes, Kernel kernel) {
             tg::cuda::flash::emu_open_group.clear();
             tg::cuda::flash::sm90::emu_wgmma_pending.clear();
             tg::cuda::flash::sm90::emu_wgmma_group_ends.clear();
+            tg::cuda::flash::sm90::emu_bulk_open.clear();
+            tg::cuda::flash::sm90::emu_bulk_groups.clear();
             kernel();
           });
         for (std::thread& th : pool) th.join();
