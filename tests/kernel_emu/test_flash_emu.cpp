@@ -379,50 +379,59 @@ std::string sm90a_case_name(const ::testing::TestParamInfo<Sm90aCase>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, FlashSm90aEmulated, ::testing::ValuesIn(sm90a_cases()), sm90a_case_name);
 
-// The emulator's own check on wgmma operands: a product whose shared-memory operand tile is
-// written between its issue and its wait (the hardware may read it at any time until then) is
-// reported; the same product with the write after the wait is not, and gives A · B.
+// The emulator's own check on wgmma operands: a product whose shared-memory operand tile, register
+// A fragments or accumulator are written between its issue and its wait (the hardware may read
+// them at any time until then) is reported; the same product with the write after the wait is
+// not, and gives A · B.
 TEST(EmulatedWgmma, OperandWrittenBeforeTheWaitIsReported) {
-  for (bool write_before_wait : {false, true}) {
-    SCOPED_TRACE(write_before_wait ? "written before the wait" : "written after the wait");
-    flash::sm90::emu_abort_on_operand_hazard = false;
-    flash::sm90::emu_operand_hazards = 0;
-    std::vector<float> d00(128);
-    // A (64 × 16) and B (64 × 16), K-major, 128-byte swizzled rows of 16 bf16 (32 bytes used of
-    // 128): at shared offsets 0 and 8192; A's elements all 1, B's row n all n / 64.
-    emu_launch({1, 1, 1}, 128, 16384, [&] {
-      const int t = int(threadIdx.x);
-      for (int k = 0; k < 16; ++k) {
-        const uint32_t a_at = uint32_t(t % 64) * 128 + 2u * uint32_t(k), b_at = 8192 + a_at;
+  enum Write { kSmemA, kRegisterA, kAccumulator };
+  for (Write what : {kSmemA, kRegisterA, kAccumulator})
+    for (bool write_before_wait : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "operand " << int(what) << (write_before_wait ? ", before" : ", after")
+                                        << " the wait");
+      flash::sm90::emu_abort_on_operand_hazard = false;
+      flash::sm90::emu_operand_hazards = 0;
+      std::vector<float> d00(2);
+      // A (64 × 16) all 1 and B (64 × 16), row n all n / 64: K-major, 128-byte swizzled rows of
+      // 16 bf16 (32 of the 128 bytes used), at shared offsets 0 and 8192.
+      emu_launch({1, 1, 1}, 128, 16384, [&] {
+        const int t = int(threadIdx.x);
         const uint16_t one = tg::float_to_bf16(1.0f).bits, bn = tg::float_to_bf16(float(t % 64) / 64.0f).bits;
-        if (t < 64) {
+        for (int k = 0; k < 16 && t < 64; ++k) {
+          const uint32_t a_at = uint32_t(t) * 128 + 2u * uint32_t(k), b_at = 8192 + a_at;
           std::memcpy(emu_smem + (a_at ^ (((a_at >> 7) & 7u) << 4)), &one, 2);
           std::memcpy(emu_smem + (b_at ^ (((b_at >> 7) & 7u) << 4)), &bn, 2);
         }
-      }
-      __syncthreads();
-      // 128-byte swizzle, stride 1024 bytes per 8 rows.
-      auto desc = [](uint32_t start) { return (uint64_t(1) << 62) | (uint64_t(1024 >> 4) << 32) | (start >> 4); };
-      float acc[32] = {};
-      flash::sm90::wgmma_fence();
-      flash::sm90::wgmma_m64n64k16_ss<0>(acc, desc(0), desc(8192), false);
-      flash::sm90::wgmma_commit();
-      auto overwrite_a = [&] {
         __syncthreads();
-        if (t == 0) std::memset(emu_smem, 0, 64 * 128);
-        __syncthreads();
-      };
-      if (write_before_wait) overwrite_a();
-      flash::sm90::wgmma_wait<0>();
-      if (!write_before_wait) overwrite_a();
-      if (t == 0) std::copy(acc, acc + 32, d00.begin());
-    });
-    flash::sm90::emu_abort_on_operand_hazard = true;
-    EXPECT_EQ(flash::sm90::emu_operand_hazards.load(), write_before_wait ? 128 : 0);
-    // Thread 0's first element: row 0, column 0: Σ_k 1 · 0 = 0; its second, column 1: 16 / 64.
-    EXPECT_EQ(d00[0], 0.0f);
-    EXPECT_EQ(d00[1], 16.0f / 64.0f);
-  }
+        // 128-byte swizzle, 1024 bytes per 8 rows.
+        auto desc = [](uint32_t start) { return (uint64_t(1) << 62) | (uint64_t(1024 >> 4) << 32) | (start >> 4); };
+        float acc[32] = {};
+        uint32_t a_frag[4];  // A as register fragments: every element 1 (two bf16 ones per word)
+        for (uint32_t& w : a_frag) w = uint32_t(one) | (uint32_t(one) << 16);
+        flash::sm90::wgmma_fence();
+        if (what == kRegisterA)
+          flash::sm90::wgmma_m64n64k16_rs<0>(acc, a_frag, desc(8192), false);
+        else
+          flash::sm90::wgmma_m64n64k16_ss<0>(acc, desc(0), desc(8192), false);
+        flash::sm90::wgmma_commit();
+        auto write = [&] {
+          __syncthreads();
+          if (what == kSmemA && t == 0) std::memset(emu_smem, 0, 64 * 128);
+          if (what == kRegisterA) a_frag[0] = 0;
+          if (what == kAccumulator) acc[5] = 7.0f;
+          __syncthreads();
+        };
+        if (write_before_wait) write();
+        flash::sm90::wgmma_wait<0>();
+        if (t == 0) d00 = {acc[0], acc[1]};
+        if (!write_before_wait) write();
+      });
+      flash::sm90::emu_abort_on_operand_hazard = true;
+      EXPECT_EQ(flash::sm90::emu_operand_hazards.load(), write_before_wait ? 128 : 0);
+      // Thread 0's first two elements: row 0, columns 0 and 1: Σ_k 1 · n / 64 = 0 and 16 / 64.
+      EXPECT_EQ(d00[0], 0.0f);
+      EXPECT_EQ(d00[1], 16.0f / 64.0f);
+    }
 }
 
 // The persistent kernels' causal item order (sm90::causal_item_tile): every (head, batch, tile)

@@ -12,8 +12,9 @@
 // primitives are real waits between the emulated threads: TMA boxes (copied at once, with the
 // swizzle and zero fill) counting down mbarriers, mbarrier phases, named barriers, and
 // setmaxnreg's register account (within the launch allocation, as on the GPU); a wait that
-// never completes aborts with a deadlock report naming it. A wgmma whose shared-memory operands
-// change between its issue and its wait aborts too (emu_wgmma_product), as does a bulk reduction
+// never completes aborts with a deadlock report naming it. A wgmma whose shared-memory operands,
+// register A fragments or accumulator change between its issue and its wait aborts too
+// (wgmma_wait, emu_wgmma_product), as does a bulk reduction
 // whose shared source changes before the wait that retires it (emu_bulk_retire).
 //
 // tools/kernel_emu/generate.py turns tile.cuh, flash_fwd.cu and flash_bwd.cu into headers that
@@ -263,9 +264,10 @@ inline void red_add_f32x2(float* p, float a, float b) { p[0] += a, p[1] += b; }
 // register-A fragments as mma.sync's per warp of 16 rows. Asynchrony is strict: a wgmma's results
 // reach the accumulator registers only at the wgmma_wait that retires its group, so a read
 // before the wait sees the old values (a missing wait shows up as a wrong result). And the
-// hardware may read a wgmma's shared-memory operands at any time until that wait: each product
-// is computed at its issue and again when it retires, and if its operands changed in between
-// (a tile reused, or written, while a product still reads it) the emulator aborts naming it.
+// hardware may read a wgmma's operands at any time until that wait: each product is computed at
+// its issue and again when it retires, and if its shared-memory operands, register A fragments
+// or accumulator changed in between (a tile reused, or registers written, while a product still
+// reads them) the emulator aborts naming it.
 inline uint32_t __cvta_generic_to_shared(const void* p) {
   return uint32_t(static_cast<const unsigned char*>(p) - emu_smem);
 }
@@ -311,6 +313,8 @@ struct EmuPending {
   uint64_t desc_b;
   int trans_b;
   bool accumulate;
+  const uint32_t* a_regs;  // register A: the caller's fragment, and its words at the issue
+  uint32_t a_was[4];
 };
 inline thread_local std::vector<EmuPending> emu_wgmma_pending;   // issued, in order
 inline thread_local std::vector<size_t> emu_wgmma_group_ends;    // committed groups: end index in pending
@@ -379,13 +383,19 @@ inline void wgmma_wait() {
     const size_t end = emu_wgmma_group_ends.front();
     for (size_t i = 0; i < end; ++i) {
       const EmuPending& p = emu_wgmma_pending[i];
-      if (emu_wgmma_product(p) != p.v) {
+      // Its registers must be as they were too: the accumulator as the product started from it
+      // (or as the product before it in the chain left it), register A untouched.
+      const char* what = emu_wgmma_product(p) != p.v ? "shared-memory operands"
+                         : std::memcmp(p.d, p.in.data(), p.in.size() * sizeof(float)) != 0 ? "accumulator registers"
+                         : p.a_regs && std::memcmp(p.a_regs, p.a_was, sizeof(p.a_was)) != 0 ? "register A fragments"
+                                                                                             : nullptr;
+      if (what) {
         ++emu_operand_hazards;
         if (emu_abort_on_operand_hazard) {
           std::fprintf(stderr,
-                       "kernel_emu: thread %u: the shared-memory operands of a wgmma (m64n%dk16, B at shared offset "
-                       "%u) changed between its issue and the wait that retired it\n",
-                       threadIdx.x, p.n, unsigned(emu_decode(p.desc_b).start));
+                       "kernel_emu: thread %u: the %s of a wgmma (m64n%dk16, B at shared offset %u) changed between "
+                       "its issue and the wait that retired it\n",
+                       threadIdx.x, what, p.n, unsigned(emu_decode(p.desc_b).start));
           std::abort();
         }
       }
@@ -418,8 +428,10 @@ inline std::vector<float> emu_wgmma_product(const EmuPending& p) {
   return out;
 }
 template <int N>
-inline void emu_wgmma(float* d, const EmuAOperand& a, uint64_t desc_b, int trans_b, bool accumulate) {
-  EmuPending p{d, {}, std::vector<float>(d, d + N / 2), N, a, desc_b, trans_b, accumulate};
+inline void emu_wgmma(float* d, const EmuAOperand& a, uint64_t desc_b, int trans_b, bool accumulate,
+                      const uint32_t* a_regs = nullptr) {
+  EmuPending p{d, {}, std::vector<float>(d, d + N / 2), N, a, desc_b, trans_b, accumulate, a_regs, {}};
+  if (a_regs) std::memcpy(p.a_was, a_regs, sizeof(p.a_was));
   for (auto it = emu_wgmma_pending.rbegin(); it != emu_wgmma_pending.rend(); ++it)
     if (it->d == d) {  // still in flight: the hardware chains it
       p.in = it->v;
@@ -470,7 +482,7 @@ inline void emu_wgmma_rs(float* d, const uint32_t (&a)[4], uint64_t desc_b, bool
   const int warp = t / 32, lane = t % 32;
   for (int h = 0; h < 2; ++h)
     for (int k = 0; k < 16; ++k) op.rows[h][k] = a_of(16 * warp + lane / 4 + 8 * h, k);
-  emu_wgmma<N>(d, op, desc_b, kTransB, accumulate);
+  emu_wgmma<N>(d, op, desc_b, kTransB, accumulate, a);
   g_emu_block->warpgroup_barrier[size_t(g)]->arrive_and_wait();
 }
 template <int kTransB>
