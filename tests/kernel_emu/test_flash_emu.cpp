@@ -389,8 +389,8 @@ TEST(EmulatedWgmma, OperandWrittenBeforeTheWaitIsReported) {
     for (bool write_before_wait : {false, true}) {
       SCOPED_TRACE(::testing::Message() << "operand " << int(what) << (write_before_wait ? ", before" : ", after")
                                         << " the wait");
-      flash::sm90::emu_abort_on_operand_hazard = false;
-      flash::sm90::emu_operand_hazards = 0;
+      flash::sm90::emu_abort_on_hazard = false;
+      flash::sm90::emu_hazards = 0;
       std::vector<float> d00(2);
       // A (64 × 16) all 1 and B (64 × 16), row n all n / 64: K-major, 128-byte swizzled rows of
       // 16 bf16 (32 of the 128 bytes used), at shared offsets 0 and 8192.
@@ -426,12 +426,35 @@ TEST(EmulatedWgmma, OperandWrittenBeforeTheWaitIsReported) {
         if (t == 0) d00 = {acc[0], acc[1]};
         if (!write_before_wait) write();
       });
-      flash::sm90::emu_abort_on_operand_hazard = true;
-      EXPECT_EQ(flash::sm90::emu_operand_hazards.load(), write_before_wait ? 128 : 0);
+      flash::sm90::emu_abort_on_hazard = true;
+      EXPECT_EQ(flash::sm90::emu_hazards.load(), write_before_wait ? 128 : 0);
       // Thread 0's first two elements: row 0, columns 0 and 1: Σ_k 1 · n / 64 = 0 and 16 / 64.
       EXPECT_EQ(d00[0], 0.0f);
       EXPECT_EQ(d00[1], 16.0f / 64.0f);
     }
+}
+
+// The emulator's check on mbarrier waits: a thread that waits twice in a row for the same parity
+// (a phase skipped, which a parity wait cannot tell from the one two phases later) is reported;
+// waits that alternate are not.
+TEST(EmulatedMbarrier, PhaseSkippedIsReported) {
+  for (bool skip : {false, true}) {
+    SCOPED_TRACE(skip ? "a phase skipped" : "every phase waited for");
+    flash::sm90::emu_abort_on_hazard = false;
+    flash::sm90::emu_hazards = 0;
+    emu_launch({1, 1, 1}, 32, 64, [&] {
+      uint64_t* bar = reinterpret_cast<uint64_t*>(emu_smem);
+      if (threadIdx.x == 0) flash::sm90::mbarrier_init(bar, 1);
+      __syncthreads();
+      for (int phase = 0; phase < 4; ++phase) {
+        if (threadIdx.x == 1) flash::sm90::mbarrier_arrive(bar);  // completes the phase
+        if (threadIdx.x == 0 && (!skip || phase % 2 == 0)) flash::sm90::mbarrier_wait(bar, uint32_t(phase) & 1);
+        __syncthreads();
+      }
+    });
+    flash::sm90::emu_abort_on_hazard = true;
+    EXPECT_EQ(flash::sm90::emu_hazards.load(), skip ? 1 : 0);
+  }
 }
 
 // The persistent kernels' causal item order (sm90::causal_item_tile): every (head, batch, tile)

@@ -15,7 +15,8 @@
 // never completes aborts with a deadlock report naming it. A wgmma whose shared-memory operands,
 // register A fragments or accumulator change between its issue and its wait aborts too
 // (wgmma_wait, emu_wgmma_product), as does a bulk reduction
-// whose shared source changes before the wait that retires it (emu_bulk_retire).
+// whose shared source changes before the wait that retires it (emu_bulk_retire), and a thread
+// that skips a phase of an mbarrier it waits on (mbarrier_wait).
 //
 // tools/kernel_emu/generate.py turns tile.cuh, flash_fwd.cu and flash_bwd.cu into headers that
 // use these definitions instead of the PTX ones (tests/kernel_emu/ includes them).
@@ -374,9 +375,10 @@ inline void wgmma_fence() {}
 inline void fence_async_shared() {}
 inline void wgmma_commit() { emu_wgmma_group_ends.push_back(emu_wgmma_pending.size()); }
 inline std::vector<float> emu_wgmma_product(const EmuPending& p);
-// Operand hazards abort the run, unless a test that provokes one on purpose counts them instead.
-inline bool emu_abort_on_operand_hazard = true;
-inline std::atomic<int> emu_operand_hazards{0};
+// Hazards (here and in mbarrier_wait) abort the run, unless a test that provokes one on purpose
+// counts them instead.
+inline bool emu_abort_on_hazard = true;
+inline std::atomic<int> emu_hazards{0};
 template <int N>
 inline void wgmma_wait() {
   while (int(emu_wgmma_group_ends.size()) > N) {
@@ -390,8 +392,8 @@ inline void wgmma_wait() {
                          : p.a_regs && std::memcmp(p.a_regs, p.a_was, sizeof(p.a_was)) != 0 ? "register A fragments"
                                                                                              : nullptr;
       if (what) {
-        ++emu_operand_hazards;
-        if (emu_abort_on_operand_hazard) {
+        ++emu_hazards;
+        if (emu_abort_on_hazard) {
           std::fprintf(stderr,
                        "kernel_emu: thread %u: the %s of a wgmma (m64n%dk16, B at shared offset %u) changed between "
                        "its issue and the wait that retired it\n",
@@ -538,7 +540,23 @@ inline void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
   emu_mbarrier_complete_if_done(m);
 }
 inline void mbarrier_arrive(uint64_t* bar) { mbarrier_arrive_expect_tx(bar, 0); }
+// A thread's waits on one mbarrier alternate parity, one per phase: a thread that skips a phase
+// (two waits in a row for the same parity) could be let through by a phase two behind the one
+// it means, as a wait tells phases apart by parity only; the emulator aborts on it.
+inline thread_local std::map<uint32_t, uint32_t> emu_last_wait_parity;  // by shared offset
 inline void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+  const auto [last, first] = emu_last_wait_parity.try_emplace(emu_offset(bar), parity);
+  if (!first && last->second == parity) {
+    ++emu_hazards;
+    if (emu_abort_on_hazard) {
+      std::fprintf(stderr,
+                   "kernel_emu: thread %u waits twice in a row for parity %u of the mbarrier at shared offset %u: a "
+                   "phase skipped, which a parity wait cannot tell from the one two phases later\n",
+                   threadIdx.x, parity, emu_offset(bar));
+      std::abort();
+    }
+  }
+  last->second = parity;
   std::unique_lock<std::mutex> lock(g_emu_block->async_mutex);
   EmuMbarrier& m = emu_mbarrier(bar);
   // The phase of parity `parity` has completed when the current phase's parity differs from it.
@@ -675,6 +693,7 @@ void emu_launch(EmuDim3 grid, int threads, size_t smem_bytes, Kernel kernel) {
             tg::cuda::flash::sm90::emu_wgmma_group_ends.clear();
             tg::cuda::flash::sm90::emu_bulk_open.clear();
             tg::cuda::flash::sm90::emu_bulk_groups.clear();
+            tg::cuda::flash::sm90::emu_last_wait_parity.clear();
             kernel();
           });
         for (std::thread& th : pool) th.join();
