@@ -410,8 +410,8 @@ constexpr int64_t kDkdvSm90aLongT = 4096;
 // m64n32: the cp.async two-warpgroup version ran 0.89-0.94× the deterministic pair at causal T ≤
 // 16k — GPT-2's 1k causal 0.90× —, the warp-specialised one 0.969× without turns and 0.961× with
 // (eleventh session, 12 d 64 shapes). An m64n32k16 product from shared memory reads 3 KB per
-// 64·32·16·2 FLOPs, 1.5× the m64n64k16's bytes per FLOP and more than the tensor cores' 128
-// bytes per clock of operand reads at full rate. Eighteenth session: one consumer forms the whole
+// 64·32·16·2 FLOPs, 1.5× the m64n64k16's bytes per FLOP: counted, at the peak rate that is
+// more than shared memory's 128 bytes per clock (not measured alone). Eighteenth session: one consumer forms the whole
 // tile's dQ (m64n64 over Bc keys), consumer g % 2 for the block's tile g (kDqByTurns): the atomic
 // column 1.004× the pair over the 12 d 64 shapes (best of 3 in one call), 1.03–1.065× non-causal
 // from 4k (8k 391 → 416 TF/s, 32k 407 → 425), 1.04× causal 16k–32k, but 0.90× / 0.94× at causal
