@@ -355,10 +355,11 @@ std::vector<Sm90aCase> sm90a_cases() {
   for (int64_t D : {64, 128}) out.push_back({{2, 300, 3, D, false, 0.0}, false, FlashDq::kAtomic});
   // Causal with 16 heads over 3 blocks: the causal order's groups of heads (sm90::item_tile: 8
   // waves of the grid, 24 items here; 3 tiles of 128 rows per head, so 2 groups of 8 heads in the
-  // dK/dV and dQ passes and the d 128 forward, 12 and 4 in the d 64 forward's 192-row tiles; the
-  // atomic dK/dV kernel keeps one group) decoded alike by every role.
+  // dK/dV and dQ passes, the d 64 atomic dK/dV kernel and the d 128 forward, 12 and 4 in the d 64
+  // forward's 192-row tiles; the d 128 atomic dK/dV kernel keeps one group) decoded alike by every
+  // role.
   out.push_back({{2, 300, 8, 64, true, 0.0}, false});
-  out.push_back({{2, 300, 8, 128, true, 0.0}, false, FlashDq::kAtomic});
+  for (int64_t D : {64, 128}) out.push_back({{2, 300, 8, D, true, 0.0}, false, FlashDq::kAtomic});
   // Head dim 96 on the d 128 kernels: each tile's second panel zero-filled past the head's last
   // column, and stores that stop there — with several heads, whose columns follow one another
   // (contiguous and packed), so a load or store past column 96 would meet the next head's; the

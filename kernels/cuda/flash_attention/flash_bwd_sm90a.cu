@@ -282,7 +282,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 // dq_accum with one bulk reduction (dq_full / dq_empty) while the consumers go on — unordered
 // across blocks.
 template <int D_, int Consumers, int Stages, bool PingPong, bool FormDq = false, bool OwnInRegisters = false,
-          int HeadDim = D_, int Br_ = 64>
+          int HeadDim = D_, int Br_ = 64, bool GroupedItems = !FormDq>
 struct DkdvWsSm90aTraits {
   static constexpr int kD = D_;
   // The head's columns (≤ kD): head dim 96 runs the d 128 tiles, which the tensor maps zero-fill
@@ -328,11 +328,14 @@ struct DkdvWsSm90aTraits {
   // for the reduction of tile g − 1 (the other consumer's) to have read it, but its own last wait
   // there was for tile g − 3's: the reduction of its own tile g − 2 may still be pending, and an
   // mbarrier wait tells phases apart by parity only, so it would pass, one phase short. Each
-  // consumer waiting on its own staging tile sees every phase of it. And 4 dSᵀ buffers, as
-  // measured (eighteenth session); 2 would do, as at d 128: both consumers store into, and wait
-  // on, every use of every buffer, so neither can be two phases behind one; the next GPU call can
-  // take the 32 KB back.
-  static constexpr int kDsBuffers = kDqByTurns ? 4 : 2;
+  // consumer waiting on its own staging tile sees every phase of it. Two dSᵀ buffers, at d 64 as
+  // at d 128: both consumers store into, and wait on, every use of every buffer, so neither can
+  // be two phases behind one. (The d 64 kernel first ran 4; 2 measured 1.001× that over its 12
+  // shapes, nineteenth session, and give 32 KB back.)
+  static constexpr int kDsBuffers = 2;
+  // Causal items in groups of heads (sm90::item_tile's grouped): every kernel but the d 128
+  // atomic one (DkdvAtomicSm90aConfig).
+  static constexpr bool kGroupedItems = GroupedItems;
   static constexpr int kDqStaging = kDqByTurns ? 2 : 1;
   static constexpr int kTileDs = kBc * sm90::kSwizzleRowBytes;
   static constexpr int kTileDq = kBr * kD * int(sizeof(float));
@@ -415,14 +418,18 @@ constexpr int64_t kDkdvSm90aLongT = 4096;
 // tile's dQ (m64n64 over Bc keys), consumer g % 2 for the block's tile g (kDqByTurns): the atomic
 // column 1.004× the pair over the 12 d 64 shapes (best of 3 in one call), 1.03–1.065× non-causal
 // from 4k (8k 391 → 416 TF/s, 32k 407 → 425), 1.04× causal 16k–32k, but 0.90× / 0.94× at causal
-// 4k / 8k (sm90a_runs_atomic_dq). Its causal items keep the order with every head in one group
-// (sm90::item_tile's grouped = false): in groups of heads, as the other kernels run them, the d
-// 128 atomic column ran 414–426 TF/s at causal 8k and 470–480 at 16k against 426–447 and
-// 481–494 (eighteenth session, call 2, 3 rounds each), 426 and 464 in call 3.
+// 4k / 8k (sm90a_runs_atomic_dq). Causal items in groups of heads (sm90::item_tile), as the other
+// kernels run them: at d 128 slower — 414–426 TF/s at causal 8k and 470–480 at 16k against
+// 426–447 and 481–494 with every head in one group (eighteenth session, call 2, 3 rounds each),
+// so d 128 keeps one group —; at d 64 faster, 1.023× over its 12 shapes (nineteenth session,
+// call 1, `tools/gpu_ab.sh`, best of 3 interleaved rounds: causal 1k 217 → 231, 2k 276 → 301, 4k
+// 320 → 332, level from 8k and non-causal, where the order is the same). Ping-pong turns at d 64
+// measured 1.002× in the same call: not kept.
 template <int D> constexpr bool kSm90aAtomicDq = D == 128 || D == 64;
 template <int D> struct DkdvAtomicSm90aConfig;
-template <> struct DkdvAtomicSm90aConfig<64> { using type = DkdvWsSm90aTraits<64, 2, 3, false, true, true>; };
+template <> struct DkdvAtomicSm90aConfig<64> { using type = DkdvWsSm90aTraits<64, 2, 3, false, true, true, 64, 64, true>; };
 template <> struct DkdvAtomicSm90aConfig<128> { using type = DkdvWsSm90aTraits<128, 2, 3, false, true>; };
+
 
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
@@ -455,6 +462,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // Causal: query tiles ending before the key block's first key only see keys in their future,
   // never visited.
   auto first_tile = [=](int k0) { return causal ? k0 / Br : 0; };
+  // Item w's key block, head and batch, in the kernel's order (Tr::kGroupedItems).
+  auto item_of = [=](int w) { return sm90::item_tile(w, H, B, n_kb, Bc, causal, false, Tr::kGroupedItems); };
 
   // The mbarriers, after the statistics: K/V's (own_full), then the Q/dO stream's; Q's full
   // barriers also count the 32 lanes of the warp that stages lse and delta, and Q's empty ones
@@ -508,7 +517,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if (tid == 0) {  // per item, K_j, V_j once the last item's are done with, then its Q/dO tiles
       int w = int(blockIdx.x), next = sm90::claim_item(item_counter);
       for (int it = 0, seq = 0; w < n_items; ++it) {
-        const sm90::ItemTile item = sm90::item_tile(w, H, B, n_kb, Bc, causal, false, !Tr::kFormDq);
+        const sm90::ItemTile item = item_of(w);
         const int i_begin = first_tile(item.row0);
         if (it > 0) sm90::mbarrier_wait(own_empty, uint32_t(it - 1) & 1);
         s_item[0] = w;
@@ -531,7 +540,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         const sm90::ItemSlot slot = sm90::read_item_slot(s_item, lane);
         sm90::mbarrier_arrive_warp(own_empty);  // the slot is read
         last_item = slot.next >= n_items;
-        const sm90::ItemTile item = sm90::item_tile(slot.item, H, B, n_kb, Bc, causal, false, !Tr::kFormDq);
+        const sm90::ItemTile item = item_of(slot.item);
         const float* lse = p.lse + (int64_t(item.b) * H + item.h) * T;
         const float* dlt = delta + (int64_t(item.b) * H + item.h) * T;
         for (int i = first_tile(item.row0); i < n_qb; ++i, ++seq) {
@@ -585,7 +594,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
   const sm90::ItemSlot slot = sm90::read_item_slot(s_item, lane);
   last_item = slot.next >= n_items;  // the ring's very last turn hands on to no one
-  const sm90::ItemTile item = sm90::item_tile(slot.item, H, B, n_kb, Bc, causal, false, !Tr::kFormDq);
+  const sm90::ItemTile item = item_of(slot.item);
   const int i_begin = first_tile(item.row0), n_tiles = n_qb - i_begin;  // ≥ 1
   const int key0 = item.row0 + 64 * c + 16 * warp;  // this warp's first key
   if constexpr (Tr::kReleaseOwnEarly) {  // K_j, V_j are in kf, vf and the item in `item`
@@ -714,7 +723,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           *reinterpret_cast<float2*>(rows + 8 * e * D + ((dq_col0 + 8 * nt) ^ chunk_xor)) =
               make_float2(dq[nt][2 * e], dq[nt][2 * e + 1]);
       if ((Tr::kDqByTurns || c == 0) && warp == 0 && lane == 0) {  // the destination, for the reducing thread
-        const sm90::ItemTile at = sm90::item_tile(s_item[0], H, B, n_kb, Bc, causal, false, !Tr::kFormDq);
+        const sm90::ItemTile at = item_of(s_item[0]);
         s_dq[2 * k] = ((int64_t(at.b) * H + at.h) * accum_rows + int64_t(first_tile(at.row0) + j) * Br) * D;
         s_dq[2 * k + 1] = last_item && j + 1 == n_tiles;
       }
@@ -788,7 +797,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   if constexpr (!Tr::kReleaseOwnEarly) {
     const sm90::ItemSlot done = sm90::read_item_slot(s_item, lane);
     sm90::mbarrier_arrive_warp(own_empty);
-    out = sm90::item_tile(done.item, H, B, n_kb, Bc, causal, false, !Tr::kFormDq);
+    out = item_of(done.item);
   }
   seq += n_tiles;
 

@@ -482,7 +482,7 @@ __device__ __forceinline__ ItemTile causal_item_tile(int w, int H, int B, int n_
   const int z = r / group_heads, hb = group * G + r % group_heads;
   return {hb % H, hb / H, (heaviest_last ? n_tiles - 1 - z : z) * rows};
 }
-// grouped = false: every head in one group (the atomic dK/dV kernel's order, see
+// grouped = false: every head in one group (the d 128 atomic dK/dV kernel's order, see
 // DkdvAtomicSm90aConfig).
 __device__ __forceinline__ ItemTile item_tile(int w, int H, int B, int n_tiles, int rows, bool causal,
                                               bool heaviest_last, bool grouped = true) {
