@@ -357,79 +357,39 @@ struct DkdvWsSm90aTraits {
   static_assert(!FormDq || (kDqCols == 64 && kBr == 64 && Consumers == 2), "FormDq: m64n64 dQ products");
 };
 
-// Block shapes, measured on the H200 (2026-11-30, docs/BENCHMARKS.md, seventh session; backward
-// TF/s of the deterministic pair, dQ unchanged, T = 8192 causal, d 128 / d 64). Against the
-// cp.async kernel it replaced (one warpgroup per block, 2 blocks per SM at d 128 and 3 at d 64:
-// 389 / 340): 2 consumers, 2 stages, ping-pong 436 / 359; without ping-pong 438 / 333; 3 stages,
-// ping-pong 468 / 333 — the best on the mean over the 24 benchmark shapes (1.08× the old kernel,
-// 1.16–1.24× at d 128 causal from 8k). 3 stages of 64 queries: Q_i, dO_i stay in their stage
-// until dK += dSᵀ Q_i has run, so two stages leave one load in flight behind the tile in use.
-// Then the pipelined loop (dK_{j−1} issued with Sᵀ_j, dPᵀ_j), two runs each in one call, mean
-// over the 24 shapes: with ping-pong 1.036× the unpipelined kernel — +3-9 % at d 64 (causal 4k
-// 325 → 337, 32k 358 → 372), level at d 128, where it spills 100 bytes —; without ping-pong
-// 1.028× — level or slower at d 64, +2-20 % at d 128 (causal 32k 452 → 476, non-causal 4k
-// 386 → 469). Kept per head dim. Ninth session, K and V in registers (best of 3 interleaved runs
-// in one call): d 64 1.025× over its 12 shapes (causal 8k 340 → 371, non-causal 32k 355 → 376;
-// 0 consumer spills); d 128 has no registers for them (dK, dV and the pipelined tile fill 240).
-// The dQ kernel's Q in registers measured 1.002× (d 64) and 0.997× (d 128): not kept. Eleventh
-// session, with K and V in registers their tiles released at the item's start (kReleaseOwnEarly):
-// d 64 deterministic backward 1.021× over the 6 shapes T ≤ 4k (best of 2 interleaved runs;
-// causal 1k 227 → 238, 4k 337 → 345), where items are short and the block had waited for the
-// next item's tiles at every item boundary.
+// Block shapes (measured on the H200; the measurements, session by session, are in
+// docs/flash-attention.md "How the backward's block shapes were chosen"): two consumers of 64
+// keys each and 3 Q/dO stages of 64 queries — Q_i, dO_i stay in their stage until dK += dSᵀ Q_i
+// has run, a tile later, so of three stages two are held and one loads ahead (3 stages,
+// ping-pong: 1.08× the cp.async kernel over the 24 shapes; 2 stages were slower). The pipelined loop (dK_{j−1} issued with Sᵀ_j,
+// dPᵀ_j) paid with ping-pong turns at d 64 (+3–9 %) and without them at d 128 (+2–20 %), so the
+// turns are per head dim. d 64 keeps K and V in registers (1.025×), released at the item's start
+// (1.021× at T ≤ 4k, where items are short); d 128 has no registers for them.
 template <int D> struct DkdvWsSm90aConfig;
 template <> struct DkdvWsSm90aConfig<64> { using type = DkdvWsSm90aTraits<64, 2, 3, true, false, true>; };
 template <> struct DkdvWsSm90aConfig<128> { using type = DkdvWsSm90aTraits<128, 2, 3, false>; };
 template <> struct DkdvWsSm90aConfig<96> { using type = DkdvWsSm90aTraits<128, 2, 3, false, false, false, 96>; };
 // From T = 4096 at d 64: 96-query streamed tiles with K and V read from shared memory (Sᵀ and dPᵀ
-// m64n96; 0 consumer spills; a third fewer turns, waits and stage hand-overs per FLOP, as the dQ
-// kernel's 96-key tiles). Sixteenth session, `tools/gpu_ab.sh` (a temporary switch, best of 3
-// interleaved runs, deterministic backward against the 64-query shape): from 4k 0.99–1.03× (8
-// shapes, causal 32k 381 → 392, non-causal 4k 376 → 383), but 0.93–0.99× at 1k–2k, where items
-// are a few tiles long and the 64-query shape's early release of K and V (kReleaseOwnEarly, which
-// needs them in registers) lets the next item's tiles load under this one's. 96 queries with K
-// and V in registers: 0.914× (ptxas reloads a K fragment from local memory at every tile); 128
-// queries spill 216 bytes in the consumers.
+// m64n96): a third fewer turns, waits and stage hand-overs per FLOP, 0.99–1.03× from 4k; below,
+// where items are a few tiles long, the 64-query shape's early release of K and V (which needs
+// them in registers) is the faster (docs/flash-attention.md, as above).
 template <int D> struct DkdvWsSm90aLongConfig { using type = typename DkdvWsSm90aConfig<D>::type; };
 template <> struct DkdvWsSm90aLongConfig<64> { using type = DkdvWsSm90aTraits<64, 2, 3, true, false, false, 64, 96>; };
 constexpr int64_t kDkdvSm90aLongT = 4096;
 // FlashDq::kAtomic's dK/dV kernel, which forms dQ too (5 products per tile pair, not 7). Each
 // block adds a (64 queries, D) fp32 dQ tile per streamed query tile; the L2 performs the
-// reductions. History, all measured on the H200 (docs/BENCHMARKS.md), backward TF/s at d 128
-// causal 8k against the deterministic kernels of the same call: fifth session, a cp.async kernel
-// with all warps in lockstep — one warpgroup per block (64 keys) ran 0.55-0.99× the
-// deterministic pair at T ≥ 4k, bound by the reductions (~2 TB/s into L2); two warpgroups (128
-// keys: half the traffic per FLOP) 1.01-1.18×; three Q/dO stages (the bulk add issued a tile
-// later, one block barrier fewer) 1.17-1.32× (452-464 vs 368-378). Seventh session, on the
-// warp-specialised kernel (reductions issued by a producer thread, consumers never waiting on
-// them but for the staging tile): 520 with ping-pong turns, 534 without (the per-tile dSᵀ
-// exchange already synchronises the consumers), against 462 for the cp.async kernel and 465-479
-// for the deterministic pair. Ninth session: tile j's dQ product issued with dK_{j+1} rather
-// than after dK_j has retired (the consumers no longer meet at every tile): 1.018× over the 12
-// d 128 shapes (best of two runs each, one call) — non-causal 1.058× (8k–32k +9–16 %, 32k 430 →
-// 499), causal 0.981× (1k–2k −2 %, 8k 479 → 473, 32k 502 → 522); with ping-pong turns 1.002×,
-// so still without. Eleventh session, K in registers (Sᵀ register-A, dPᵀ still SS; 24 + 2 × 240
-// registers, 80 bytes of spills): 0.851× — the fragments ptxas reloads from local memory cost
-// more than the operand reads they save. At d 64, split by columns, each consumer's dQ product is
-// m64n32: the cp.async two-warpgroup version ran 0.89-0.94× the deterministic pair at causal T ≤
-// 16k — GPT-2's 1k causal 0.90× —, the warp-specialised one 0.969× without turns and 0.961× with
-// (eleventh session, 12 d 64 shapes). An m64n32k16 product from shared memory reads 3 KB per
-// 64·32·16·2 FLOPs, 1.5× the m64n64k16's bytes per FLOP: counted, at the peak rate that is
-// more than shared memory's 128 bytes per clock (not measured alone). Eighteenth session: one consumer forms the whole
-// tile's dQ (m64n64 over Bc keys), consumer g % 2 for the block's tile g (kDqByTurns): the atomic
-// column 1.004× the pair over the 12 d 64 shapes (best of 3 in one call), 1.03–1.065× non-causal
-// from 4k (8k 391 → 416 TF/s, 32k 407 → 425), 1.04× causal 16k–32k, but 0.90× / 0.94× at causal
-// 4k / 8k (sm90a_runs_atomic_dq). Causal items in groups of heads (sm90::item_tile), as the other
-// kernels run them: at d 128 slower — 414–426 TF/s at causal 8k and 470–480 at 16k against
-// 426–447 and 481–494 with every head in one group (eighteenth session, call 2, 3 rounds each),
-// so d 128 keeps one group —; at d 64 faster, 1.023× over its 12 shapes (nineteenth session,
-// call 1, `tools/gpu_ab.sh`, best of 3 interleaved rounds: causal 1k 217 → 231, 2k 276 → 301, 4k
-// 320 → 332, level from 8k and non-causal, where the order is the same). Ping-pong turns at d 64
-// measured 1.002× in the same call: not kept.
+// reductions. Two consumers of 64 keys (128 keys per block: half the reduced bytes per FLOP of
+// one), 3 Q/dO stages, no ping-pong turns (the per-tile dSᵀ exchange already paces the
+// consumers), tile j's dQ product issued with dK_{j+1}; at d 64 one consumer forms a whole tile's
+// dQ by turns (an m64n32 half would read more shared memory per FLOP than the tensor cores'
+// operand rate allows), and the causal items go in groups of heads as in every other kernel
+// (1.023×), which at d 128 measured 3–5 % slower, so d 128 keeps one group. Where it is the faster
+// than the deterministic pair: sm90a_runs_atomic_dq. The measurements, session by session:
+// docs/flash-attention.md "How the backward's block shapes were chosen".
 template <int D> constexpr bool kSm90aAtomicDq = D == 128 || D == 64;
 template <int D> struct DkdvAtomicSm90aConfig;
 template <> struct DkdvAtomicSm90aConfig<64> { using type = DkdvWsSm90aTraits<64, 2, 3, false, true, true, 64, 64, true>; };
 template <> struct DkdvAtomicSm90aConfig<128> { using type = DkdvWsSm90aTraits<128, 2, 3, false, true>; };
-
 
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
@@ -855,7 +815,7 @@ void launch_dkdv_sm90a(const FlashAttentionParams& p, const float* delta, cudaSt
 }
 
 // Block shapes: DkdvWsSm90aConfig, DkdvWsSm90aLongConfig, DqSm90aConfig, DkdvAtomicSm90aConfig
-// (above), with the measurements that chose them.
+// (above), with the reasons for them (their measurements: docs/flash-attention.md).
 template <int D>
 void launch_bwd_sm90a(const FlashAttentionParams& p, const float* delta, float* dq_accum, int accum_rows,
                       cudaStream_t stream) {
