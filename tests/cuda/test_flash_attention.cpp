@@ -289,8 +289,9 @@ std::vector<Case> cases() {
           out.push_back({1, T, 2, D, causal, 0.0});
       }
   out.push_back({1, 4096, 1, 64, false, 0.0});  // many key tiles: the online rescale over a long row
-  // d 64's long-T dK/dV shape on sm_90a (96-query tiles from T = 4096: DkdvWsSm90aLongConfig),
-  // causal, with a ragged last tile (4200 = 43 · 96 + 72).
+  // d 64's long-T dK/dV shape on sm_90a (three consumers, 192-key blocks, from T = 2048:
+  // DkdvWsSm90aLongConfig), causal, with a ragged last key block and query tile (4200 = 21 · 192 +
+  // 168 = 65 · 64 + 40).
   out.push_back({1, 4200, 1, 64, true, 0.0});
   out.push_back({1, 2048, 1, 128, true, 0.0});
   // The atomic dQ kernels over longer items with a ragged end: d 128 causal, and d 64 non-causal

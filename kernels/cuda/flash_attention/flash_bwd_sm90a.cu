@@ -262,14 +262,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 }
 
 // ── dK/dV, warp-specialised ──
-// The producer loads the block's K_j, V_j once and streams Q_i, dO_i tiles of Br_ queries (64;
-// 96 for d 64 from T = 4096: DkdvWsSm90aLongConfig) by TMA through Stages stage buffers
+// The producer loads the block's K_j, V_j once and streams Q_i, dO_i tiles of Br_ queries (64) by
+// TMA through Stages stage buffers
 // (produce_kv, the Q/dO pair in the K/V roles); a second producer warp stages each tile's lse and
 // delta (Br_ floats each, plain loads: TMA would need T % 4 = 0)
 // and counts itself into the Q barrier. Consumer warpgroups own 64 keys each and run the
 // transposed products per tile: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (SS), dV += Pᵀ dO and dK += dSᵀ Q
 // (register A, Q and dO MN-major); with PingPong they take turns to issue, as the forward does.
-// Q_i, dO_i are released once dK and dV have read them. The deterministic kernel is pipelined:
+// Q_i, dO_i are released once dK and dV have read them. The deterministic kernel is pipelined
+// (kPipelined; not d 64's three-consumer one, DkdvWsSm90aLongConfig):
 // dK's product for one tile runs while the next tile is exponentiated.
 //
 // FormDq (FlashDq::kAtomic): the block also forms dQ_i = dS K_j over its Bc keys, 5 products per
@@ -282,7 +283,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 // dq_accum with one bulk reduction (dq_full / dq_empty) while the consumers go on — unordered
 // across blocks.
 template <int D_, int Consumers, int Stages, bool PingPong, bool FormDq = false, bool OwnInRegisters = false,
-          int HeadDim = D_, int Br_ = 64, bool GroupedItems = !FormDq>
+          int HeadDim = D_, int Br_ = 64, bool GroupedItems = !FormDq, bool Pipelined = true>
 struct DkdvWsSm90aTraits {
   static constexpr int kD = D_;
   // The head's columns (≤ kD): head dim 96 runs the d 128 tiles, which the tensor maps zero-fill
@@ -336,6 +337,9 @@ struct DkdvWsSm90aTraits {
   // Causal items in groups of heads (sm90::item_tile's grouped): every kernel but the d 128
   // atomic one (DkdvAtomicSm90aConfig).
   static constexpr bool kGroupedItems = GroupedItems;
+  // The deterministic kernel's dK product for tile j − 1 issued with tile j's Sᵀ, dPᵀ (false: each
+  // tile's four products issued and retired in turn, 16 registers fewer at the loop's peak).
+  static constexpr bool kPipelined = Pipelined;
   static constexpr int kDqStaging = kDqByTurns ? 2 : 1;
   static constexpr int kTileDs = kBc * sm90::kSwizzleRowBytes;
   static constexpr int kTileDq = kBr * kD * int(sizeof(float));
@@ -369,13 +373,21 @@ template <int D> struct DkdvWsSm90aConfig;
 template <> struct DkdvWsSm90aConfig<64> { using type = DkdvWsSm90aTraits<64, 2, 3, true, false, true>; };
 template <> struct DkdvWsSm90aConfig<128> { using type = DkdvWsSm90aTraits<128, 2, 3, false>; };
 template <> struct DkdvWsSm90aConfig<96> { using type = DkdvWsSm90aTraits<128, 2, 3, false, false, false, 96>; };
-// From T = 4096 at d 64: 96-query streamed tiles with K and V read from shared memory (Sᵀ and dPᵀ
-// m64n96): a third fewer turns, waits and stage hand-overs per FLOP, 0.99–1.03× from 4k; below,
-// where items are a few tiles long, the 64-query shape's early release of K and V (which needs
-// them in registers) is the faster (docs/flash-attention.md, as above).
+// From T = 2048 at d 64: three consumers (192 keys per block, 160 registers each) taking turns,
+// K and V read from shared memory, each tile's four products issued and retired in turn (the
+// pipelined loop's dSᵀ of the tile before would not fit: it spilled 148 bytes). At d 64 a tile's
+// exponentials and dS take about as long as its products, and with two consumers the tensor
+// cores idled while both computed them (the pair ran 63–68 % of their peak); a third keeps them
+// busy, as in the d 64 forward. Nineteenth session, `tools/gpu_ab.sh`, best of 3 interleaved
+// rounds against the two-consumer shapes: 1.023× over the 12 d 64 shapes, 1.02–1.11× from 2k
+// (causal 4k 363 → 381, 8k 375 → 414 TF/s), but 0.97–0.99× at 1k, where items are a few tiles
+// long and the 64-query shape's early release of K and V (which needs them in registers) pays.
+// It replaced the sixteenth session's 96-query two-consumer shape from 4k (docs/flash-attention.md).
 template <int D> struct DkdvWsSm90aLongConfig { using type = typename DkdvWsSm90aConfig<D>::type; };
-template <> struct DkdvWsSm90aLongConfig<64> { using type = DkdvWsSm90aTraits<64, 2, 3, true, false, false, 64, 96>; };
-constexpr int64_t kDkdvSm90aLongT = 4096;
+template <> struct DkdvWsSm90aLongConfig<64> {
+  using type = DkdvWsSm90aTraits<64, 3, 3, true, false, false, 64, 64, true, false>;
+};
+constexpr int64_t kDkdvSm90aLongT = 2048;
 // FlashDq::kAtomic's dK/dV kernel, which forms dQ too (5 products per tile pair, not 7). Each
 // block adds a (64 queries, D) fp32 dQ tile per streamed query tile; the L2 performs the
 // reductions. Two consumers of 64 keys (128 keys per block: half the reduced bytes per FLOP of
@@ -614,7 +626,19 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     sm90::mbarrier_arrive_warp(&qdo.v_empty[stage(j)]);
   };
 
-  if constexpr (!Tr::kFormDq) {
+  if constexpr (!Tr::kFormDq && !Tr::kPipelined) {
+    for (int j = 0; j < n_tiles; ++j) {
+      turn_begin();
+      issue_s_dp(j);
+      turn_end(j);
+      sm90::wgmma_wait<0>();
+      p_and_dv(j);
+      ds(j);
+      issue_dk(j);
+      sm90::wgmma_wait<0>();  // dV_j has read pf, dK_j dsf and Q_j
+      release(j);
+    }
+  } else if constexpr (!Tr::kFormDq) {
     // Each turn issues Sᵀ_j, dPᵀ_j and dK += dSᵀ_{j−1} Q_{j−1}, so that dK's product runs while
     // this consumer exponentiates; every product is retired within the iteration that issues it
     // (none in flight across the loop's back edge), as in the dQ kernel.

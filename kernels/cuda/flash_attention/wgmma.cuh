@@ -264,8 +264,7 @@ __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t des
 }
 
 // S = Q K_jᵀ, dP = dO V_jᵀ with N = 96 keys per tile (48 accumulator registers per thread): the
-// d 128 dQ kernel's tile, between 64 (more turns and waits per FLOP) and 128 (spills); likewise
-// Sᵀ, dPᵀ over d 64's long-T dK/dV tiles of 96 queries.
+// d 128 dQ kernel's tile, between 64 (more turns and waits per FLOP) and 128 (spills).
 template <int kTransB>
 __device__ __forceinline__ void wgmma_m64n96k16_ss(float (&d)[48], uint64_t desc_a, uint64_t desc_b,
                                                    bool accumulate) {
