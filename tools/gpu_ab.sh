@@ -7,7 +7,8 @@
 # the best of the rounds and its ratio to the first value.
 #
 # Usage: tools/gpu_ab.sh VAR "V0 V1 ..." [COLUMN] [ROUNDS] [-- extra bench attention arguments]
-#   COLUMN: fwd_tflops, bwd_tflops (default) or bwd_atomic_tflops
+#   COLUMN: fwd_tflops, bwd_tflops (default) or bwd_atomic_tflops, or several, comma-separated
+#   (a table each: e.g. bwd_tflops,fwd_tflops, the forward as the call's drift control)
 #   e.g.   tools/gpu_ab.sh TG_FWD_SCHED "0 1 2 3" fwd_tflops 2 -- --backward 0
 # Builds first (tools/gpu_check.sh none). Logs under $OUT (default gpu-out).
 set -uo pipefail
@@ -34,26 +35,30 @@ for r in $(seq "$ROUNDS"); do
 done
 python3 - "$OUT" "$COLUMN" "$ROUNDS" $VALUES <<'PY'
 import json, sys
-out, column, rounds, values = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
-rows = {}
-for v in values:
-    for r in range(1, rounds + 1):
-        for line in open(f"{out}/ab_bench_{v}_{r}.log"):
-            j = json.loads(line)
-            rows.setdefault((j["d"], j["T"], j["causal"]), {}).setdefault(v, []).append(j[column])
-print(f"| d | T | causal | " + " | ".join(f"{v} ({column}, runs)" for v in values) +
-      " | " + " | ".join(f"{v} / {values[0]}" for v in values[1:]) + " |")
-print("|---" * (3 + 2 * len(values) - 1) + "|")
-mean = {v: [] for v in values[1:]}
-for k in sorted(rows, key=lambda k: (k[0], not k[2], k[1])):
-    r = rows[k]
-    if any(v not in r for v in values):
-        continue
-    ratios = [max(r[v]) / max(r[values[0]]) for v in values[1:]]
-    for v, x in zip(values[1:], ratios):
-        mean[v].append(x)
-    print(f"| {k[0]} | {k[1]} | {'yes' if k[2] else 'no'} | " + " | ".join("/".join(f"{x:.0f}" for x in r[v]) for v in values) +
-          " | " + " | ".join(f"{x:.2f}" for x in ratios) + " |")
-print("mean ratio to " + values[0] + " (best of the rounds): " +
-      ", ".join(f"{v}: {sum(x) / len(x):.3f}" for v, x in mean.items() if x))
+out, columns, rounds, values = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3]), sys.argv[4:]
+for column in columns:
+    rows = {}
+    for v in values:
+        for r in range(1, rounds + 1):
+            for line in open(f"{out}/ab_bench_{v}_{r}.log"):
+                j = json.loads(line)
+                rows.setdefault((j["d"], j["T"], j["causal"]), {}).setdefault(v, []).append(j[column])
+    print(f"| d | T | causal | " + " | ".join(f"{v} ({column}, runs)" for v in values) +
+          " | " + " | ".join(f"{v} / {values[0]}" for v in values[1:]) + " |")
+    print("|---" * (3 + 2 * len(values) - 1) + "|")
+    mean = {v: [] for v in values[1:]}
+    for k in sorted(rows, key=lambda k: (k[0], not k[2], k[1])):
+        r = rows[k]
+        if any(v not in r for v in values):
+            continue
+        ratios = [max(r[v]) / max(r[values[0]]) for v in values[1:]]
+        for v, x in zip(values[1:], ratios):
+            mean[v].append(x)
+        print(f"| {k[0]} | {k[1]} | {'yes' if k[2] else 'no'} | " +
+              " | ".join("/".join(f"{x:.0f}" for x in r[v]) for v in values) +
+              " | " + " | ".join(f"{x:.2f}" for x in ratios) + " |")
+    # The arithmetic mean of the per-shape ratios of the best of the rounds.
+    print(f"{column}: mean ratio to " + values[0] + " (best of the rounds): " +
+          ", ".join(f"{v}: {sum(x) / len(x):.3f}" for v, x in mean.items() if x))
+    print()
 PY
