@@ -625,15 +625,20 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     sm90::mbarrier_arrive(&qdo.k_empty[stage(j)]);  // every thread: its statistics loads
     sm90::mbarrier_arrive_warp(&qdo.v_empty[stage(j)]);
   };
+  // Tile j's Sᵀ, dPᵀ in this consumer's turn, waited for; then Pᵀ with dV's product issued, and
+  // dSᵀ into dsf.
+  auto s_dp_then_p_ds = [&](int j) {
+    turn_begin();
+    issue_s_dp(j);
+    turn_end(j);
+    sm90::wgmma_wait<0>();
+    p_and_dv(j);
+    ds(j);
+  };
 
   if constexpr (!Tr::kFormDq && !Tr::kPipelined) {
     for (int j = 0; j < n_tiles; ++j) {
-      turn_begin();
-      issue_s_dp(j);
-      turn_end(j);
-      sm90::wgmma_wait<0>();
-      p_and_dv(j);
-      ds(j);
+      s_dp_then_p_ds(j);
       issue_dk(j);
       sm90::wgmma_wait<0>();  // dV_j has read pf, dK_j dsf and Q_j
       release(j);
@@ -642,12 +647,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // Each turn issues Sᵀ_j, dPᵀ_j and dK += dSᵀ_{j−1} Q_{j−1}, so that dK's product runs while
     // this consumer exponentiates; every product is retired within the iteration that issues it
     // (none in flight across the loop's back edge), as in the dQ kernel.
-    turn_begin();
-    issue_s_dp(0);
-    turn_end(0);
-    sm90::wgmma_wait<0>();
-    p_and_dv(0);
-    ds(0);
+    s_dp_then_p_ds(0);
     sm90::wgmma_wait<0>();  // dV_0 has read pf
     for (int j = 1; j < n_tiles; ++j) {
       turn_begin();
@@ -717,12 +717,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // Tile j's four products (dK's issued), its dSᵀ rows published.
     auto tile_products = [&](int j) {
       const int g = seq + j, buf = g % NDs;
-      turn_begin();
-      issue_s_dp(j);
-      turn_end(j);
-      sm90::wgmma_wait<0>();
-      p_and_dv(j);
-      ds(j);
+      s_dp_then_p_ds(j);
       // This warp's 16 dSᵀ rows into their buffer, once the dQ product of its last use has read it.
       if (g >= NDs) sm90::mbarrier_wait(&ds_empty[buf], uint32_t(g / NDs - 1) & 1);
       sm90::store_a_frags_swizzled(sdSt + buf * Tr::kTileDs + 64 * c * sm90::kSwizzleRowBytes, dsf, 16 * warp, lane);
