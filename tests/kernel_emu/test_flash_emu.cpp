@@ -242,17 +242,23 @@ void backward_sm90a(const FlashAttentionParams& p_in) {
       return;
     }
   }
-  // The launcher takes DkdvWsSm90aLongConfig from T = kDkdvSm90aLongT; here from T = 256, so that
-  // its stages, turns and ragged tails run too (at 256 and 600).
+  // The launchers take DkdvWsSm90aLongConfig and DqSm90aLongConfig from T = kBwdSm90aLongT; here
+  // from T = 256, so that their stages, turns and ragged tails run too (at 256, 300 and 600).
   if (p.T >= 256)
     dkdv_sm90a_with<typename flash::DkdvWsSm90aLongConfig<D>::type>(p, ws.delta);
   else
     dkdv_sm90a_with<typename flash::DkdvWsSm90aConfig<D>::type>(p, ws.delta);
-  using Dq = typename flash::DqSm90aConfig<D>::type;
-  const flash::BwdTmaMaps maps = flash::bwd_tma_maps<Dq>(p);
-  ItemCounter dq_counter;
-  emu_launch(item_grid(p, Dq::kBr), Dq::kThreads, Dq::kSmemBytes,
-             [&] { flash::flash_bwd_dq_sm90a_kernel<Dq>(p, ws.delta, maps, dq_counter.words); });
+  auto run_dq = [&](auto traits) {
+    using Dq = decltype(traits);
+    const flash::BwdTmaMaps maps = flash::bwd_tma_maps<Dq>(p);
+    ItemCounter dq_counter;
+    emu_launch(item_grid(p, Dq::kBr), Dq::kThreads, Dq::kSmemBytes,
+               [&] { flash::flash_bwd_dq_sm90a_kernel<Dq>(p, ws.delta, maps, dq_counter.words); });
+  };
+  if (p.T >= 256)  // as the dK/dV kernel above: the long shape from T = 256 here
+    run_dq(typename flash::DqSm90aLongConfig<D>::type{});
+  else
+    run_dq(typename flash::DqSm90aConfig<D>::type{});
 }
 
 struct Sm90aCase {

@@ -38,9 +38,10 @@ namespace flash {
 // with the tensor copy engine through Stages stage buffers (wgmma.cuh's produce_kv); Consumers
 // warpgroups of 64 query rows each take turns at the tensor cores (named barriers), and each
 // overlaps tile j's products S = Q K_jᵀ, dP = dO V_jᵀ with dQ += dS_{j−1} K_{j−1}, so one tile's
-// elementwise work (P, dS) runs under the next tile's products and under the other consumers'.
+// elementwise work (P, dS) runs under the next tile's products and under the other consumers'
+// (kPipelined; d 64's three-consumer shape issues and retires each tile's products in turn).
 // dQ still sums over j in a fixed order: deterministic.
-template <int D_, int Consumers, int Bc_, int Stages, int HeadDim = D_>
+template <int D_, int Consumers, int Bc_, int Stages, int HeadDim = D_, bool Pipelined = true>
 struct DqSm90aTraits {
   static constexpr int kD = D_;
   // The head's columns (≤ kD): head dim 96 runs the d 128 tiles, which the tensor maps zero-fill
@@ -53,6 +54,9 @@ struct DqSm90aTraits {
   static constexpr int kBr = 64 * Consumers;              // query rows per block
   static constexpr int kBc = Bc_;                         // keys per streamed tile
   static constexpr int kStages = Stages;
+  // dQ += dS_{j−1} K_{j−1} issued with tile j's S, dP (false: each tile's three products issued
+  // and retired in turn, dS's fragments no longer live beside the next tile's S and dP).
+  static constexpr bool kPipelined = Pipelined;
   static constexpr int kPanels = kD / 64;
   static constexpr int kPanelQ = kBr * sm90::kSwizzleRowBytes, kPanelKV = kBc * sm90::kSwizzleRowBytes;
   static constexpr int kTileQ = kPanels * kPanelQ, kTileKV = kPanels * kPanelKV;  // bytes
@@ -92,6 +96,18 @@ template <int D> struct DqSm90aConfig;
 template <> struct DqSm90aConfig<64> { using type = DqSm90aTraits<64, 2, 128, 3>; };
 template <> struct DqSm90aConfig<128> { using type = DqSm90aTraits<128, 2, 96, 3>; };
 template <> struct DqSm90aConfig<96> { using type = DqSm90aTraits<128, 2, 96, 3, 96>; };
+// From T = 2048 at d 64 (kBwdSm90aLongT, as the dK/dV kernel's long shape): three consumers (192
+// query rows per block, 160 registers each) on 96-key tiles, each tile's three products issued
+// and retired in turn (kPipelined = false: the pipelined loop's dS of the tile before would not
+// fit beside the next S and dP in 160 registers). A third consumer keeps the tensor cores busy
+// while two compute exponentials and dS, as in the dK/dV kernel's long shape. Twentieth session,
+// `tools/gpu_ab.sh`, best of 3 interleaved rounds against the 2 × 128 shape: 1.00–1.06× from 2k
+// (every shape ≥ 1.00; causal 8k 384 → 407 TF/s), 0.96–0.97× at 1k (kept there); on 64-key tiles
+// 0.93–0.99× everywhere (the eleventh session's 3 × 64 on the pipelined loop: 0.971×).
+// Both backward kernels take their long shapes (DqSm90aLongConfig, DkdvWsSm90aLongConfig) from here.
+constexpr int64_t kBwdSm90aLongT = 2048;
+template <int D> struct DqSm90aLongConfig { using type = typename DqSm90aConfig<D>::type; };
+template <> struct DqSm90aLongConfig<64> { using type = DqSm90aTraits<64, 3, 96, 3, 64, false>; };
 
 // The tensor maps of both backward kernels (tma.h): q, dout in boxes of Tr::kBr rows, k, v of
 // Tr::kBc (the dQ kernel streams K/V tiles under its own Q/dO, the dK/dV kernel the reverse).
@@ -227,32 +243,49 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     float s[Bc / 8][4], dp[Bc / 8][4];
     uint32_t dsf[Bc / 16][4];
 
-    // Turn 0: S, dP of tile 0. Turn j: S, dP of tile j and dQ += dS_{j−1} K_{j−1}. Q and dO are
-    // released once the item's last S, dP have landed: the next item's load under this one's tail.
-    sm90::named_barrier_sync(my_turn, 256);
-    issue_s_dp(s, dp, 0);
-    if (c != C - 1 || n_kb > 1 || !last_item) sm90::named_barrier_arrive(next_turn, 256);
-    sm90::wgmma_wait<0>();
-    release(&kv.v_empty[seq % NS]);  // V_0 is done with; K_0 waits for its dQ product
-    if (n_kb == 1) release(q_empty);
-    grad(s, dp, 0);
-    acc_to_a<Bc>(dsf, dp);
-    for (int j = 1; j < n_kb; ++j) {
+    if constexpr (!Tr::kPipelined) {
+      // Turn j: S, dP of tile j; then dQ += dS_j K_j, retired before the next turn.
+      for (int j = 0; j < n_kb; ++j) {
+        sm90::named_barrier_sync(my_turn, 256);
+        issue_s_dp(s, dp, j);
+        if (c != C - 1 || j + 1 < n_kb || !last_item) sm90::named_barrier_arrive(next_turn, 256);
+        sm90::wgmma_wait<0>();
+        release(&kv.v_empty[(seq + j) % NS]);
+        if (j + 1 == n_kb) release(q_empty);
+        grad(s, dp, j);
+        acc_to_a<Bc>(dsf, dp);
+        issue_dq(dq, dsf, j);
+        sm90::wgmma_wait<0>();
+        release(&kv.k_empty[(seq + j) % NS]);
+      }
+    } else {
+      // Turn 0: S, dP of tile 0. Turn j: S, dP of tile j and dQ += dS_{j−1} K_{j−1}. Q and dO are
+      // released once the item's last S, dP have landed: the next item's load under this one's tail.
       sm90::named_barrier_sync(my_turn, 256);
-      issue_s_dp(s, dp, j);
-      issue_dq(dq, dsf, j - 1);
-      if (c != C - 1 || j + 1 < n_kb || !last_item) sm90::named_barrier_arrive(next_turn, 256);
-      sm90::wgmma_wait<1>();  // S, dP of tile j have landed; dS_{j−1} K_{j−1} may still run
-      release(&kv.v_empty[(seq + j) % NS]);
-      if (j + 1 == n_kb) release(q_empty);
-      grad(s, dp, j);
-      sm90::wgmma_wait<0>();  // dS_{j−1} K_{j−1} has read dsf: it may be rewritten, K_{j−1} released
-      release(&kv.k_empty[(seq + j - 1) % NS]);
+      issue_s_dp(s, dp, 0);
+      if (c != C - 1 || n_kb > 1 || !last_item) sm90::named_barrier_arrive(next_turn, 256);
+      sm90::wgmma_wait<0>();
+      release(&kv.v_empty[seq % NS]);  // V_0 is done with; K_0 waits for its dQ product
+      if (n_kb == 1) release(q_empty);
+      grad(s, dp, 0);
       acc_to_a<Bc>(dsf, dp);
+      for (int j = 1; j < n_kb; ++j) {
+        sm90::named_barrier_sync(my_turn, 256);
+        issue_s_dp(s, dp, j);
+        issue_dq(dq, dsf, j - 1);
+        if (c != C - 1 || j + 1 < n_kb || !last_item) sm90::named_barrier_arrive(next_turn, 256);
+        sm90::wgmma_wait<1>();  // S, dP of tile j have landed; dS_{j−1} K_{j−1} may still run
+        release(&kv.v_empty[(seq + j) % NS]);
+        if (j + 1 == n_kb) release(q_empty);
+        grad(s, dp, j);
+        sm90::wgmma_wait<0>();  // dS_{j−1} K_{j−1} has read dsf: it may be rewritten, K_{j−1} released
+        release(&kv.k_empty[(seq + j - 1) % NS]);
+        acc_to_a<Bc>(dsf, dp);
+      }
+      issue_dq(dq, dsf, n_kb - 1);
+      sm90::wgmma_wait<0>();
+      release(&kv.k_empty[(seq + n_kb - 1) % NS]);
     }
-    issue_dq(dq, dsf, n_kb - 1);
-    sm90::wgmma_wait<0>();
-    release(&kv.k_empty[(seq + n_kb - 1) % NS]);
     seq += n_kb;
 
     tg::bf16* dQ = p.dq + int64_t(item.b) * T * p.dq_row_stride + item.h * p.D;
@@ -387,7 +420,6 @@ template <int D> struct DkdvWsSm90aLongConfig { using type = typename DkdvWsSm90
 template <> struct DkdvWsSm90aLongConfig<64> {
   using type = DkdvWsSm90aTraits<64, 3, 3, true, false, false, 64, 64, true, false>;
 };
-constexpr int64_t kDkdvSm90aLongT = 2048;
 // FlashDq::kAtomic's dK/dV kernel, which forms dQ too (5 products per tile pair, not 7). Each
 // block adds a (64 queries, D) fp32 dQ tile per streamed query tile; the L2 performs the
 // reductions. Two consumers of 64 keys (128 keys per block: half the reduced bytes per FLOP of
@@ -809,12 +841,18 @@ namespace {
 int item_count(const FlashAttentionParams& p, int rows) { return int(p.H * p.B * ((p.T + rows - 1) / rows)); }
 
 // The dQ kernel: its tensor maps are encoded on the host at every call (host time not measured).
-template <int D>
-void launch_dq_sm90a(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
-  using Tr = typename flash::DqSm90aConfig<D>::type;
+template <class Tr>
+void launch_dq_sm90a_with(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
   flash::launch_item_kernel<Tr>(flash::flash_bwd_dq_sm90a_kernel<Tr>, Tr::kSmemBytes, item_count(p, Tr::kBr),
                                 p, stream, delta, flash::bwd_tma_maps<Tr>(p),
                                 flash::item_counter(stream));
+}
+template <int D>
+void launch_dq_sm90a(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
+  if (p.T >= flash::kBwdSm90aLongT)
+    launch_dq_sm90a_with<typename flash::DqSm90aLongConfig<D>::type>(p, delta, stream);
+  else
+    launch_dq_sm90a_with<typename flash::DqSm90aConfig<D>::type>(p, delta, stream);
 }
 
 // The dK/dV kernel, likewise, in the block shape of p's length (DkdvWsSm90aConfig,
@@ -827,7 +865,7 @@ void launch_dkdv_sm90a_with(const FlashAttentionParams& p, const float* delta, c
 }
 template <int D>
 void launch_dkdv_sm90a(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
-  if (p.T >= flash::kDkdvSm90aLongT)
+  if (p.T >= flash::kBwdSm90aLongT)
     launch_dkdv_sm90a_with<typename flash::DkdvWsSm90aLongConfig<D>::type>(p, delta, stream);
   else
     launch_dkdv_sm90a_with<typename flash::DkdvWsSm90aConfig<D>::type>(p, delta, stream);
