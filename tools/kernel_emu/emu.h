@@ -616,6 +616,10 @@ inline int claim_item(unsigned* counter) { return int(gridDim.x + std::atomic_re
 inline void release_items(unsigned* counter) {
   if (std::atomic_ref<unsigned>(counter[1]).fetch_add(1) == gridDim.x - 1) counter[0] = counter[1] = 0;
 }
+// Programmatic dependent launch (wgmma.cuh): kernels run one after another here, so the previous
+// one has always completed.
+inline void launch_dependents() {}
+inline void wait_previous_grid() {}
 // setmaxnreg moves registers within what the block was launched with (threads × the launch-bounds
 // cap: wgmma.cuh): a dec gives the warpgroup's surplus back, an inc waits until enough is free —
 // forever, on the GPU, if the split does not fit; here a deadlock report. One thread per

@@ -22,7 +22,7 @@ PRIMITIVES = {"smem_addr", "cp_async_16", "cp_async_4", "cp_async_commit", "cp_a
               "mbarrier_init",
               "fence_barrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait", "tma_load_4d",
               "named_barrier_sync", "named_barrier_arrive", "setmaxnreg_dec", "setmaxnreg_inc",
-              "claim_item", "release_items"}
+              "claim_item", "release_items", "launch_dependents", "wait_previous_grid"}
 DEFINITION = re.compile(r"^__device__ __forceinline__ \S+ (\w+)\(")
 LAUNCHERS = "// ───────────────────────────── launchers"
 

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <utility>
 
 #include "kernels/cuda/check.cuh"
@@ -44,18 +45,40 @@ void launch_item_kernel(Kernel kernel, size_t smem_bytes, int n_items, const Fla
   kernel<<<blocks, Tr::kThreads, smem_bytes, stream>>>(p, args...);
   TG_CUDA_CHECK(cudaGetLastError());
 }
+// The same, launched to overlap the previous kernel in the stream (programmatic dependent launch,
+// wgmma.cuh: launch_dependents, wait_previous_grid): its blocks start on the SMs the previous
+// kernel's blocks leave, instead of after its last block. The kernel must read nothing the
+// previous kernel writes before wait_previous_grid, and call that before it exits, so that its
+// completion implies the previous kernel's (the stream's later work relies on both).
+template <class Tr, typename... Params, typename... Args>
+void launch_item_kernel_overlapping(void (*kernel)(Params...), size_t smem_bytes, int n_items,
+                                    const FlashAttentionParams& p, cudaStream_t stream, Args... args) {
+  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(std::min(n_items, sm_count())));
+  config.blockDim = dim3(unsigned(Tr::kThreads));
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute overlap{};
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &overlap;
+  config.numAttrs = 1;
+  TG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, args...));
+}
 
 // A dynamic scheduler's item counter (wgmma.cuh: claim_item, release_items): two words in
 // global memory, zero between launches — the kernel's last block resets them —, one pair per
-// device and stream, so that kernels on different streams never share one. Allocated at first
-// use, kept for the process.
-inline unsigned* item_counter(cudaStream_t stream) {
+// device, stream and slot, so that kernels on different streams never share one, nor a kernel
+// and the one it overlaps (launch_item_kernel_overlapping: that takes slot 1). Allocated at
+// first use, kept for the process.
+inline unsigned* item_counter(cudaStream_t stream, int slot = 0) {
   static std::mutex mutex;
-  static std::map<std::pair<int, cudaStream_t>, unsigned*> counters;
+  static std::map<std::tuple<int, cudaStream_t, int>, unsigned*> counters;
   int dev = 0;
   TG_CUDA_CHECK(cudaGetDevice(&dev));
   const std::lock_guard<std::mutex> lock(mutex);
-  unsigned*& c = counters[{dev, stream}];
+  unsigned*& c = counters[{dev, stream, slot}];
   if (!c) {
     TG_CUDA_CHECK(cudaMalloc(&c, 2 * sizeof(unsigned)));
     TG_CUDA_CHECK(cudaMemset(c, 0, 2 * sizeof(unsigned)));

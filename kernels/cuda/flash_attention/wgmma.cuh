@@ -166,6 +166,13 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// Programmatic dependent launch (sm_90; launch.cuh, launch_item_kernel's `overlap_previous`): a
+// kernel launched with it may start on SMs the previous kernel in the stream has left, once every
+// block of that kernel has called launch_dependents (or exited). Such a kernel may read only what
+// the kernels before the previous one wrote; wait_previous_grid blocks until the previous kernel
+// has completed and its writes are visible (without the launch attribute both return at once).
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+__device__ __forceinline__ void wait_previous_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 // A persistent grid's dynamic item counter (two words in global memory, zero at launch): the
 // calling block's next work item is gridDim.x + the count of items claimed so far
 // (claim_item); a block that has run out calls release_items once, and the last of them
