@@ -846,25 +846,22 @@ namespace {
 int item_count(const FlashAttentionParams& p, int rows) { return int(p.H * p.B * ((p.T + rows - 1) / rows)); }
 
 // The dQ kernel: its tensor maps are encoded on the host at every call (host time not measured).
-// Up to T = 2048 the dQ kernel is launched to overlap the dK/dV kernel (programmatic dependent
-// launch, launch.cuh): its blocks start on the SMs the dK/dV kernel's blocks leave, rather than
-// after the last of them, and the launch's gap closes. It reads only what the delta pass and the
-// forward wrote, and takes its own item counter (slot 1; the dK/dV kernel's last blocks may still
-// be claiming from slot 0). Twentieth session, `tools/gpu_ab.sh`, best of 3 interleaved rounds:
-// every shape up to 2k faster or level (1k causal +2 % at both head dims, d 128 non-causal 1k
-// +5 %), but causal 8k 0.90× (d 64) and 0.92× (d 128), every overlapped run below the plain
-// launch's best there; 1.004× over all 24 shapes. Not understood (the overlap's extra power draw
-// at the board's limit is a guess), so long T keeps the plain launch.
-constexpr int64_t kDqOverlapMaxT = 2048;
+// It is launched to overlap the dK/dV kernel (programmatic dependent launch, launch.cuh): its
+// blocks start on the SMs the dK/dV kernel's blocks leave, rather than after the last of them —
+// the dK/dV kernel's last wave of items leaves SMs idle, at non-causal T a fixed fraction (its
+// items are alike: 2048 at d 128, 2731 at d 64 for 132 SMs) — and the launch's gap closes. It
+// reads only what the delta pass and the forward wrote, and takes its own item counter (slot 1:
+// the dK/dV kernel's last blocks may still be claiming from slot 0). Twentieth session,
+// `tools/gpu_ab.sh`, best of 3 interleaved rounds against the plain launch: 1.004× over the 24
+// shapes (1k 1.02–1.05×; non-causal from 4k 1.00–1.02×), and again from T = 4096: 1.006× (16
+// shapes, 0.99–1.03×). Causal 8k read 0.90–0.95× in both calls, against plain-launch runs of
+// 419–424 (d 64) and 509–518 TF/s (d 128) that the shape's other plain runs this session did not
+// reach (d 64 379–386, d 128 467–485); overlapped it ran 375–395 and 464–492.
 template <class Tr>
 void launch_dq_sm90a_with(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
-  if (p.T <= kDqOverlapMaxT)
-    flash::launch_item_kernel_overlapping<Tr>(flash::flash_bwd_dq_sm90a_kernel<Tr>, Tr::kSmemBytes,
-                                              item_count(p, Tr::kBr), p, stream, delta, flash::bwd_tma_maps<Tr>(p),
-                                              flash::item_counter(stream, 1));
-  else
-    flash::launch_item_kernel<Tr>(flash::flash_bwd_dq_sm90a_kernel<Tr>, Tr::kSmemBytes, item_count(p, Tr::kBr),
-                                  p, stream, delta, flash::bwd_tma_maps<Tr>(p), flash::item_counter(stream, 1));
+  flash::launch_item_kernel_overlapping<Tr>(flash::flash_bwd_dq_sm90a_kernel<Tr>, Tr::kSmemBytes,
+                                            item_count(p, Tr::kBr), p, stream, delta, flash::bwd_tma_maps<Tr>(p),
+                                            flash::item_counter(stream, 1));
 }
 template <int D>
 void launch_dq_sm90a(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
