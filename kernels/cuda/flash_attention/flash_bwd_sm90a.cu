@@ -916,8 +916,10 @@ namespace flash {
 // 392–408 / 453–478, 8k 443–454 / 479–494, 16k 482–495 / 479–491; non-causal 1k–4k 0.87–0.99×,
 // 8k 0.99–1.01×, 16k–32k 1.01–1.05×; causal T ≤ 2048 was 0.80× already in the ninth session: the
 // accumulator's zeroing and conversion are passes of their own). At d 64 non-causal from 4k,
-// where it is ahead (eighteenth session, calls 1 and 4: 1.03–1.065×, level at 1k–2k); causal it
-// is 0.90–0.94× at 4k–8k and level from 16k.
+// where it was ahead (eighteenth session, calls 1 and 4: 1.03–1.065×, level at 1k–2k; causal
+// 0.90–0.94× at 4k–8k and level from 16k); since the pair's kernels run three consumers there
+// (nineteenth and twentieth sessions) it is level with the pair (twentieth, call 3, one run:
+// 0.95–1.02×), and kept as the mode that does 5 products, not 7.
 bool sm90a_runs_atomic_dq(const FlashAttentionParams& p) {
   // (At d 96 the d 128 atomic kernel would add 128-column rows into a 96-column accumulator.)
   const bool built = p.D == 128 ? kSm90aAtomicDq<128> : p.D == 64 ? kSm90aAtomicDq<64> : false;
