@@ -208,7 +208,11 @@ void forward_sm90a_with(const FlashAttentionParams& p) {
 template <int D>
 void forward_sm90a(const FlashAttentionParams& p_in) {
   const FlashAttentionParams p = flash::with_resolved_row_strides(p_in);
-  if (p.causal)
+  // The launcher takes FwdSm90aShortCausalConfig up to T = kFwdShortCausalMaxT; here below
+  // T = 256, so that the causal cases at 256, 300 and 600 run the long-T shape.
+  if (p.causal && p.T < 256)
+    forward_sm90a_with<typename flash::FwdSm90aShortCausalConfig<D>::type>(p);
+  else if (p.causal)
     forward_sm90a_with<typename flash::FwdSm90aConfig<D>::type>(p);
   else
     forward_sm90a_with<typename flash::FwdSm90aNonCausalConfig<D>::type>(p);

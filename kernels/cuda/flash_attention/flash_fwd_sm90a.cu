@@ -133,6 +133,17 @@ template <> struct FwdSm90aConfig<96> { using type = FwdSm90aTraits<128, 2, 128,
 // registers (its diagonal tiles' masked work would grow with the tile).
 template <int D> struct FwdSm90aNonCausalConfig { using type = typename FwdSm90aConfig<D>::type; };
 template <> struct FwdSm90aNonCausalConfig<128> { using type = FwdSm90aTraits<128, 2, 176, 2, false>; };
+// Causal up to T = 1024 (kFwdShortCausalMaxT), d 64: two consumers (128 query rows) with Q in
+// registers. At short causal T the 192-row tiles compute much that the mask then discards: at
+// T = 1024, 6 tiles per head (the last with 64 rows in 192) over 2–8 K/V tiles, 786,432 scores
+// per head against 589,824 with 128-row tiles and 524,800 under the mask — 1.33× the 128-row
+// tiles' work, more than the third consumer's speed-up (1.15× at causal 8k) makes up. Twentieth session,
+// `tools/gpu_ab.sh TG_FWD64 "0 1 2" fwd_tflops 3 -- --head-dim 64 --backward 0`, best of 3
+// interleaved rounds against the three-consumer shape: causal 1k 267 → 290 TF/s (1.09×; Q from
+// shared memory 1.07×), 2k 0.96× and 0.82–0.92× beyond; non-causal 0.79–0.94×.
+template <int D> struct FwdSm90aShortCausalConfig { using type = typename FwdSm90aConfig<D>::type; };
+template <> struct FwdSm90aShortCausalConfig<64> { using type = FwdSm90aTraits<64, 2, 128, 2, true>; };
+constexpr int64_t kFwdShortCausalMaxT = 1024;
 
 // Work items: (query tile, head, batch), numbered heaviest first when causal — the head fastest,
 // then the batch, the tile slowest and reversed, the order in which a grid of one item per block
@@ -327,8 +338,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
 namespace {
 
-// Block shapes: FwdSm90aConfig (above), with the measurements that chose them. The tensor maps are
-// encoded on the host at every call (host time not measured).
+// Block shapes: FwdSm90aConfig, FwdSm90aNonCausalConfig, FwdSm90aShortCausalConfig (above), with
+// the measurements that chose them. The tensor maps are encoded on the host at every call (host
+// time not measured).
 //
 // The grid: one block per SM, each taking several work items, the next one claimed from a
 // counter (launch.cuh, item_counter). Measured on the H200 (docs/BENCHMARKS.md; `bench
@@ -347,10 +359,13 @@ void launch_fwd_sm90a(const FlashAttentionParams& p, cudaStream_t stream) {
                                 flash::fwd_work_items<Tr>(int(p.T), int(p.H), int(p.B)), p,
                                 stream, flash::fwd_tma_maps<Tr>(p), flash::item_counter(stream));
 }
-// The block shape of head dim D for p's mask (FwdSm90aConfig, FwdSm90aNonCausalConfig).
+// The block shape of head dim D for p's mask and length (FwdSm90aConfig, FwdSm90aNonCausalConfig,
+// FwdSm90aShortCausalConfig).
 template <int D>
 void launch_fwd_sm90a_for(const FlashAttentionParams& p, cudaStream_t stream) {
-  if (p.causal)
+  if (p.causal && p.T <= flash::kFwdShortCausalMaxT)
+    launch_fwd_sm90a<typename flash::FwdSm90aShortCausalConfig<D>::type>(p, stream);
+  else if (p.causal)
     launch_fwd_sm90a<typename flash::FwdSm90aConfig<D>::type>(p, stream);
   else
     launch_fwd_sm90a<typename flash::FwdSm90aNonCausalConfig<D>::type>(p, stream);
