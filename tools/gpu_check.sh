@@ -2,7 +2,8 @@
 # One call on the GPU machine: build, run the whole test suite (GPU tests included), then the
 # benchmarks beside their PyTorch references. Logs go to $OUT (or ./gpu-out); a table prints last.
 # Usage: tools/gpu_check.sh [tests|sanitize|attn|profile|stalls|bench|all]   (needs ../shared/bench copied to .bench/)
-#   stalls: STALLS_D=64|128, STALLS_T=T, STALLS_FWD=1 / STALLS_DQ=1 to profile the forward / dQ kernel too
+#   stalls: STALLS_D=64|128, STALLS_T=T, STALLS_CAUSAL=0 for the non-causal shapes, STALLS_FWD=1 /
+#   STALLS_DQ=1 to profile the forward / dQ kernel too
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHAT="${1:-all}"
@@ -69,23 +70,27 @@ if [ "$WHAT" = stalls ]; then
   # alone with the clocks locked to base (a benchmark's long run is throttled by the power cap by
   # an amount that depends on what ran before). 1) Kernel times: tilegrad's forward and both
   # backwards, causal then not, beside PyTorch's cuDNN and FA2 kernels (tools/torch_sdpa_once.py).
-  # 2) --set full of tilegrad's dK/dV kernels at causal T (d 128: the deterministic and the atomic
+  # 2) --set full of tilegrad's dK/dV kernels at T, causal (STALLS_CAUSAL=0: non-causal; the
+  # timings of 1) are of both) (d 128: the deterministic and the atomic
   # one; d 64: the deterministic one, which serves both modes) — with STALLS_FWD=1 the forward
   # kernel first — and, per instruction, where their warps wait (tools/ncu_stalls.py).
   T="${STALLS_T:-8192}"
   D="${STALLS_D:-128}"
-  # tag:kernel (a regex on the mangled name, template flags included):launches to skip
+  CAUSAL="${STALLS_CAUSAL:-1}"  # 1: the causal shape's kernels are profiled, 0: the non-causal one's
+  # tag:kernel (a regex on the mangled name, template flags included):launches to skip (--atomic 2:
+  # the atomic kernel times the opt-in mode at every shape, where kAtomic alone may take the pair)
   case "$D" in
     128) PROFILED="dkdv_det:flash_bwd_dkdv_sm90a_ws.*Lb0ELb0ELb0E:1 dkdv_atomic:flash_bwd_dkdv_sm90a_ws.*Lb0ELb1ELb0E:0" ;;
-    64) PROFILED="dkdv_det:flash_bwd_dkdv_sm90a_ws.*Li64ELi2ELi3ELb1ELb0ELb1E:1" ;;
+    # (d 64: its deterministic dK/dV kernel in either shape, two consumers or — from T = 2048 — three)
+    64) PROFILED="dkdv_det:flash_bwd_dkdv_sm90a_ws.*Li64ELi[23]ELi3ELb1ELb0E:1" ;;
     *) echo "STALLS_D=$D: give 64 or 128"; exit 1 ;;
   esac
-  # The forward's timed causal launch (the first is the warm-up's).
+  # The forward's timed launch (the first is the warm-up's).
   if [ "${STALLS_FWD:-0}" = 1 ]; then PROFILED="fwd:flash_fwd_sm90a_kernel.*FwdSm90aTraitsILi${D}E:1 $PROFILED"; fi
-  # STALLS_DQ=1: the deterministic dQ kernel's timed causal launch too.
+  # STALLS_DQ=1: the deterministic dQ kernel's timed launch too.
   if [ "${STALLS_DQ:-0}" = 1 ]; then PROFILED="$PROFILED dq:flash_bwd_dq_sm90a_kernel.*DqSm90aTraitsILi${D}E:1"; fi
   NCU_TIME="ncu --clock-control base --cache-control none --metrics gpu__time_duration.sum --csv"
-  $NCU_TIME build-gpu/tilegrad bench attention --head-dim "$D" --min-t "$T" --max-t "$T" --warmup 1 --steps 1 \
+  $NCU_TIME build-gpu/tilegrad bench attention --head-dim "$D" --min-t "$T" --max-t "$T" --warmup 1 --steps 1 --causal 2 --atomic 2 \
     > "$OUT/ncu_times_tilegrad.csv" 2> "$OUT/ncu_times_tilegrad.err"
   for causal in 1 0; do
     $NCU_TIME --profile-from-start off python3 tools/torch_sdpa_once.py --T "$T" --d "$D" --causal $causal \
@@ -109,11 +114,11 @@ PY
     IFS=: read -r tag regex skip <<< "$kernel"
     $NCU_FULL --kernel-name "regex:$regex" --launch-skip "$skip" --launch-count 1 \
       -o "$OUT/$tag" build-gpu/tilegrad bench attention --head-dim "$D" --min-t "$T" --max-t "$T" \
-      --warmup 1 --steps 1 > "$OUT/$tag.log" 2>&1
+      --causal "$CAUSAL" --atomic 2 --warmup 1 --steps 1 > "$OUT/$tag.log" 2>&1
     ncu --import "$OUT/$tag.ncu-rep" --page source --csv --print-source sass > "$OUT/${tag}_source.csv" 2>/dev/null
     ncu --import "$OUT/$tag.ncu-rep" --page details > "$OUT/${tag}_details.txt" 2>/dev/null
     grep -E "^    (Duration|SM Frequency)" "$OUT/${tag}_details.txt" \
-      | sed 's/  */ /g' | paste -sd';' | sed "s/^/$tag, causal T $T:/" | tee "$OUT/${tag}_stalls.txt"
+      | sed 's/  */ /g' | paste -sd';' | sed "s/^/$tag, causal=$CAUSAL T $T:/" | tee "$OUT/${tag}_stalls.txt"
     ncu --import "$OUT/$tag.ncu-rep" --page raw --csv > "$OUT/${tag}_raw.csv" 2>/dev/null
     python3 tools/ncu_stalls.py "$OUT/${tag}_source.csv" --top 8 --raw "$OUT/${tag}_raw.csv" | tee -a "$OUT/${tag}_stalls.txt"
     rm -f "$OUT/$tag.ncu-rep"

@@ -163,6 +163,7 @@ int bench_attention(const cli::Args& a) {
   const int64_t warm_fwd = a.get_int("warmup", sustained ? 3 : 5), warm_fb = a.get_int("warmup", 3);
   const int64_t min_t = a.get_int("min-t", 1024);  // e.g. --min-t 8192 --max-t 8192: one T (for ncu)
   const int64_t only_d = a.get_int("head-dim", 0);  // 0: 64 and 128
+  const int64_t masks = a.get_int("causal", 2);     // 1: causal only, 0: non-causal only, 2: both
   const char* fn = "tilegrad bench attention";
   TG_CHECK(runs >= 1, fn, ": --steps ", runs, " times nothing; give at least 1");
   TG_CHECK(only_d == 0 || only_d == 32 || only_d == 64 || only_d == 96 || only_d == 128, fn, ": --head-dim ", only_d,
@@ -171,6 +172,8 @@ int bench_attention(const cli::Args& a) {
   TG_CHECK(min_t <= max_t, fn, ": --min-t ", min_t, " exceeds --max-t ", max_t, "; no shape would run");
   TG_CHECK(sustained || protocol == "reference", fn, ": --protocol ", protocol, " is unknown; give reference or sustained");
   TG_CHECK(warm_fwd >= 0 && warm_fb >= 0, fn, ": --warmup is negative");
+  TG_CHECK(masks >= 0 && masks <= 2, fn, ": --causal takes 1 (causal only), 0 (non-causal only) or 2 (both), got ",
+           masks);
 #ifdef TILEGRAD_HAVE_CUDA
   TG_CHECK(cuda_device_count() > 0, fn, ": needs a CUDA GPU");
   const Device dev = Device::cuda(0);
@@ -204,6 +207,7 @@ int bench_attention(const cli::Args& a) {
       const size_t ws_bytes = cuda::flash_attention_backward_workspace_bytes(B, T, H, D, cuda::FlashDq::kAtomic);
       Tensor ws = Tensor::empty({int64_t(ws_bytes / 4 + 4)}, DType::f32, dev);
       for (bool causal : {true, false}) {
+        if (masks != 2 && causal != (masks == 1)) continue;
         cuda::FlashAttentionParams p{};
         p.q = q.data<bf16>(), p.k = k.data<bf16>(), p.v = v.data<bf16>(), p.o = o.data<bf16>();
         p.lse = lse.data<float>(), p.dout = dout.data<bf16>(), p.dq = dq.data<bf16>(), p.dk = dk.data<bf16>();

@@ -170,6 +170,7 @@ std::vector<cli::Command> commands() {
         {"--min-t", "T", "attention: the shortest sequence (the shapes are T = 1k, 2k, … from it to --max-t)", "1024"},
         {"--max-t", "T", "attention: the longest sequence", "32768"},
         {"--head-dim", "D", "attention: only this head dim (32, 64, 96 or 128; 0 = 64 and 128, the shapes of torch_attention.py)", "0"},
+        {"--causal", "0|1|2", "attention: 1 the causal shapes only, 0 the non-causal ones only, 2 both", "2"},
         {"--compare", "0|1", "attention: 1 also times the portable mma.sync kernels beside the default (wgmma on H100/H200)", "0"},
         {"--backward", "0|1", "attention: 0 times the forward alone (the backward columns read 0)", "1"},
         {"--atomic", "0|1|2",

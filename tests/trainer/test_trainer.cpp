@@ -225,6 +225,7 @@ TEST(Command, BenchAttentionNamesABadOptionOnAnyMachine) {
       {"--steps 0", "--steps 0 times nothing"},
       {"--protocol fast", "--protocol fast is unknown; give reference or sustained"},
       {"--warmup -1", "--warmup is negative"},
+      {"--causal 3", "--causal takes 1 (causal only), 0 (non-causal only) or 2 (both), got 3"},
   };
   for (const auto& [args, message] : cases) {
     auto [rc, out] = shell(kBinary + " bench attention " + args);
