@@ -859,9 +859,9 @@ int item_count(const FlashAttentionParams& p, int rows) { return int(p.H * p.B *
 // reach (d 64 379–386, d 128 467–485); overlapped it ran 375–395 and 464–492.
 template <class Tr>
 void launch_dq_sm90a_with(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
-  flash::launch_item_kernel_overlapping<Tr>(flash::flash_bwd_dq_sm90a_kernel<Tr>, Tr::kSmemBytes,
-                                            item_count(p, Tr::kBr), p, stream, delta, flash::bwd_tma_maps<Tr>(p),
-                                            flash::item_counter(stream, 1));
+  flash::launch_item_kernel<Tr>(flash::Overlap::kPrevious, flash::flash_bwd_dq_sm90a_kernel<Tr>, Tr::kSmemBytes,
+                                item_count(p, Tr::kBr), p, stream, delta, flash::bwd_tma_maps<Tr>(p),
+                                flash::item_counter(stream, 1));
 }
 template <int D>
 void launch_dq_sm90a(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
@@ -875,8 +875,8 @@ void launch_dq_sm90a(const FlashAttentionParams& p, const float* delta, cudaStre
 // DkdvWsSm90aLongConfig).
 template <class Tr>
 void launch_dkdv_sm90a_with(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
-  flash::launch_item_kernel<Tr>(flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr>, Tr::kSmemBytes, item_count(p, Tr::kBc),
-                                p, stream, delta, static_cast<float*>(nullptr), 0,
+  flash::launch_item_kernel<Tr>(flash::Overlap::kNone, flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr>, Tr::kSmemBytes,
+                                item_count(p, Tr::kBc), p, stream, delta, static_cast<float*>(nullptr), 0,
                                 flash::bwd_tma_maps<Tr>(p), flash::item_counter(stream));
 }
 template <int D>
@@ -895,7 +895,7 @@ void launch_bwd_sm90a(const FlashAttentionParams& p, const float* delta, float* 
   if constexpr (flash::kSm90aAtomicDq<D>) {
     if (p.dq_mode == FlashDq::kAtomic) {
       using Tr = typename flash::DkdvAtomicSm90aConfig<D>::type;
-      flash::launch_item_kernel<Tr>(flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr>, Tr::kSmemBytes,
+      flash::launch_item_kernel<Tr>(flash::Overlap::kNone, flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr>, Tr::kSmemBytes,
                                     item_count(p, Tr::kBc), p, stream, delta, dq_accum,
                                     accum_rows, flash::bwd_tma_maps<Tr>(p), flash::item_counter(stream));
       return;

@@ -355,7 +355,7 @@ namespace {
 // 1k 226 → 273, 8k 491 → 510; d 128 causal 4k 540 → 571, 8k 620 → 636, 32k 604 → 595.
 template <class Tr>
 void launch_fwd_sm90a(const FlashAttentionParams& p, cudaStream_t stream) {
-  flash::launch_item_kernel<Tr>(flash::flash_fwd_sm90a_kernel<Tr>, Tr::kSmemBytes,
+  flash::launch_item_kernel<Tr>(flash::Overlap::kNone, flash::flash_fwd_sm90a_kernel<Tr>, Tr::kSmemBytes,
                                 flash::fwd_work_items<Tr>(int(p.T), int(p.H), int(p.B)), p,
                                 stream, flash::fwd_tma_maps<Tr>(p), flash::item_counter(stream));
 }

@@ -5,7 +5,8 @@
 // launch_item_kernel: a persistent 1-D grid over n_items work items, heaviest first too when
 // causal, in groups of heads (the kernels decode them: sm90::item_tile): one block per SM (fewer
 // if there are fewer items), each taking its first item by its index and claiming the next ones
-// from item_counter (below).
+// from item_counter (below); after the previous kernel in the stream or overlapping its tail
+// (Overlap).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -37,32 +38,32 @@ inline int sm_count() {  // of the current device
   return n;
 }
 
-template <class Tr, typename Kernel, typename... Args>
-void launch_item_kernel(Kernel kernel, size_t smem_bytes, int n_items, const FlashAttentionParams& p,
-                        cudaStream_t stream, Args... args) {
-  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
-  const int blocks = std::min(n_items, sm_count());
-  kernel<<<blocks, Tr::kThreads, smem_bytes, stream>>>(p, args...);
-  TG_CUDA_CHECK(cudaGetLastError());
-}
-// The same, launched to overlap the previous kernel in the stream (programmatic dependent launch,
-// wgmma.cuh: launch_dependents, wait_previous_grid): its blocks start on the SMs the previous
-// kernel's blocks leave, instead of after its last block. The kernel must read nothing the
-// previous kernel writes before wait_previous_grid, and call that before it exits, so that its
-// completion implies the previous kernel's (the stream's later work relies on both).
+// How a persistent grid starts. kNone: after the previous kernel in the stream has completed.
+// kPrevious: overlapping it (programmatic dependent launch, wgmma.cuh: launch_dependents,
+// wait_previous_grid) — its blocks start on the SMs the previous kernel's blocks leave, instead of
+// after its last block; the kernel must read nothing the previous kernel writes before
+// wait_previous_grid, and call that before it exits, so that its completion implies the previous
+// kernel's (the stream's later work relies on both).
+enum class Overlap { kNone, kPrevious };
 template <class Tr, typename... Params, typename... Args>
-void launch_item_kernel_overlapping(void (*kernel)(Params...), size_t smem_bytes, int n_items,
-                                    const FlashAttentionParams& p, cudaStream_t stream, Args... args) {
+void launch_item_kernel(Overlap overlap, void (*kernel)(Params...), size_t smem_bytes, int n_items,
+                        const FlashAttentionParams& p, cudaStream_t stream, Args... args) {
   TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
+  const unsigned blocks = unsigned(std::min(n_items, sm_count()));
+  if (overlap == Overlap::kNone) {
+    kernel<<<blocks, Tr::kThreads, smem_bytes, stream>>>(p, args...);
+    TG_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(unsigned(std::min(n_items, sm_count())));
+  config.gridDim = dim3(blocks);
   config.blockDim = dim3(unsigned(Tr::kThreads));
   config.dynamicSmemBytes = smem_bytes;
   config.stream = stream;
-  cudaLaunchAttribute overlap{};
-  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  overlap.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &overlap;
+  cudaLaunchAttribute programmatic{};
+  programmatic.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  programmatic.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &programmatic;
   config.numAttrs = 1;
   TG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, args...));
 }
@@ -70,8 +71,8 @@ void launch_item_kernel_overlapping(void (*kernel)(Params...), size_t smem_bytes
 // A dynamic scheduler's item counter (wgmma.cuh: claim_item, release_items): two words in
 // global memory, zero between launches — the kernel's last block resets them —, one pair per
 // device, stream and slot, so that kernels on different streams never share one, nor a kernel
-// and the one it overlaps (launch_item_kernel_overlapping: that takes slot 1). Allocated at
-// first use, kept for the process.
+// and the one it overlaps (Overlap::kPrevious: that takes slot 1). Allocated at first use, kept
+// for the process.
 inline unsigned* item_counter(cudaStream_t stream, int slot = 0) {
   static std::mutex mutex;
   static std::map<std::tuple<int, cudaStream_t, int>, unsigned*> counters;
