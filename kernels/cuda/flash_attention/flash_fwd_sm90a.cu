@@ -137,10 +137,10 @@ template <> struct FwdSm90aNonCausalConfig<128> { using type = FwdSm90aTraits<12
 // registers. At short causal T the 192-row tiles compute much that the mask then discards: at
 // T = 1024, 6 tiles per head (the last with 64 rows in 192) over 2–8 K/V tiles, 786,432 scores
 // per head against 589,824 with 128-row tiles and 524,800 under the mask — 1.33× the 128-row
-// tiles' work, more than the third consumer's speed-up (1.15× at causal 8k) makes up. Twentieth session,
-// `tools/gpu_ab.sh TG_FWD64 "0 1 2" fwd_tflops 3 -- --head-dim 64 --backward 0`, best of 3
-// interleaved rounds against the three-consumer shape: causal 1k 267 → 290 TF/s (1.09×; Q from
-// shared memory 1.07×), 2k 0.96× and 0.82–0.92× beyond; non-causal 0.79–0.94×.
+// tiles' work, more than the third consumer's speed-up (1.15× at causal 8k) makes up.
+// Twentieth session, `tools/gpu_ab.sh TG_FWD64 "0 1 2" fwd_tflops 3 -- --head-dim 64 --backward
+// 0`, best of 3 interleaved rounds against the three-consumer shape: causal 1k 267 → 290 TF/s
+// (1.09×; Q from shared memory 1.07×), 2k 0.96× and 0.82–0.92× beyond; non-causal 0.79–0.94×.
 template <int D> struct FwdSm90aShortCausalConfig { using type = typename FwdSm90aConfig<D>::type; };
 template <> struct FwdSm90aShortCausalConfig<64> { using type = FwdSm90aTraits<64, 2, 128, 2, true>; };
 constexpr int64_t kFwdShortCausalMaxT = 1024;

@@ -166,7 +166,7 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
-// Programmatic dependent launch (sm_90; launch.cuh, launch_item_kernel's `overlap_previous`): a
+// Programmatic dependent launch (sm_90; launch.cuh, launch_item_kernel's Overlap::kPrevious): a
 // kernel launched with it may start on SMs the previous kernel in the stream has left, once every
 // block of that kernel has called launch_dependents (or exited). Such a kernel may read only what
 // the kernels before the previous one wrote; wait_previous_grid blocks until the previous kernel
