@@ -849,9 +849,9 @@ int item_count(const FlashAttentionParams& p, int rows) { return int(p.H * p.B *
 // It is launched to overlap the dK/dV kernel (programmatic dependent launch, launch.cuh): its
 // blocks start on the SMs the dK/dV kernel's blocks leave, rather than after the last of them —
 // the dK/dV kernel's last wave of items leaves SMs idle, at non-causal T a fixed fraction (its
-// items are alike: 2048 at d 128, 2731 at d 64 for 132 SMs) — and the launch's gap closes. It
-// reads only what the delta pass and the forward wrote, and takes its own item counter (slot 1:
-// the dK/dV kernel's last blocks may still be claiming from slot 0). Twentieth session,
+// items are alike: 2048 at d 128, 2736–2816 at d 64 from 2k, for 132 SMs) — and the launch's gap
+// closes. It reads only what the delta pass and the forward wrote, and takes its own item counter
+// (slot 1: the dK/dV kernel's last blocks may still be claiming from slot 0). Twentieth session,
 // `tools/gpu_ab.sh`, best of 3 interleaved rounds against the plain launch: 1.004× over the 24
 // shapes (1k 1.02–1.05×; non-causal from 4k 1.00–1.02×), and again from T = 4096: 1.006× (16
 // shapes, 0.99–1.03×). Causal 8k read 0.90–0.95× in both calls, against plain-launch runs of
