@@ -70,10 +70,10 @@ if [ "$WHAT" = stalls ]; then
   # alone with the clocks locked to base (a benchmark's long run is throttled by the power cap by
   # an amount that depends on what ran before). 1) Kernel times: tilegrad's forward and both
   # backwards, causal then not, beside PyTorch's cuDNN and FA2 kernels (tools/torch_sdpa_once.py).
-  # 2) --set full of tilegrad's dK/dV kernels at T, causal (STALLS_CAUSAL=0: non-causal; the
-  # timings of 1) are of both) (d 128: the deterministic and the atomic
-  # one; d 64: the deterministic one, which serves both modes) — with STALLS_FWD=1 the forward
-  # kernel first — and, per instruction, where their warps wait (tools/ncu_stalls.py).
+  # 2) --set full of tilegrad's dK/dV kernels at the causal shape, or with STALLS_CAUSAL=0 the
+  # non-causal one (1) times both) — d 128: the deterministic and the atomic one; d 64: the
+  # deterministic one — with STALLS_FWD=1 the forward kernel first, and per instruction where
+  # their warps wait (tools/ncu_stalls.py).
   T="${STALLS_T:-8192}"
   D="${STALLS_D:-128}"
   CAUSAL="${STALLS_CAUSAL:-1}"  # 1: the causal shape's kernels are profiled, 0: the non-causal one's
