@@ -214,8 +214,9 @@ void forward_sm90a(const FlashAttentionParams& p_in) {
     forward_sm90a_with<typename flash::FwdSm90aShortCausalConfig<D>::type>(p);
   else if (p.causal)
     forward_sm90a_with<typename flash::FwdSm90aConfig<D>::type>(p);
-  else
-    forward_sm90a_with<typename flash::FwdSm90aNonCausalConfig<D>::type>(p);
+  else  // the last tile's products as narrow as the launcher makes them (fwd_last_tile_keys)
+    flash::with_last_tile_traits<typename flash::FwdSm90aNonCausalConfig<D>::type>(
+        p.T, [&](auto tr) { forward_sm90a_with<typename decltype(tr)::type>(p); });
 }
 
 template <class Tr>
@@ -351,6 +352,9 @@ std::vector<Sm90aCase> sm90a_cases() {
   // forward reused.
   for (int64_t D : {64, 128})
     for (bool causal : {false, true}) out.push_back({{1, 600, 1, D, causal, 0.0}, false});
+  // d 128 not causal, the last of 3 tiles of 176 keys holding 48: its products over 64 keys
+  // (fwd_last_tile_keys; at T 256, 300 and 600 over 128).
+  out.push_back({{1, 400, 1, 128, false, 0.0}, false});
   for (int64_t D : {64, 128}) {
     for (bool causal : {false, true})
       for (int64_t T : {129, 256}) out.push_back({{1, T, 2, D, causal, 0.0}, false, FlashDq::kAtomic});

@@ -45,7 +45,7 @@ namespace flash {
 // the consumers. The consumers take turns: named barriers pass the right to issue a tile's two
 // products around the ring of consumer warpgroups, so one warpgroup's softmax overlaps the
 // others' products rather than coinciding with them (FlashAttention-3's ping-pong).
-template <int D_, int Consumers, int Bc_, int Stages, bool QInRegisters = false, int HeadDim = D_>
+template <int D_, int Consumers, int Bc_, int Stages, bool QInRegisters = false, int HeadDim = D_, int TailBc = Bc_>
 struct FwdSm90aTraits {
   static constexpr int kD = D_;
   // The head's columns (≤ kD): head dim 96 runs the d 128 tiles, which the tensor maps zero-fill
@@ -60,6 +60,12 @@ struct FwdSm90aTraits {
   static constexpr int kThreads = 128 * (Consumers + 1);  // warpgroup 0 is the producer
   static constexpr int kBr = 64 * Consumers;              // query rows per block
   static constexpr int kBc = Bc_;                         // keys per tile: S is m64 n Bc per warpgroup
+  // Keys of the products over an item's last K/V tile (≤ kBc; not causal, where every item's
+  // last tile is T's last, part-filled one): S = Q Kᵀ and P V stop there rather than at kBc —
+  // the tile's keys past T are zero-filled and masked, and past kTailBc not multiplied at all
+  // (the softmax still runs over the whole tile). fwd_last_tile_keys picks it per T.
+  static constexpr int kTailBc = TailBc;
+  template <int Tail> using WithTail = FwdSm90aTraits<D_, Consumers, Bc_, Stages, QInRegisters, HeadDim, Tail>;
   static constexpr int kStages = Stages;                  // K/V stage buffers
   static constexpr int kPanels = kD / 64;
   static constexpr int kPanelQ = kBr * sm90::kSwizzleRowBytes, kPanelKV = kBc * sm90::kSwizzleRowBytes;
@@ -74,6 +80,8 @@ struct FwdSm90aTraits {
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= kD && kHeadDim > kD - 64, "the head fills the tile's last panel in part");
   static_assert(kBc == 64 || kBc == 128 || kBc == 176, "S is one m64n64, m64n128 or m64n176 product per warpgroup");
   static_assert(kBc != 176 || !kQInRegisters, "S (88 registers), P and O leave no room for Q's fragments");
+  static_assert(kTailBc % 64 == 0 || kTailBc == kBc, "the last tile's products: m64n64, m64n128 or the whole tile");
+  static_assert(kTailBc <= kBc, "the last tile's products lie within the tile");
   static_assert(Consumers == 2 || Consumers == 3, "the register split is written for 2 or 3 consumers");
   static_assert(sm90::fits_launch_registers(kThreads, kProducerRegs, Consumers, kConsumerRegs),
                 "the hand-over must fit the registers the block is launched with (wgmma.cuh, setmaxnreg)");
@@ -132,6 +140,8 @@ template <> struct FwdSm90aConfig<96> { using type = FwdSm90aTraits<128, 2, 128,
 // the untouched causal shapes 0.994× and 1.002× (the controls). Causal keeps 128 keys with Q in
 // registers (its diagonal tiles' masked work would grow with the tile).
 template <int D> struct FwdSm90aNonCausalConfig { using type = typename FwdSm90aConfig<D>::type; };
+// Its products over an item's last tile stop where T does, rounded up to 64 or 128 keys
+// (fwd_last_tile_keys, launch_fwd_sm90a_last_tile).
 template <> struct FwdSm90aNonCausalConfig<128> { using type = FwdSm90aTraits<128, 2, 176, 2, false>; };
 // Causal up to T = 1024 (kFwdShortCausalMaxT), d 64: two consumers (128 query rows) with Q in
 // registers. At short causal T the 192-row tiles compute much that the mask then discards: at
@@ -166,11 +176,52 @@ __host__ __device__ inline int fwd_work_items(int T, int H, int B) {
   return H * B * ((T + Tr::kBr - 1) / Tr::kBr);
 }
 
+// Not causal, the keys of the products over every item's last K/V tile: T's last tile holds
+// T − (n_kb − 1)·Bc keys, and on 176-key tiles (d 128) its products stop at the narrowest of 64,
+// 128 and 176 keys that covers them. At the benchmark's T from 2k the last tile holds 16–112
+// keys: at 2k and 4k 3 % of an item's 176-key products multiplied zeros past T, 0.2–1 % with
+// these (by count). (On 128-key tiles, d 64 and d 96, ptxas serialises the wgmmas of a kernel
+// with a 64-key last tile for want of registers: C7511.)
+template <class Tr>
+__host__ __device__ inline int fwd_last_tile_keys(int64_t T) {
+  const int64_t n_kb = (T + Tr::kBc - 1) / Tr::kBc, rem = T - (n_kb - 1) * Tr::kBc;
+  if (Tr::kBc != 176 || n_kb < 2) return Tr::kBc;  // (a single tile is the item's first: full width)
+  return rem <= 64 ? 64 : rem <= 128 ? 128 : Tr::kBc;
+}
+template <class Tr>
+struct TraitsTag {
+  using type = Tr;
+};
+// f(TraitsTag<Tr with kTailBc = fwd_last_tile_keys<Tr>(T)>{}).
+template <class Tr, class F>
+void with_last_tile_traits(int64_t T, F&& f) {
+  if constexpr (Tr::kBc == 176) {
+    const int keys = fwd_last_tile_keys<Tr>(T);
+    if (keys == 64) return f(TraitsTag<typename Tr::template WithTail<64>>{});
+    if (keys == 128) return f(TraitsTag<typename Tr::template WithTail<128>>{});
+  }
+  f(TraitsTag<Tr>{});
+}
+
+// The first N / 8 rows of a fragment array of S columns (N of them) / the first N / 16 k-steps of
+// its A fragments: the products over an item's last, part-filled K/V tile (kTailBc).
+template <int N, int R>
+__device__ __forceinline__ float (&first_cols(float (&s)[R][4]))[N / 8][4] {
+  static_assert(N / 8 <= R, "within the array");
+  return reinterpret_cast<float (&)[N / 8][4]>(s);
+}
+template <int N, int R>
+__device__ __forceinline__ const uint32_t (&first_k_steps(const uint32_t (&a)[R][4]))[N / 16][4] {
+  static_assert(N / 16 <= R, "within the array");
+  return reinterpret_cast<const uint32_t (&)[N / 16][4]>(a);
+}
+
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     flash_fwd_sm90a_kernel(const FlashAttentionParams p, const __grid_constant__ FwdTmaMaps maps,
                            unsigned* item_counter) {
   constexpr int Bc = Tr::kBc, NS = Tr::kStages, C = Tr::kConsumers;
+  constexpr int Bt = Tr::kTailBc;  // keys of the products over an item's last K/V tile
   // The head's columns: S = Q Kᵀ sums over them and O = P V is that wide (m64n96 at head dim 96,
   // reading V's first panel and half its second, rather than m64n128 over the zero padding).
   constexpr int Dh = Tr::kHeadDim;
@@ -239,22 +290,36 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   };
   int seq = 0;  // as the producer's
   uint32_t qf[Tr::kQInRegisters ? Dh / 16 : 1][4];  // kQInRegisters: this warp's Q rows, per item
-  auto issue_s = [&](float (&s)[Bc / 8][4], int j) {
+  // The products over tile j's first n keys: n is Bc, or Bt for an item's last tile, a constant
+  // at every call, so that each call inlines one product (a wgmma issued conditionally inside a
+  // loop makes ptxas serialise them all). S = Q K_jᵀ:
+  auto issue_s = [&](float (&s)[Bc / 8][4], int j, int n) {
     const int st = (seq + j) % NS;
     sm90::mbarrier_wait(&kv.k_full[st], uint32_t((seq + j) / NS) & 1);
     const unsigned char* Kj = sK + st * Tr::kTileKV;
     sm90::wgmma_fence();
-    if constexpr (Tr::kQInRegisters)
-      sm90::wgmma_abt_rs<Dh, Bc>(s, qf, Kj, Tr::kPanelKV);
-    else
-      sm90::wgmma_abt_ss<Dh, Bc>(s, sQw, Tr::kPanelQ, Kj, Tr::kPanelKV);
+    if (n == Bt && Bt != Bc) {
+      if constexpr (Tr::kQInRegisters)
+        sm90::wgmma_abt_rs<Dh, Bt>(first_cols<Bt>(s), qf, Kj, Tr::kPanelKV);
+      else
+        sm90::wgmma_abt_ss<Dh, Bt>(first_cols<Bt>(s), sQw, Tr::kPanelQ, Kj, Tr::kPanelKV);
+    } else {
+      if constexpr (Tr::kQInRegisters)
+        sm90::wgmma_abt_rs<Dh, Bc>(s, qf, Kj, Tr::kPanelKV);
+      else
+        sm90::wgmma_abt_ss<Dh, Bc>(s, sQw, Tr::kPanelQ, Kj, Tr::kPanelKV);
+    }
     sm90::wgmma_commit();
   };
-  auto issue_pv = [&](float (&o)[Dh / 8][4], const uint32_t (&pf)[Bc / 16][4], int j) {
+  // O += P V_j:
+  auto issue_pv = [&](float (&o)[Dh / 8][4], const uint32_t (&pf)[Bc / 16][4], int j, int n) {
     const int st = (seq + j) % NS;
     sm90::mbarrier_wait(&kv.v_full[st], uint32_t((seq + j) / NS) & 1);
     sm90::wgmma_fence();
-    sm90::wgmma_ab_rs<Dh, Bc>(o, pf, sV + st * Tr::kTileKV, Tr::kPanelKV);
+    if (n == Bt && Bt != Bc)
+      sm90::wgmma_ab_rs<Dh, Bt>(o, first_k_steps<Bt>(pf), sV + st * Tr::kTileKV, Tr::kPanelKV);
+    else
+      sm90::wgmma_ab_rs<Dh, Bc>(o, pf, sV + st * Tr::kTileKV, Tr::kPanelKV);
     sm90::wgmma_commit();
   };
   if (c == C - 1) sm90::named_barrier_arrive(1, 256);  // consumer 0 takes the first turn
@@ -285,7 +350,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // Turn 0: S of tile 0. Turn j: S of tile j and P_{j−1} V_{j−1}. Q is released once the
     // item's last S has landed, so the next item's Q loads under this one's tail.
     sm90::named_barrier_sync(my_turn, 256);
-    issue_s(s, 0);
+    issue_s(s, 0, Bc);
     if (c != C - 1 || n_kb > 1 || !last_item) sm90::named_barrier_arrive(next_turn, 256);
     sm90::wgmma_wait<0>();
     release(&kv.k_empty[seq % NS]);
@@ -293,21 +358,30 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     softmax(s, 0, alpha, sum);
     rescale_accumulate<Dh>(o, l, alpha, sum);
     acc_to_a<Bc>(pf, s);
-    for (int j = 1; j < n_kb; ++j) {
+    // Turn j ≥ 1: S of tile j with P_{j−1} V_{j−1}, then tile j's softmax and P; over n keys of
+    // tile j (Bc, or Bt for the last tile, which then runs after the loop).
+    auto turn = [&](int j, int n) {
       sm90::named_barrier_sync(my_turn, 256);
-      issue_s(s, j);
-      issue_pv(o, pf, j - 1);
+      issue_s(s, j, n);
+      issue_pv(o, pf, j - 1, Bc);
       if (c != C - 1 || j + 1 < n_kb || !last_item) sm90::named_barrier_arrive(next_turn, 256);
       sm90::wgmma_wait<1>();  // S of tile j has landed; P_{j−1} V_{j−1} may still run
       release(&kv.k_empty[(seq + j) % NS]);
       if (j + 1 == n_kb) release(q_empty);
-      softmax(s, j, alpha, sum);
+      softmax(s, j, alpha, sum);  // (over the whole tile: its keys past T are masked)
       sm90::wgmma_wait<0>();  // P_{j−1} V_{j−1} has landed: O may be rescaled and pf rewritten
       release(&kv.v_empty[(seq + j - 1) % NS]);
       rescale_accumulate<Dh>(o, l, alpha, sum);
       acc_to_a<Bc>(pf, s);
+    };
+    if constexpr (Bt == Bc) {
+      for (int j = 1; j < n_kb; ++j) turn(j, Bc);
+      issue_pv(o, pf, n_kb - 1, Bc);
+    } else {  // (n_kb ≥ 2: fwd_last_tile_keys)
+      for (int j = 1; j + 1 < n_kb; ++j) turn(j, Bc);
+      turn(n_kb - 1, Bt);
+      issue_pv(o, pf, n_kb - 1, Bt);
     }
-    issue_pv(o, pf, n_kb - 1);
     sm90::wgmma_wait<0>();
     release(&kv.v_empty[(seq + n_kb - 1) % NS]);
     seq += n_kb;
@@ -359,6 +433,15 @@ void launch_fwd_sm90a(const FlashAttentionParams& p, cudaStream_t stream) {
                                 flash::fwd_work_items<Tr>(int(p.T), int(p.H), int(p.B)), p,
                                 stream, flash::fwd_tma_maps<Tr>(p), flash::item_counter(stream));
 }
+// Not causal: the products over every item's last K/V tile as wide as T's last tile needs
+// (fwd_last_tile_keys). Twenty-first session, `tools/gpu_ab.sh` against 176 keys, best of 4
+// interleaved rounds of the d 128 non-causal forward (every round alike): 2k 613 → 620 TF/s
+// (last tile 112 keys, products over 128), 4k 655 → 666 (48, over 64), 8k 692 → 697 (96, over
+// 128); 1k (144 keys: the same kernel), 16k and 32k (16 and 32 keys, over 64) level.
+template <class Tr>
+void launch_fwd_sm90a_last_tile(const FlashAttentionParams& p, cudaStream_t stream) {
+  flash::with_last_tile_traits<Tr>(p.T, [&](auto tr) { launch_fwd_sm90a<typename decltype(tr)::type>(p, stream); });
+}
 // The block shape of head dim D for p's mask and length (FwdSm90aConfig, FwdSm90aNonCausalConfig,
 // FwdSm90aShortCausalConfig).
 template <int D>
@@ -368,7 +451,7 @@ void launch_fwd_sm90a_for(const FlashAttentionParams& p, cudaStream_t stream) {
   else if (p.causal)
     launch_fwd_sm90a<typename flash::FwdSm90aConfig<D>::type>(p, stream);
   else
-    launch_fwd_sm90a<typename flash::FwdSm90aNonCausalConfig<D>::type>(p, stream);
+    launch_fwd_sm90a_last_tile<typename flash::FwdSm90aNonCausalConfig<D>::type>(p, stream);
 }
 
 }  // namespace
