@@ -509,4 +509,26 @@ TEST(CausalItemOrder, GroupsOfHeadsHeaviestFirst) {
     }
 }
 
+// The non-causal forward's products over T's last K/V tile (flash::fwd_last_tile_keys): on
+// 176-key tiles the narrowest of 64, 128 and 176 keys that holds the T − (n_kb − 1)·176 keys of
+// T's last tile, and the whole tile where it is the item's only one; whole tiles on 128-key ones.
+// Checked against that definition over every T to 2000, and at the benchmark's lengths.
+TEST(ForwardLastTile, NarrowestWidthThatHoldsTsLastTile) {
+  using Wide = typename flash::FwdSm90aNonCausalConfig<128>::type;  // 176-key tiles
+  using Narrow = typename flash::FwdSm90aConfig<64>::type;          // 128-key tiles
+  static_assert(Wide::kBc == 176 && Narrow::kBc == 128, "the shapes this test is about");
+  for (int64_t T = 1; T <= 2000; ++T) {
+    const int64_t n_kb = (T + 175) / 176, last = T - (n_kb - 1) * 176;  // keys in T's last tile
+    const int keys = flash::fwd_last_tile_keys<Wide>(T);
+    EXPECT_TRUE(keys == 64 || keys == 128 || keys == 176) << T;
+    EXPECT_GE(keys, last) << "T " << T << ": the products must reach every key";
+    if (n_kb == 1) EXPECT_EQ(keys, 176) << T;
+    else if (keys > 64) EXPECT_GT(last, keys == 176 ? 128 : 64) << "T " << T << ": a narrower width would hold it";
+    EXPECT_EQ(flash::fwd_last_tile_keys<Narrow>(T), 128) << T;
+  }
+  // 1k: 144 keys in the last tile; 2k: 112; 4k: 48; 8k: 96; 16k: 16; 32k: 32.
+  const std::pair<int64_t, int> expected[] = {{1024, 176}, {2048, 128}, {4096, 64}, {8192, 128}, {16384, 64}, {32768, 64}};
+  for (const auto& [T, keys] : expected) EXPECT_EQ(flash::fwd_last_tile_keys<Wide>(T), keys) << T;
+}
+
 }  // namespace
