@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, run the whole test suite (GPU tests included), then the
 # benchmarks beside their PyTorch references. Logs go to $OUT (or ./gpu-out); a table prints last.
-# Usage: tools/gpu_check.sh [tests|sanitize|attn|profile|stalls|bench|all]   (needs ../shared/bench copied to .bench/)
+# Usage: tools/gpu_check.sh [tests|sanitize|attn|profile|stalls|ramp|bench|all]   (needs ../shared/bench copied to .bench/)
 #   stalls: STALLS_D=64|128, STALLS_T=T, STALLS_CAUSAL=0 for the non-causal shapes, STALLS_FWD=1 /
 #   STALLS_DQ=1 to profile the forward / dQ kernel too
+#   ramp: RAMP_D="128 64" (head dims), every kernel at non-causal T 1k-8k at base clocks beside cuDNN's
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHAT="${1:-all}"
@@ -122,6 +123,40 @@ PY
     ncu --import "$OUT/$tag.ncu-rep" --page raw --csv > "$OUT/${tag}_raw.csv" 2>/dev/null
     python3 tools/ncu_stalls.py "$OUT/${tag}_source.csv" --top 8 --raw "$OUT/${tag}_raw.csv" | tee -a "$OUT/${tag}_stalls.txt"
     rm -f "$OUT/$tag.ncu-rep"
+  done
+fi
+if [ "$WHAT" = ramp ]; then
+  # Every attention kernel timed alone by ncu at base clocks over non-causal T 1k-8k (RAMP_D: head
+  # dims, default "128 64"), tilegrad's and cuDNN's (tools/torch_sdpa_once.py). Non-causal the work
+  # items' count is the same at every T (B·T fixed) and an item's work grows with T, so a kernel's
+  # time is about a + b·T: how b and a compare with cuDNN's says whether a gap is the tiles' cost
+  # or what items cost beyond them (docs/BENCHMARKS.md, twenty-first session, call 8).
+  NCU_TIME="ncu --clock-control base --cache-control none --metrics gpu__time_duration.sum --csv"
+  show_times() {  # kernel (short name) and µs, in launch order
+    python3 - "$1" <<'PY'
+import csv, re, sys
+rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
+if not rows:
+    print("  (no kernels)"); sys.exit()
+head, body = rows[0], rows[1:]
+name, val = head.index("Kernel Name"), head.index("Metric Value")
+out = []
+for r in body:
+    m = re.search(r"(flash_\w+?kernel|cudnn_generated\w+?(fprop|bprop)|compute_dot_do_o\w*|convert_dq\w*|\w+kernel)", r[name])
+    out.append(f"{(m.group(1) if m else r[name][:40])[:48]} {float(r[val].replace(',', '')) / 1e3:.1f}")
+print("  " + " | ".join(out))
+PY
+  }
+  for D in ${RAMP_D:-128 64}; do
+    $NCU_TIME build-gpu/tilegrad bench attention --head-dim "$D" --min-t 1024 --max-t 8192 --warmup 1 --steps 1 --causal 0 \
+      --atomic 0 > "$OUT/ramp_tilegrad_d$D.csv" 2> "$OUT/ramp_tilegrad_d$D.err"
+    echo "== tilegrad d $D non-causal T 1k-8k (per T: warm-up forward + backward, timed forward, timed backward; µs)"
+    show_times "$OUT/ramp_tilegrad_d$D.csv"
+    for T in 1024 2048 4096 8192; do
+      $NCU_TIME --profile-from-start off python3 tools/torch_sdpa_once.py --T "$T" --d "$D" --causal 0 --backends cudnn \
+        > "$OUT/ramp_cudnn_d${D}_$T.csv" 2>/dev/null
+      echo "== cuDNN d $D T $T (µs)"; show_times "$OUT/ramp_cudnn_d${D}_$T.csv"
+    done
   done
 fi
 if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
