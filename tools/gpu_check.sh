@@ -10,6 +10,23 @@ cd "$(dirname "$0")/.."
 WHAT="${1:-all}"
 OUT="${OUT:-gpu-out}"
 mkdir -p "$OUT"
+# Each kernel's time alone, at base clocks (the stalls and ramp modes), and ncu_times FILE...: the
+# kernels such a run timed, in launch order, µs each.
+NCU_TIME="ncu --clock-control base --cache-control none --metrics gpu__time_duration.sum --csv"
+ncu_times() {
+  python3 - "$@" <<'PY'
+import csv, sys
+for path in sys.argv[1:]:
+    rows = [r for r in csv.reader(l for l in open(path) if l.startswith('"'))]
+    if not rows:
+        print(f"== {path}: no kernels profiled"); continue
+    head, body = rows[0], rows[1:]
+    name, val = head.index("Kernel Name"), head.index("Metric Value")
+    print(f"== {path.split('/')[-1]} (launch order; µs at base clocks)")
+    for r in body:
+        print(f"{float(r[val].replace(',', '')) / 1e3:9.1f}  {r[name][:110]}")
+PY
+}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
 if ! cmake --build build-gpu -j "$(nproc)" > "$OUT/build.log" 2>&1; then grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; fi
@@ -90,26 +107,14 @@ if [ "$WHAT" = stalls ]; then
   if [ "${STALLS_FWD:-0}" = 1 ]; then PROFILED="fwd:flash_fwd_sm90a_kernel.*FwdSm90aTraitsILi${D}E:1 $PROFILED"; fi
   # STALLS_DQ=1: the deterministic dQ kernel's timed launch too.
   if [ "${STALLS_DQ:-0}" = 1 ]; then PROFILED="$PROFILED dq:flash_bwd_dq_sm90a_kernel.*DqSm90aTraitsILi${D}E:1"; fi
-  NCU_TIME="ncu --clock-control base --cache-control none --metrics gpu__time_duration.sum --csv"
   $NCU_TIME build-gpu/tilegrad bench attention --head-dim "$D" --min-t "$T" --max-t "$T" --warmup 1 --steps 1 --causal 2 --atomic 2 \
     > "$OUT/ncu_times_tilegrad.csv" 2> "$OUT/ncu_times_tilegrad.err"
   for causal in 1 0; do
     $NCU_TIME --profile-from-start off python3 tools/torch_sdpa_once.py --T "$T" --d "$D" --causal $causal \
       > "$OUT/ncu_times_torch_causal$causal.csv" 2> "$OUT/ncu_times_torch_causal$causal.err"
   done
-  python3 - "$OUT"/ncu_times_tilegrad.csv "$OUT"/ncu_times_torch_causal1.csv "$OUT"/ncu_times_torch_causal0.csv <<'PY' \
+  ncu_times "$OUT"/ncu_times_tilegrad.csv "$OUT"/ncu_times_torch_causal1.csv "$OUT"/ncu_times_torch_causal0.csv \
     | tee "$OUT/ncu_times.txt"
-import csv, sys
-for path in sys.argv[1:]:
-    rows = [r for r in csv.reader(l for l in open(path) if l.startswith('"'))]
-    if not rows:
-        print(f"== {path}: no kernels profiled"); continue
-    head, body = rows[0], rows[1:]
-    name, val = head.index("Kernel Name"), head.index("Metric Value")
-    print(f"== {path.split('/')[-1]} (launch order; µs at base clocks)")
-    for r in body:
-        print(f"{float(r[val].replace(',', '')) / 1e3:9.1f}  {r[name][:110]}")
-PY
   NCU_FULL="ncu --set full --import-source no --clock-control base --cache-control none --kernel-name-base mangled -f"
   for kernel in $PROFILED; do
     IFS=: read -r tag regex skip <<< "$kernel"
@@ -131,31 +136,15 @@ if [ "$WHAT" = ramp ]; then
   # items' count is the same at every T (B·T fixed) and an item's work grows with T, so a kernel's
   # time is about a + b·T: how b and a compare with cuDNN's says whether a gap is the tiles' cost
   # or what items cost beyond them (docs/BENCHMARKS.md, twenty-first session, call 8).
-  NCU_TIME="ncu --clock-control base --cache-control none --metrics gpu__time_duration.sum --csv"
-  show_times() {  # kernel (short name) and µs, in launch order
-    python3 - "$1" <<'PY'
-import csv, re, sys
-rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
-if not rows:
-    print("  (no kernels)"); sys.exit()
-head, body = rows[0], rows[1:]
-name, val = head.index("Kernel Name"), head.index("Metric Value")
-out = []
-for r in body:
-    m = re.search(r"(flash_\w+?kernel|cudnn_generated\w+?(fprop|bprop)|compute_dot_do_o\w*|convert_dq\w*|\w+kernel)", r[name])
-    out.append(f"{(m.group(1) if m else r[name][:40])[:48]} {float(r[val].replace(',', '')) / 1e3:.1f}")
-print("  " + " | ".join(out))
-PY
-  }
   for D in ${RAMP_D:-128 64}; do
     $NCU_TIME build-gpu/tilegrad bench attention --head-dim "$D" --min-t 1024 --max-t 8192 --warmup 1 --steps 1 --causal 0 \
       --atomic 0 > "$OUT/ramp_tilegrad_d$D.csv" 2> "$OUT/ramp_tilegrad_d$D.err"
-    echo "== tilegrad d $D non-causal T 1k-8k (per T: warm-up forward + backward, timed forward, timed backward; µs)"
-    show_times "$OUT/ramp_tilegrad_d$D.csv"
+    echo "== tilegrad d $D non-causal T 1k-8k (per T: warm-up forward + backward, timed forward, timed backward)"
+    ncu_times "$OUT/ramp_tilegrad_d$D.csv"
     for T in 1024 2048 4096 8192; do
       $NCU_TIME --profile-from-start off python3 tools/torch_sdpa_once.py --T "$T" --d "$D" --causal 0 --backends cudnn \
         > "$OUT/ramp_cudnn_d${D}_$T.csv" 2>/dev/null
-      echo "== cuDNN d $D T $T (µs)"; show_times "$OUT/ramp_cudnn_d${D}_$T.csv"
+      ncu_times "$OUT/ramp_cudnn_d${D}_$T.csv"
     done
   done
 fi
