@@ -41,8 +41,13 @@ namespace flash {
 // elementwise work (P, dS) runs under the next tile's products and under the other consumers'
 // (kPipelined; d 64's three-consumer shape issues and retires each tile's products in turn).
 // dQ still sums over j in a fixed order: deterministic.
-template <int D_, int Consumers, int Bc_, int Stages, int HeadDim = D_, bool Pipelined = true>
+template <int D_, int Consumers, int Bc_, int Stages, int HeadDim = D_, bool Pipelined = true, bool SkipIdle = false>
 struct DqSm90aTraits {
+  // A consumer multiplies only the key tiles its own rows need: none when they all lie past T (a
+  // head's last, part-filled block), and when causal those up to its last row's diagonal; it
+  // takes the block's other tiles as turns without products (unpipelined loop only).
+  static constexpr bool kSkipIdle = SkipIdle;
+  static_assert(!SkipIdle || !Pipelined, "skipping tiles: the unpipelined loop");
   static constexpr int kD = D_;
   // The head's columns (≤ kD): head dim 96 runs the d 128 tiles, which the tensor maps zero-fill
   // past column 96; the products that sum over the head's columns stop there (their k-steps
@@ -107,7 +112,15 @@ template <> struct DqSm90aConfig<96> { using type = DqSm90aTraits<128, 2, 96, 3,
 // Both backward kernels take their long shapes (DqSm90aLongConfig, DkdvWsSm90aLongConfig) from here.
 constexpr int64_t kBwdSm90aLongT = 2048;
 template <int D> struct DqSm90aLongConfig { using type = typename DqSm90aConfig<D>::type; };
-template <> struct DqSm90aLongConfig<64> { using type = DqSm90aTraits<64, 3, 96, 3, 64, false>; };
+// Each of its consumers multiplies only the key tiles its own rows need (kSkipIdle; the same in
+// DkdvWsSm90aLongConfig<64>, from the query tile of its first key on): a 192-row block is a
+// coarse unit, and when causal its first consumer's rows stop a tile or more before its last
+// one's, as do rows past T. Twenty-second session (docs/BENCHMARKS.md, call 2; best of 3
+// interleaved rounds, both kernels together, warp-uniform warpgroup index in both builds): the
+// deterministic backward causal 2k 333 → 348, 4k 394 → 408 TF/s, non-causal 2k 389 → 402, the
+// 12 d 64 shapes 1.00–1.07×. (Without the uniform index the skipping loops compiled longer and
+// measured 0.87–0.98×: call 1.)
+template <> struct DqSm90aLongConfig<64> { using type = DqSm90aTraits<64, 3, 96, 3, 64, false, true>; };
 
 // The tensor maps of both backward kernels (tma.h): q, dout in boxes of Tr::kBr rows, k, v of
 // Tr::kBc (the dQ kernel streams K/V tiles under its own Q/dO, the dK/dV kernel the reverse).
@@ -140,7 +153,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   const int T = int(p.T), H = int(p.H), B = int(p.B);
   const bool causal = p.causal;
-  const int tid = threadIdx.x, wg = tid / 128;
+  const int tid = threadIdx.x, wg = sm90::warpgroup_index();
   // Work items (query tile, head, batch), heaviest first when causal (sm90::item_tile); this
   // block's first is blockIdx.x, the next ones claimed from item_counter, as in the forward.
   const int n_qb = (T + Br - 1) / Br, n_items = H * B * n_qb;
@@ -246,7 +259,44 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     float s[Bc / 8][4], dp[Bc / 8][4];
     uint32_t dsf[Bc / 16][4];
 
-    if constexpr (!Tr::kPipelined) {
+    // The key tiles this consumer's rows need: all n_kb, or with kSkipIdle none when its rows all
+    // lie past T (a head's last, part-filled query block) and, causal, only those up to its last
+    // row's diagonal (the block's later tiles serve its other consumers' rows). It takes the
+    // others as turns without products (after its loop).
+    int n_need = n_kb;
+    if constexpr (Tr::kSkipIdle) {
+      const int r0 = item.row0 + 64 * c, r1 = min(r0 + 63, T - 1);
+      n_need = r0 >= T ? 0 : causal ? min(n_kb, r1 / Bc + 1) : n_kb;
+    }
+    if constexpr (Tr::kSkipIdle) {
+      // Turn j < n_need: S, dP of tile j; then dQ += dS_j K_j, retired before the next turn. Q and
+      // dO are released with the last S, dP; then turns without products for the other tiles,
+      // each releasing its stage once the stage's load has landed (so that it counts towards
+      // this use).
+      for (int j = 0; j < n_need; ++j) {
+        sm90::named_barrier_sync(my_turn, 256);
+        issue_s_dp(s, dp, j);
+        if (c != C - 1 || j + 1 < n_kb || !last_item) sm90::named_barrier_arrive(next_turn, 256);
+        sm90::wgmma_wait<0>();
+        release(&kv.v_empty[(seq + j) % NS]);
+        if (j + 1 == n_need) release(q_empty);
+        grad(s, dp, j);
+        acc_to_a<Bc>(dsf, dp);
+        issue_dq(dq, dsf, j);
+        sm90::wgmma_wait<0>();
+        release(&kv.k_empty[(seq + j) % NS]);
+      }
+      if (n_need == 0) release(q_empty);
+      for (int j = n_need; j < n_kb; ++j) {
+        const int st = (seq + j) % NS;
+        sm90::named_barrier_sync(my_turn, 256);
+        sm90::mbarrier_wait(&kv.k_full[st], uint32_t((seq + j) / NS) & 1);
+        sm90::mbarrier_wait(&kv.v_full[st], uint32_t((seq + j) / NS) & 1);
+        if (c != C - 1 || j + 1 < n_kb || !last_item) sm90::named_barrier_arrive(next_turn, 256);
+        release(&kv.v_empty[st]);
+        release(&kv.k_empty[st]);
+      }
+    } else if constexpr (!Tr::kPipelined) {
       // Turn j: S, dP of tile j; then dQ += dS_j K_j, retired before the next turn.
       for (int j = 0; j < n_kb; ++j) {
         sm90::named_barrier_sync(my_turn, 256);
@@ -319,8 +369,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 // dq_accum with one bulk reduction (dq_full / dq_empty) while the consumers go on — unordered
 // across blocks.
 template <int D_, int Consumers, int Stages, bool PingPong, bool FormDq = false, bool OwnInRegisters = false,
-          int HeadDim = D_, int Br_ = 64, bool GroupedItems = !FormDq, bool Pipelined = true>
+          int HeadDim = D_, int Br_ = 64, bool GroupedItems = !FormDq, bool Pipelined = true, bool SkipIdle = false>
 struct DkdvWsSm90aTraits {
+  // A consumer multiplies only the query tiles its own keys need: none when they all lie past T
+  // (a head's last, part-filled block), and when causal those from the tile of its first key on;
+  // it takes the block's other tiles as turns without products (the unpipelined deterministic
+  // loop only).
+  static constexpr bool kSkipIdle = SkipIdle;
   static constexpr int kD = D_;
   // The head's columns (≤ kD): head dim 96 runs the d 128 tiles, which the tensor maps zero-fill
   // past column 96; the products that sum over the head's columns stop there (their k-steps
@@ -395,6 +450,7 @@ struct DkdvWsSm90aTraits {
                 "the hand-over must fit the registers the block is launched with (wgmma.cuh, setmaxnreg)");
   static_assert(kSmemBytes <= 227 * 1024, "one block's shared memory");
   static_assert(!FormDq || (kDqCols == 64 && kBr == 64 && Consumers == 2), "FormDq: m64n64 dQ products");
+  static_assert(!SkipIdle || (!FormDq && !Pipelined), "skipping consumers: the unpipelined deterministic loop");
 };
 
 // Block shapes (measured on the H200; the measurements, session by session, are in
@@ -420,8 +476,8 @@ template <> struct DkdvWsSm90aConfig<96> { using type = DkdvWsSm90aTraits<128, 2
 // long and the 64-query shape's early release of K and V (which needs them in registers) pays.
 // It replaced the sixteenth session's 96-query two-consumer shape from 4k (docs/flash-attention.md).
 template <int D> struct DkdvWsSm90aLongConfig { using type = typename DkdvWsSm90aConfig<D>::type; };
-template <> struct DkdvWsSm90aLongConfig<64> {
-  using type = DkdvWsSm90aTraits<64, 3, 3, true, false, false, 64, 64, true, false>;
+template <> struct DkdvWsSm90aLongConfig<64> {  // (kSkipIdle: see DqSm90aLongConfig<64>)
+  using type = DkdvWsSm90aTraits<64, 3, 3, true, false, false, 64, 64, true, false, true>;
 };
 // FlashDq::kAtomic's dK/dV kernel, which forms dQ too (5 products per tile pair, not 7). Each
 // block adds a (64 queries, D) fp32 dQ tile per streamed query tile; the L2 performs the
@@ -461,7 +517,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   sm90::launch_dependents();
   const int T = int(p.T), H = int(p.H), B = int(p.B);
   const bool causal = p.causal;
-  const int tid = threadIdx.x, wg = tid / 128;
+  const int tid = threadIdx.x, wg = sm90::warpgroup_index();
   // Work items (key block, head, batch), causal: the low key blocks first (they see the most
   // queries); non-causal: head-major (sm90::item_tile). This block's first is blockIdx.x, the
   // next ones claimed from item_counter by the producer thread, which publishes each in the item
@@ -673,7 +729,28 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     ds(j);
   };
 
-  if constexpr (!Tr::kFormDq && !Tr::kPipelined) {
+  if constexpr (Tr::kSkipIdle) {
+    // The query tiles this consumer's keys need: none when they all lie past T (a head's last,
+    // part-filled key block) and, causal, only those from the tile of its first key on (the
+    // block's earlier tiles serve its other consumers' keys). It takes the others first, as
+    // turns without products, each releasing its stage once the stage's loads have landed (so
+    // that they count towards this use); then tile j's four products, retired in turn.
+    const int kr0 = item.row0 + 64 * c;
+    const int j_first = kr0 >= T ? n_tiles : causal ? max(0, min(n_tiles, kr0 / Br - i_begin)) : 0;
+    for (int j = 0; j < j_first; ++j) {
+      turn_begin();
+      sm90::mbarrier_wait(&qdo.k_full[stage(j)], uint32_t((seq + j) / NS) & 1);
+      sm90::mbarrier_wait(&qdo.v_full[stage(j)], uint32_t((seq + j) / NS) & 1);
+      turn_end(j);
+      release(j);
+    }
+    for (int j = j_first; j < n_tiles; ++j) {
+      s_dp_then_p_ds(j);
+      issue_dk(j);
+      sm90::wgmma_wait<0>();  // dV_j has read pf, dK_j dsf and Q_j
+      release(j);
+    }
+  } else if constexpr (!Tr::kFormDq && !Tr::kPipelined) {
     for (int j = 0; j < n_tiles; ++j) {
       s_dp_then_p_ds(j);
       issue_dk(j);

@@ -45,8 +45,18 @@ namespace flash {
 // the consumers. The consumers take turns: named barriers pass the right to issue a tile's two
 // products around the ring of consumer warpgroups, so one warpgroup's softmax overlaps the
 // others' products rather than coinciding with them (FlashAttention-3's ping-pong).
-template <int D_, int Consumers, int Bc_, int Stages, bool QInRegisters = false, int HeadDim = D_, int TailBc = Bc_>
+template <int D_, int Consumers, int Bc_, int Stages, bool QInRegisters = false, int HeadDim = D_, int TailBc = Bc_,
+          bool SkipIdle = false, bool HalfDiagonal = false>
 struct FwdSm90aTraits {
+  // Causal, two consumers on 128-row items and 128-key tiles: an item's last K/V tile is its
+  // diagonal one, of whose keys the first consumer's rows reach only the first 64 — its
+  // products over that tile stop there (S m64n64 and P V over 64 keys, in accumulators of their
+  // own: as a prefix of the full ones ptxas serialised the wgmmas).
+  static constexpr bool kHalfDiagonal = HalfDiagonal;
+  // A consumer multiplies only the K/V tiles its own rows need: none when they all lie past T (a
+  // head's last, part-filled query tile), and when causal those up to its last row's diagonal;
+  // it takes the block's other tiles as turns without products.
+  static constexpr bool kSkipIdle = SkipIdle;
   static constexpr int kD = D_;
   // The head's columns (≤ kD): head dim 96 runs the d 128 tiles, which the tensor maps zero-fill
   // past column 96; the products that sum over the head's columns stop there (their k-steps
@@ -65,7 +75,8 @@ struct FwdSm90aTraits {
   // the tile's keys past T are zero-filled and masked, and past kTailBc not multiplied at all
   // (the softmax still runs over the whole tile). fwd_last_tile_keys picks it per T.
   static constexpr int kTailBc = TailBc;
-  template <int Tail> using WithTail = FwdSm90aTraits<D_, Consumers, Bc_, Stages, QInRegisters, HeadDim, Tail>;
+  template <int Tail>
+  using WithTail = FwdSm90aTraits<D_, Consumers, Bc_, Stages, QInRegisters, HeadDim, Tail, SkipIdle, HalfDiagonal>;
   static constexpr int kStages = Stages;                  // K/V stage buffers
   static constexpr int kPanels = kD / 64;
   static constexpr int kPanelQ = kBr * sm90::kSwizzleRowBytes, kPanelKV = kBc * sm90::kSwizzleRowBytes;
@@ -82,6 +93,7 @@ struct FwdSm90aTraits {
   static_assert(kBc != 176 || !kQInRegisters, "S (88 registers), P and O leave no room for Q's fragments");
   static_assert(kTailBc % 64 == 0 || kTailBc == kBc, "the last tile's products: m64n64, m64n128 or the whole tile");
   static_assert(kTailBc <= kBc, "the last tile's products lie within the tile");
+  static_assert(!HalfDiagonal || (Consumers == 2 && Bc_ == 128 && TailBc == Bc_), "half diagonals: 128-row items, 128-key tiles");
   static_assert(Consumers == 2 || Consumers == 3, "the register split is written for 2 or 3 consumers");
   static_assert(sm90::fits_launch_registers(kThreads, kProducerRegs, Consumers, kConsumerRegs),
                 "the hand-over must fit the registers the block is launched with (wgmma.cuh, setmaxnreg)");
@@ -122,9 +134,18 @@ FwdTmaMaps fwd_tma_maps(const FlashAttentionParams& p) {  // p's row strides res
 // 12 shapes (non-causal 8k 559 → 615, 32k 560 → 577; causal 8k 613 → 619), with 0 consumer
 // spills at 240; at d 64 (3 × 160 registers) it spills 96 bytes and ptxas serialises the
 // wgmmas, so d 64 reads Q from shared memory.
+// d 64's three consumers each multiply only the K/V tiles their own rows need (kSkipIdle): when
+// causal, a 192-row item's first consumer's rows stop a tile or more before its last one's, and
+// rows past T need none. d 128 (causal only: the non-causal shape is FwdSm90aNonCausalConfig)
+// halves its diagonal tile for the first consumer, whose rows reach only its first 64 keys
+// (kHalfDiagonal). Twenty-second session (docs/BENCHMARKS.md, calls 1–2; best of 3 interleaved
+// rounds, warp-uniform warpgroup index in both builds): d 64 causal 2k 383 → 396, 4k 452 → 468,
+// 16k 522 → 552 TF/s, non-causal 1k 420 → 432, the 12 shapes 0.98–1.06×; d 128 causal 1k
+// 350 → 359 and 351 → 360, 2k 481 → 485 and 482 → 488 (two calls), level beyond. The half
+// diagonal at d 64's short causal shape measured level (287 → 287) and was left out.
 template <int D> struct FwdSm90aConfig;
-template <> struct FwdSm90aConfig<64> { using type = FwdSm90aTraits<64, 3, 128, 2>; };
-template <> struct FwdSm90aConfig<128> { using type = FwdSm90aTraits<128, 2, 128, 2, true>; };
+template <> struct FwdSm90aConfig<64> { using type = FwdSm90aTraits<64, 3, 128, 2, false, 64, 128, true>; };
+template <> struct FwdSm90aConfig<128> { using type = FwdSm90aTraits<128, 2, 128, 2, true, 128, 128, false, true>; };
 // d 96 runs d 128's shape (fourteenth session: 1.109× the 64-key tiles); its products stop at the
 // head's 96 columns, both those that sum over them (fifteenth session: forward 1.059×, backward
 // 1.079×) and those whose N they are — P V here, Pᵀ dO, dSᵀ Q, dS K in the backward (sixteenth
@@ -234,7 +255,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   const int T = int(p.T), H = int(p.H), B = int(p.B);
   const bool causal = p.causal;
-  const int tid = threadIdx.x, wg = tid / 128;
+  const int tid = threadIdx.x, wg = sm90::warpgroup_index();
   const int n_items = fwd_work_items<Tr>(T, H, B);
 
   // The mbarriers, after the tiles: Q's full (q_full), then the K/V stream's, whose empty ones
@@ -349,43 +370,106 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     float s[Bc / 8][4], alpha[2], sum[2];
     uint32_t pf[Bc / 16][4];
 
-    // Turn 0: S of tile 0. Turn j: S of tile j and P_{j−1} V_{j−1}. Q is released once the
-    // item's last S has landed, so the next item's Q loads under this one's tail.
-    sm90::named_barrier_sync(my_turn, 256);
-    issue_s(s, 0, Bc);
-    if (c != C - 1 || n_kb > 1 || !last_item) sm90::named_barrier_arrive(next_turn, 256);
-    sm90::wgmma_wait<0>();
-    release(&kv.k_empty[seq % NS]);
-    if (n_kb == 1) release(q_empty);
-    softmax(s, 0, alpha, sum);
-    rescale_accumulate<Dh>(o, l, alpha, sum);
-    acc_to_a<Bc>(pf, s);
-    // Turn j ≥ 1: S of tile j with P_{j−1} V_{j−1}, then tile j's softmax and P; over n keys of
-    // tile j (Bc, or Bt for the last tile, which then runs after the loop).
-    auto turn = [&](int j, int n) {
+    // The tiles this consumer's rows need: all n_kb, or with kSkipIdle none when its rows all lie
+    // past T (a head's last, part-filled query tile) and, causal, only those up to its last row's
+    // diagonal (the block's later tiles serve its other consumers' rows). It takes the others as
+    // turns without products, below.
+    int n_need = n_kb;
+    if constexpr (Tr::kSkipIdle) {
+      const int r0 = item.q0 + 64 * c, r1 = min(r0 + 63, T - 1);
+      n_need = r0 >= T ? 0 : causal ? min(n_kb, r1 / Bc + 1) : n_kb;
+    }
+    if (!Tr::kSkipIdle || n_need > 0) {
+      // Turn 0: S of tile 0. Turn j: S of tile j and P_{j−1} V_{j−1}. Q is released once the
+      // item's last S has landed, so the next item's Q loads under this one's tail.
       sm90::named_barrier_sync(my_turn, 256);
-      issue_s(s, j, n);
-      issue_pv(o, pf, j - 1, Bc);
-      if (c != C - 1 || j + 1 < n_kb || !last_item) sm90::named_barrier_arrive(next_turn, 256);
-      sm90::wgmma_wait<1>();  // S of tile j has landed; P_{j−1} V_{j−1} may still run
-      release(&kv.k_empty[(seq + j) % NS]);
-      if (j + 1 == n_kb) release(q_empty);
-      softmax(s, j, alpha, sum);  // (over the whole tile: its keys past T are masked)
-      sm90::wgmma_wait<0>();  // P_{j−1} V_{j−1} has landed: O may be rescaled and pf rewritten
-      release(&kv.v_empty[(seq + j - 1) % NS]);
+      issue_s(s, 0, Bc);
+      if (c != C - 1 || n_kb > 1 || !last_item) sm90::named_barrier_arrive(next_turn, 256);
+      sm90::wgmma_wait<0>();
+      release(&kv.k_empty[seq % NS]);
+      if (n_need == 1) release(q_empty);
+      softmax(s, 0, alpha, sum);
       rescale_accumulate<Dh>(o, l, alpha, sum);
       acc_to_a<Bc>(pf, s);
-    };
-    if constexpr (Bt == Bc) {
-      for (int j = 1; j < n_kb; ++j) turn(j, Bc);
-      issue_pv(o, pf, n_kb - 1, Bc);
-    } else {  // (n_kb ≥ 2: fwd_last_tile_keys)
-      for (int j = 1; j + 1 < n_kb; ++j) turn(j, Bc);
-      turn(n_kb - 1, Bt);
-      issue_pv(o, pf, n_kb - 1, Bt);
+      // Turn j ≥ 1: S of tile j with P_{j−1} V_{j−1}, then tile j's softmax and P; over n keys of
+      // tile j (Bc, or Bt for the last tile, which then runs after the loop).
+      auto turn = [&](int j, int n) {
+        sm90::named_barrier_sync(my_turn, 256);
+        issue_s(s, j, n);
+        issue_pv(o, pf, j - 1, Bc);
+        if (c != C - 1 || j + 1 < n_kb || !last_item) sm90::named_barrier_arrive(next_turn, 256);
+        sm90::wgmma_wait<1>();  // S of tile j has landed; P_{j−1} V_{j−1} may still run
+        release(&kv.k_empty[(seq + j) % NS]);
+        if (j + 1 == n_need) release(q_empty);
+        softmax(s, j, alpha, sum);  // (over the whole tile: its keys past T are masked)
+        sm90::wgmma_wait<0>();  // P_{j−1} V_{j−1} has landed: O may be rescaled and pf rewritten
+        release(&kv.v_empty[(seq + j - 1) % NS]);
+        rescale_accumulate<Dh>(o, l, alpha, sum);
+        acc_to_a<Bc>(pf, s);
+      };
+      if constexpr (Tr::kHalfDiagonal) {
+        // Causal: the first consumer's last tile (the item's diagonal one, its rows q0..q0+63)
+        // over its first 64 keys, when it is not also the item's first.
+        const bool half = causal && c == 0 && n_need >= 2;
+        for (int j = 1; j < n_need - (half ? 1 : 0); ++j) turn(j, Bc);
+        if (half) {
+          const int j = n_need - 1, st = (seq + j) % NS;
+          float sh[8][4];
+          uint32_t ph[4][4];
+          sm90::named_barrier_sync(my_turn, 256);
+          sm90::mbarrier_wait(&kv.k_full[st], uint32_t((seq + j) / NS) & 1);
+          sm90::wgmma_fence();
+          if constexpr (Tr::kQInRegisters)
+            sm90::wgmma_abt_rs<Dh, 64>(sh, qf, sK + st * Tr::kTileKV, Tr::kPanelKV);
+          else
+            sm90::wgmma_abt_ss<Dh, 64>(sh, sQw, Tr::kPanelQ, sK + st * Tr::kTileKV, Tr::kPanelKV);
+          sm90::wgmma_commit();
+          issue_pv(o, pf, j - 1, Bc);
+          if (c != C - 1 || j + 1 < n_kb || !last_item) sm90::named_barrier_arrive(next_turn, 256);
+          sm90::wgmma_wait<1>();  // S of tile j has landed; P_{j−1} V_{j−1} may still run
+          release(&kv.k_empty[st]);
+          release(q_empty);
+          mask_tile<64>(sh, row0, j * Bc, lane, [=](int q, int k) { return k >= T || k > q; });
+          update_row_max_raw<64>(m, alpha, sh, scale2);
+          exp2_rows_raw<64>(sh, m, sum, scale2);
+          sm90::wgmma_wait<0>();  // P_{j−1} V_{j−1} has landed: O may be rescaled
+          release(&kv.v_empty[(seq + j - 1) % NS]);
+          rescale_accumulate<Dh>(o, l, alpha, sum);
+          acc_to_a<64>(ph, sh);
+          sm90::mbarrier_wait(&kv.v_full[st], uint32_t((seq + j) / NS) & 1);
+          sm90::wgmma_fence();
+          sm90::wgmma_ab_rs<Dh, 64>(o, ph, sV + st * Tr::kTileKV, Tr::kPanelKV);
+          sm90::wgmma_commit();
+        } else {
+          issue_pv(o, pf, n_need - 1, Bc);
+        }
+      } else if constexpr (Bt == Bc) {
+        for (int j = 1; j < n_need; ++j) turn(j, Bc);
+        issue_pv(o, pf, n_need - 1, Bc);
+      } else {  // (n_kb ≥ 2: fwd_last_tile_keys)
+        for (int j = 1; j + 1 < n_need; ++j) turn(j, Bc);
+        turn(n_need - 1, Bt);
+        issue_pv(o, pf, n_need - 1, Bt);
+      }
+      sm90::wgmma_wait<0>();
+      release(&kv.v_empty[(seq + n_need - 1) % NS]);
     }
-    sm90::wgmma_wait<0>();
-    release(&kv.v_empty[(seq + n_kb - 1) % NS]);
+    if constexpr (Tr::kSkipIdle) {
+      // Tiles n_need.. (nothing of them reaches this consumer's rows): its turns and its releases
+      // of each stage (once the stage's load has landed, so that they count towards this use)
+      // keep the ring and the stream going without its products. Q is released with the
+      // consumer's last S, or here when it has none.
+      if (n_need == 0) release(q_empty);
+      for (int j = n_need; j < n_kb; ++j) {
+        const int st = (seq + j) % NS;
+        sm90::named_barrier_sync(my_turn, 256);
+        sm90::mbarrier_wait(&kv.k_full[st], uint32_t((seq + j) / NS) & 1);
+        sm90::mbarrier_wait(&kv.v_full[st], uint32_t((seq + j) / NS) & 1);
+        if (c != C - 1 || j + 1 < n_kb || !last_item) sm90::named_barrier_arrive(next_turn, 256);
+        release(&kv.k_empty[st]);
+        release(&kv.v_empty[st]);
+      }
+    }
     seq += n_kb;
 
     // O = acc / l; lse = m·scale + ln l (m is a raw score), natural-log units as the CPU defines it.

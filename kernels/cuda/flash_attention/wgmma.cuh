@@ -196,6 +196,15 @@ __device__ __forceinline__ ItemSlot read_item_slot(const int* slot, int lane) {
   if (lane == 0) v[0] = slot[0], v[1] = slot[1];
   return {__shfl_sync(0xffffffffu, v[0], 0), __shfl_sync(0xffffffffu, v[1], 0)};
 }
+// This thread's warpgroup (threadIdx.x / 128), read from lane 0 so that the compiler knows every
+// lane of the warp holds the same value: what is derived from it (the consumer index, its rows'
+// shared-memory addresses in the wgmma descriptors, its loop bounds) then lives in uniform
+// registers and branches on it are uniform. With plain threadIdx.x / 128 the consumers' main
+// loops re-derived descriptors each tile (R2UR) under WARPSYNCs, 4-10 % more instructions
+// (twenty-second session, docs/BENCHMARKS.md: the deterministic backward 1.014x, forward
+// 1.008x over the 24 shapes; it also made the d 64 kernels' SkipIdle loops as short as the
+// plain ones).
+__device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0); }
 // Moves registers between warpgroups (all 128 threads of a warpgroup execute it): the producer
 // gives most of its registers back, the consumers take them. The block keeps the registers it was
 // launched with — threads × the count ptxas gives a setmaxnreg kernel, the __launch_bounds__ cap
