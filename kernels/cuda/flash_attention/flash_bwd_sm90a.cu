@@ -268,11 +268,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       const int r0 = item.row0 + 64 * c, r1 = min(r0 + 63, T - 1);
       n_need = r0 >= T ? 0 : causal ? min(n_kb, r1 / Bc + 1) : n_kb;
     }
-    if constexpr (Tr::kSkipIdle) {
+    if constexpr (!Tr::kPipelined) {
       // Turn j < n_need: S, dP of tile j; then dQ += dS_j K_j, retired before the next turn. Q and
-      // dO are released with the last S, dP; then turns without products for the other tiles,
-      // each releasing its stage once the stage's load has landed (so that it counts towards
-      // this use).
+      // dO are released with the last S, dP; with kSkipIdle the other tiles follow as turns
+      // without products.
       for (int j = 0; j < n_need; ++j) {
         sm90::named_barrier_sync(my_turn, 256);
         issue_s_dp(s, dp, j);
@@ -286,30 +285,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         sm90::wgmma_wait<0>();
         release(&kv.k_empty[(seq + j) % NS]);
       }
-      if (n_need == 0) release(q_empty);
-      for (int j = n_need; j < n_kb; ++j) {
-        const int st = (seq + j) % NS;
-        sm90::named_barrier_sync(my_turn, 256);
-        sm90::mbarrier_wait(&kv.k_full[st], uint32_t((seq + j) / NS) & 1);
-        sm90::mbarrier_wait(&kv.v_full[st], uint32_t((seq + j) / NS) & 1);
-        if (c != C - 1 || j + 1 < n_kb || !last_item) sm90::named_barrier_arrive(next_turn, 256);
-        release(&kv.v_empty[st]);
-        release(&kv.k_empty[st]);
-      }
-    } else if constexpr (!Tr::kPipelined) {
-      // Turn j: S, dP of tile j; then dQ += dS_j K_j, retired before the next turn.
-      for (int j = 0; j < n_kb; ++j) {
-        sm90::named_barrier_sync(my_turn, 256);
-        issue_s_dp(s, dp, j);
-        if (c != C - 1 || j + 1 < n_kb || !last_item) sm90::named_barrier_arrive(next_turn, 256);
-        sm90::wgmma_wait<0>();
-        release(&kv.v_empty[(seq + j) % NS]);
-        if (j + 1 == n_kb) release(q_empty);
-        grad(s, dp, j);
-        acc_to_a<Bc>(dsf, dp);
-        issue_dq(dq, dsf, j);
-        sm90::wgmma_wait<0>();
-        release(&kv.k_empty[(seq + j) % NS]);
+      if constexpr (Tr::kSkipIdle) {  // the other tiles' turns, each releasing its stage once loaded
+        if (n_need == 0) release(q_empty);
+        for (int j = n_need; j < n_kb; ++j) {
+          const int st = (seq + j) % NS;
+          sm90::named_barrier_sync(my_turn, 256);
+          sm90::mbarrier_wait(&kv.k_full[st], uint32_t((seq + j) / NS) & 1);
+          sm90::mbarrier_wait(&kv.v_full[st], uint32_t((seq + j) / NS) & 1);
+          if (c != C - 1 || j + 1 < n_kb || !last_item) sm90::named_barrier_arrive(next_turn, 256);
+          release(&kv.v_empty[st]);
+          release(&kv.k_empty[st]);
+        }
       }
     } else {
       // Turn 0: S, dP of tile 0. Turn j: S, dP of tile j and dQ += dS_{j−1} K_{j−1}. Q and dO are
@@ -729,29 +715,25 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     ds(j);
   };
 
-  if constexpr (Tr::kSkipIdle) {
-    // The query tiles this consumer's keys need: none when they all lie past T (a head's last,
-    // part-filled key block) and, causal, only those from the tile of its first key on (the
-    // block's earlier tiles serve its other consumers' keys). It takes the others first, as
-    // turns without products, each releasing its stage once the stage's loads have landed (so
-    // that they count towards this use); then tile j's four products, retired in turn.
-    const int kr0 = item.row0 + 64 * c;
-    const int j_first = kr0 >= T ? n_tiles : causal ? max(0, min(n_tiles, kr0 / Br - i_begin)) : 0;
-    for (int j = 0; j < j_first; ++j) {
-      turn_begin();
-      sm90::mbarrier_wait(&qdo.k_full[stage(j)], uint32_t((seq + j) / NS) & 1);
-      sm90::mbarrier_wait(&qdo.v_full[stage(j)], uint32_t((seq + j) / NS) & 1);
-      turn_end(j);
-      release(j);
+  if constexpr (!Tr::kFormDq && !Tr::kPipelined) {
+    // With kSkipIdle only the query tiles this consumer's keys need: none when they all lie past
+    // T (a head's last, part-filled key block) and, causal, only those from the tile of its first
+    // key on (the block's earlier tiles serve its other consumers' keys). It takes the others
+    // first, as turns without products, each releasing its stage once the stage's loads have
+    // landed (so that they count towards this use); then tile j's four products, retired in turn.
+    int j_first = 0;
+    if constexpr (Tr::kSkipIdle) {
+      const int kr0 = item.row0 + 64 * c;
+      j_first = kr0 >= T ? n_tiles : causal ? max(0, min(n_tiles, kr0 / Br - i_begin)) : 0;
+      for (int j = 0; j < j_first; ++j) {
+        turn_begin();
+        sm90::mbarrier_wait(&qdo.k_full[stage(j)], uint32_t((seq + j) / NS) & 1);
+        sm90::mbarrier_wait(&qdo.v_full[stage(j)], uint32_t((seq + j) / NS) & 1);
+        turn_end(j);
+        release(j);
+      }
     }
     for (int j = j_first; j < n_tiles; ++j) {
-      s_dp_then_p_ds(j);
-      issue_dk(j);
-      sm90::wgmma_wait<0>();  // dV_j has read pf, dK_j dsf and Q_j
-      release(j);
-    }
-  } else if constexpr (!Tr::kFormDq && !Tr::kPipelined) {
-    for (int j = 0; j < n_tiles; ++j) {
       s_dp_then_p_ds(j);
       issue_dk(j);
       sm90::wgmma_wait<0>();  // dV_j has read pf, dK_j dsf and Q_j

@@ -203,8 +203,7 @@ __host__ __device__ inline int fwd_work_items(int T, int H, int B) {
 // keys: at 2k and 4k 3 % of an item's 176-key products multiplied zeros past T, 0.2–1 % with
 // these (by count). (On 128-key tiles, d 64 and d 96, a 64-key last tile taken as a prefix of the
 // S and P arrays, as here, makes ptxas serialise the kernel's wgmmas for want of registers,
-// C7511; in accumulator arrays of their own it does not — the half diagonals of
-// docs/experiments/skip_unneeded_tiles.diff.)
+// C7511; in accumulator arrays of their own it does not — the half diagonals, kHalfDiagonal.)
 template <class Tr>
 __host__ __device__ inline int fwd_last_tile_keys(int64_t T) {
   const int64_t n_kb = (T + Tr::kBc - 1) / Tr::kBc, rem = T - (n_kb - 1) * Tr::kBc;
