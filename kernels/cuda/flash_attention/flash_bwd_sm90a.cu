@@ -45,9 +45,9 @@ template <int D_, int Consumers, int Bc_, int Stages, int HeadDim = D_, bool Pip
 struct DqSm90aTraits {
   // A consumer multiplies only the key tiles its own rows need: none when they all lie past T (a
   // head's last, part-filled block), and when causal those up to its last row's diagonal; it
-  // takes the block's other tiles as turns without products (unpipelined loop only).
+  // takes the block's other tiles as turns without products (the pipelined loop multiplies at
+  // least the item's first tile).
   static constexpr bool kSkipIdle = SkipIdle;
-  static_assert(!SkipIdle || !Pipelined, "skipping tiles: the unpipelined loop");
   static constexpr int kD = D_;
   // The head's columns (≤ kD): head dim 96 runs the d 128 tiles, which the tensor maps zero-fill
   // past column 96; the products that sum over the head's columns stop there (their k-steps
@@ -99,7 +99,12 @@ struct DqSm90aTraits {
 //          d 96 on the same tiles: 1.037× (T 8k causal 398 → 433).
 template <int D> struct DqSm90aConfig;
 template <> struct DqSm90aConfig<64> { using type = DqSm90aTraits<64, 2, 128, 3>; };
-template <> struct DqSm90aConfig<128> { using type = DqSm90aTraits<128, 2, 96, 3>; };
+//   d 128, twenty-third session: kSkipIdle on the pipelined loop — when causal, the first
+//          consumer's rows end a key tile before the second's in about half the items and it
+//          stops there (with the dK/dV kernels' skipped diagonal tiles, below: 5.9 % of the
+//          consumer-tiles at 1k, 2.9 % at 2k). Best of 3 interleaved rounds, both kernels
+//          together: causal backward 1k 291 → 295, 2k 393 → 398, 4k 472 → 476 TF/s, level from 8k.
+template <> struct DqSm90aConfig<128> { using type = DqSm90aTraits<128, 2, 96, 3, 128, true, true>; };
 template <> struct DqSm90aConfig<96> { using type = DqSm90aTraits<128, 2, 96, 3, 96>; };
 // From T = 2048 at d 64 (kBwdSm90aLongT, as the dK/dV kernel's long shape): three consumers (192
 // query rows per block, 160 registers each) on 96-key tiles, each tile's three products issued
@@ -267,7 +272,21 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if constexpr (Tr::kSkipIdle) {
       const int r0 = item.row0 + 64 * c, r1 = min(r0 + 63, T - 1);
       n_need = r0 >= T ? 0 : causal ? min(n_kb, r1 / Bc + 1) : n_kb;
+      if constexpr (Tr::kPipelined) n_need = max(n_need, 1);
     }
+    // Turns without products for tiles j_from.. (none of their keys reaches this consumer's rows),
+    // each releasing its stage once the stage's load has landed (so that it counts towards this use).
+    auto idle_turns = [&](int j_from) {
+      for (int j = j_from; j < n_kb; ++j) {
+        const int st = (seq + j) % NS;
+        sm90::named_barrier_sync(my_turn, 256);
+        sm90::mbarrier_wait(&kv.k_full[st], uint32_t((seq + j) / NS) & 1);
+        sm90::mbarrier_wait(&kv.v_full[st], uint32_t((seq + j) / NS) & 1);
+        if (c != C - 1 || j + 1 < n_kb || !last_item) sm90::named_barrier_arrive(next_turn, 256);
+        release(&kv.v_empty[st]);
+        release(&kv.k_empty[st]);
+      }
+    };
     if constexpr (!Tr::kPipelined) {
       // Turn j < n_need: S, dP of tile j; then dQ += dS_j K_j, retired before the next turn. Q and
       // dO are released with the last S, dP; with kSkipIdle the other tiles follow as turns
@@ -285,45 +304,39 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         sm90::wgmma_wait<0>();
         release(&kv.k_empty[(seq + j) % NS]);
       }
-      if constexpr (Tr::kSkipIdle) {  // the other tiles' turns, each releasing its stage once loaded
+      if constexpr (Tr::kSkipIdle) {
         if (n_need == 0) release(q_empty);
-        for (int j = n_need; j < n_kb; ++j) {
-          const int st = (seq + j) % NS;
-          sm90::named_barrier_sync(my_turn, 256);
-          sm90::mbarrier_wait(&kv.k_full[st], uint32_t((seq + j) / NS) & 1);
-          sm90::mbarrier_wait(&kv.v_full[st], uint32_t((seq + j) / NS) & 1);
-          if (c != C - 1 || j + 1 < n_kb || !last_item) sm90::named_barrier_arrive(next_turn, 256);
-          release(&kv.v_empty[st]);
-          release(&kv.k_empty[st]);
-        }
+        idle_turns(n_need);
       }
     } else {
       // Turn 0: S, dP of tile 0. Turn j: S, dP of tile j and dQ += dS_{j−1} K_{j−1}. Q and dO are
-      // released once the item's last S, dP have landed: the next item's load under this one's tail.
+      // released once the consumer's last S, dP have landed: the next item's load under this one's
+      // tail. (Over the n_need tiles its rows need; n_need = n_kb but with kSkipIdle.)
       sm90::named_barrier_sync(my_turn, 256);
       issue_s_dp(s, dp, 0);
       if (c != C - 1 || n_kb > 1 || !last_item) sm90::named_barrier_arrive(next_turn, 256);
       sm90::wgmma_wait<0>();
       release(&kv.v_empty[seq % NS]);  // V_0 is done with; K_0 waits for its dQ product
-      if (n_kb == 1) release(q_empty);
+      if (n_need == 1) release(q_empty);
       grad(s, dp, 0);
       acc_to_a<Bc>(dsf, dp);
-      for (int j = 1; j < n_kb; ++j) {
+      for (int j = 1; j < n_need; ++j) {
         sm90::named_barrier_sync(my_turn, 256);
         issue_s_dp(s, dp, j);
         issue_dq(dq, dsf, j - 1);
         if (c != C - 1 || j + 1 < n_kb || !last_item) sm90::named_barrier_arrive(next_turn, 256);
         sm90::wgmma_wait<1>();  // S, dP of tile j have landed; dS_{j−1} K_{j−1} may still run
         release(&kv.v_empty[(seq + j) % NS]);
-        if (j + 1 == n_kb) release(q_empty);
+        if (j + 1 == n_need) release(q_empty);
         grad(s, dp, j);
         sm90::wgmma_wait<0>();  // dS_{j−1} K_{j−1} has read dsf: it may be rewritten, K_{j−1} released
         release(&kv.k_empty[(seq + j - 1) % NS]);
         acc_to_a<Bc>(dsf, dp);
       }
-      issue_dq(dq, dsf, n_kb - 1);
+      issue_dq(dq, dsf, n_need - 1);
       sm90::wgmma_wait<0>();
-      release(&kv.k_empty[(seq + n_kb - 1) % NS]);
+      release(&kv.k_empty[(seq + n_need - 1) % NS]);
+      if constexpr (Tr::kSkipIdle) idle_turns(n_need);
     }
     seq += n_kb;
 
@@ -359,8 +372,8 @@ template <int D_, int Consumers, int Stages, bool PingPong, bool FormDq = false,
 struct DkdvWsSm90aTraits {
   // A consumer multiplies only the query tiles its own keys need: none when they all lie past T
   // (a head's last, part-filled block), and when causal those from the tile of its first key on;
-  // it takes the block's other tiles as turns without products (the unpipelined deterministic
-  // loop only).
+  // it takes the block's other tiles as turns without products (both deterministic loops; the
+  // pipelined one multiplies at least the item's last tile).
   static constexpr bool kSkipIdle = SkipIdle;
   static constexpr int kD = D_;
   // The head's columns (≤ kD): head dim 96 runs the d 128 tiles, which the tensor maps zero-fill
@@ -436,7 +449,7 @@ struct DkdvWsSm90aTraits {
                 "the hand-over must fit the registers the block is launched with (wgmma.cuh, setmaxnreg)");
   static_assert(kSmemBytes <= 227 * 1024, "one block's shared memory");
   static_assert(!FormDq || (kDqCols == 64 && kBr == 64 && Consumers == 2), "FormDq: m64n64 dQ products");
-  static_assert(!SkipIdle || (!FormDq && !Pipelined), "skipping consumers: the unpipelined deterministic loop");
+  static_assert(!SkipIdle || !FormDq, "skipping tiles: the deterministic loops");
 };
 
 // Block shapes (measured on the H200; the measurements, session by session, are in
@@ -447,9 +460,18 @@ struct DkdvWsSm90aTraits {
 // dPᵀ_j) paid with ping-pong turns at d 64 (+3–9 %) and without them at d 128 (+2–20 %), so the
 // turns are per head dim. d 64 keeps K and V in registers (1.025×), released at the item's start
 // (1.021× at T ≤ 4k, where items are short); d 128 has no registers for them.
+// Both skip, causal, the diagonal tile wholly before their second consumer's keys (kSkipIdle on the
+// pipelined loop: an item's first query tile, rows k0 … k0 + 63, precedes keys k0 + 64 …; 5.6 % of
+// the consumer-tiles at 1k, 2.9 % at 2k). Twenty-third session (docs/BENCHMARKS.md, call 1; best
+// of 3 interleaved rounds, with the d 128 dQ kernel's skipping): d 64 causal 1k 253 → 256 TF/s
+// (GPT-2's shape), d 128 1k 291 → 295, 2k 393 → 398, 4k 472 → 476; level from 8k.
 template <int D> struct DkdvWsSm90aConfig;
-template <> struct DkdvWsSm90aConfig<64> { using type = DkdvWsSm90aTraits<64, 2, 3, true, false, true>; };
-template <> struct DkdvWsSm90aConfig<128> { using type = DkdvWsSm90aTraits<128, 2, 3, false>; };
+template <> struct DkdvWsSm90aConfig<64> {
+  using type = DkdvWsSm90aTraits<64, 2, 3, true, false, true, 64, 64, true, true, true>;
+};
+template <> struct DkdvWsSm90aConfig<128> {
+  using type = DkdvWsSm90aTraits<128, 2, 3, false, false, false, 128, 64, true, true, true>;
+};
 template <> struct DkdvWsSm90aConfig<96> { using type = DkdvWsSm90aTraits<128, 2, 3, false, false, false, 96>; };
 // From T = 2048 at d 64: three consumers (192 keys per block, 160 registers each) taking turns,
 // K and V read from shared memory, each tile's four products issued and retired in turn (the
@@ -715,24 +737,26 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     ds(j);
   };
 
-  if constexpr (!Tr::kFormDq && !Tr::kPipelined) {
-    // With kSkipIdle only the query tiles this consumer's keys need: none when they all lie past
-    // T (a head's last, part-filled key block) and, causal, only those from the tile of its first
-    // key on (the block's earlier tiles serve its other consumers' keys). It takes the others
-    // first, as turns without products, each releasing its stage once the stage's loads have
-    // landed (so that they count towards this use); then tile j's four products, retired in turn.
-    int j_first = 0;
-    if constexpr (Tr::kSkipIdle) {
-      const int kr0 = item.row0 + 64 * c;
-      j_first = kr0 >= T ? n_tiles : causal ? max(0, min(n_tiles, kr0 / Br - i_begin)) : 0;
-      for (int j = 0; j < j_first; ++j) {
-        turn_begin();
-        sm90::mbarrier_wait(&qdo.k_full[stage(j)], uint32_t((seq + j) / NS) & 1);
-        sm90::mbarrier_wait(&qdo.v_full[stage(j)], uint32_t((seq + j) / NS) & 1);
-        turn_end(j);
-        release(j);
-      }
+  // With kSkipIdle only the query tiles this consumer's keys need: none when they all lie past T
+  // (a head's last, part-filled key block) and, causal, only those from the tile of its first key
+  // on (the block's earlier tiles serve its other consumers' keys: with two consumers of 64 keys
+  // and 64-query tiles, the second one's first tile is wholly masked). It takes the others first,
+  // as turns without products, each releasing its stage once the stage's loads have landed (so
+  // that they count towards this use). The pipelined loop multiplies at least the item's last tile.
+  int j_first = 0;
+  if constexpr (Tr::kSkipIdle) {
+    const int kr0 = item.row0 + 64 * c;
+    j_first = kr0 >= T ? n_tiles : causal ? max(0, min(n_tiles, kr0 / Br - i_begin)) : 0;
+    if constexpr (Tr::kPipelined) j_first = min(j_first, n_tiles - 1);
+    for (int j = 0; j < j_first; ++j) {
+      turn_begin();
+      sm90::mbarrier_wait(&qdo.k_full[stage(j)], uint32_t((seq + j) / NS) & 1);
+      sm90::mbarrier_wait(&qdo.v_full[stage(j)], uint32_t((seq + j) / NS) & 1);
+      turn_end(j);
+      release(j);
     }
+  }
+  if constexpr (!Tr::kFormDq && !Tr::kPipelined) {  // tile j's four products, retired in turn
     for (int j = j_first; j < n_tiles; ++j) {
       s_dp_then_p_ds(j);
       issue_dk(j);
@@ -743,9 +767,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // Each turn issues Sᵀ_j, dPᵀ_j and dK += dSᵀ_{j−1} Q_{j−1}, so that dK's product runs while
     // this consumer exponentiates; every product is retired within the iteration that issues it
     // (none in flight across the loop's back edge), as in the dQ kernel.
-    s_dp_then_p_ds(0);
-    sm90::wgmma_wait<0>();  // dV_0 has read pf
-    for (int j = 1; j < n_tiles; ++j) {
+    s_dp_then_p_ds(j_first);
+    sm90::wgmma_wait<0>();  // dV of the first tile has read pf
+    for (int j = j_first + 1; j < n_tiles; ++j) {
       turn_begin();
       issue_s_dp(j);
       issue_dk(j - 1);
