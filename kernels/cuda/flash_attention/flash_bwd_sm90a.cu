@@ -105,7 +105,7 @@ template <> struct DqSm90aConfig<64> { using type = DqSm90aTraits<64, 2, 128, 3>
 //          consumer-tiles at 1k, 2.9 % at 2k). Best of 3 interleaved rounds, both kernels
 //          together: causal backward 1k 291 → 295, 2k 393 → 398, 4k 472 → 476 TF/s, level from 8k.
 template <> struct DqSm90aConfig<128> { using type = DqSm90aTraits<128, 2, 96, 3, 128, true, true>; };
-template <> struct DqSm90aConfig<96> { using type = DqSm90aTraits<128, 2, 96, 3, 96>; };
+template <> struct DqSm90aConfig<96> { using type = DqSm90aTraits<128, 2, 96, 3, 96, true, true>; };
 // From T = 2048 at d 64 (kBwdSm90aLongT, as the dK/dV kernel's long shape): three consumers (192
 // query rows per block, 160 registers each) on 96-key tiles, each tile's three products issued
 // and retired in turn (kPipelined = false: the pipelined loop's dS of the tile before would not
@@ -464,7 +464,8 @@ struct DkdvWsSm90aTraits {
 // pipelined loop: an item's first query tile, rows k0 … k0 + 63, precedes keys k0 + 64 …; 5.6 % of
 // the consumer-tiles at 1k, 2.9 % at 2k). Twenty-third session (docs/BENCHMARKS.md, call 1; best
 // of 3 interleaved rounds, with the d 128 dQ kernel's skipping): d 64 causal 1k 253 → 256 TF/s
-// (GPT-2's shape), d 128 1k 291 → 295, 2k 393 → 398, 4k 472 → 476; level from 8k.
+// (GPT-2's shape), d 128 1k 291 → 295, 2k 393 → 398, 4k 472 → 476; level from 8k. d 96 (call 5,
+// with the forward's half diagonal): causal 1k 253 → 257, 2k 346 → 351, the 6 causal shapes 1.015×.
 template <int D> struct DkdvWsSm90aConfig;
 template <> struct DkdvWsSm90aConfig<64> {
   using type = DkdvWsSm90aTraits<64, 2, 3, true, false, true, 64, 64, true, true, true>;
@@ -472,7 +473,9 @@ template <> struct DkdvWsSm90aConfig<64> {
 template <> struct DkdvWsSm90aConfig<128> {
   using type = DkdvWsSm90aTraits<128, 2, 3, false, false, false, 128, 64, true, true, true>;
 };
-template <> struct DkdvWsSm90aConfig<96> { using type = DkdvWsSm90aTraits<128, 2, 3, false, false, false, 96>; };
+template <> struct DkdvWsSm90aConfig<96> {
+  using type = DkdvWsSm90aTraits<128, 2, 3, false, false, false, 96, 64, true, true, true>;
+};
 // From T = 2048 at d 64: three consumers (192 keys per block, 160 registers each) taking turns,
 // K and V read from shared memory, each tile's four products issued and retired in turn (the
 // pipelined loop's dSᵀ of the tile before would not fit: it spilled 148 bytes). At d 64 a tile's

@@ -151,7 +151,10 @@ template <> struct FwdSm90aConfig<128> { using type = FwdSm90aTraits<128, 2, 128
 // 1.079×) and those whose N they are — P V here, Pᵀ dO, dSᵀ Q, dS K in the backward (sixteenth
 // session, `tools/gpu_ab_patch.sh … --head-dim 96`, best of 3: forward 1.029×, deterministic
 // backward 1.006×, atomic 1.012× over the 12 shapes).
-template <> struct FwdSm90aConfig<96> { using type = FwdSm90aTraits<128, 2, 128, 2, true, 96>; };
+// Causal, its diagonal tile halved as d 128's (kHalfDiagonal; twenty-third session, call 5, best of 3
+// interleaved rounds with the backward's skipped diagonal tiles: causal 1k 321 → 323, 2k 426 → 430,
+// 4k 503 → 506 TF/s, the 6 causal shapes 1.007×).
+template <> struct FwdSm90aConfig<96> { using type = FwdSm90aTraits<128, 2, 128, 2, true, 96, 128, false, true>; };
 // Not causal, d 128: FlashAttention-3's 176-key tiles (S m64n176: one softmax reduction, one
 // turn and one K/V stage hand-over per 176 keys rather than 128; S, P and O fill the consumers'
 // 240 registers, so Q is read from shared memory: 168 registers at launch, no consumer spills,
@@ -164,6 +167,7 @@ template <int D> struct FwdSm90aNonCausalConfig { using type = typename FwdSm90a
 // Its products over an item's last tile stop where T does, rounded up to 64 or 128 keys
 // (fwd_last_tile_keys, launch_fwd_sm90a_last_tile).
 template <> struct FwdSm90aNonCausalConfig<128> { using type = FwdSm90aTraits<128, 2, 176, 2, false>; };
+template <> struct FwdSm90aNonCausalConfig<96> { using type = FwdSm90aTraits<128, 2, 128, 2, true, 96>; };
 // Causal up to T = 1024 (kFwdShortCausalMaxT), d 64: two consumers (128 query rows) with Q in
 // registers. At short causal T the 192-row tiles compute much that the mask then discards: at
 // T = 1024, 6 tiles per head (the last with 64 rows in 192) over 2–8 K/V tiles, 786,432 scores
