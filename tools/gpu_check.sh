@@ -91,7 +91,8 @@ if [ "$WHAT" = stalls ]; then
   # 2) --set full of tilegrad's dK/dV kernels at the causal shape, or with STALLS_CAUSAL=0 the
   # non-causal one (1) times both) — d 128: the deterministic and the atomic one; d 64: the
   # deterministic one — with STALLS_FWD=1 the forward kernel first, and per instruction where
-  # their warps wait (tools/ncu_stalls.py).
+  # their warps wait, then per loop (tools/ncu_stalls.py: the item loop's own samples against
+  # the tile loops').
   T="${STALLS_T:-8192}"
   D="${STALLS_D:-128}"
   CAUSAL="${STALLS_CAUSAL:-1}"  # 1: the causal shape's kernels are profiled, 0: the non-causal one's

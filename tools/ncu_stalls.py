@@ -9,12 +9,19 @@ as a share of the part's samples: a `WARPGROUP.DEPBAR` is a wait for the warpgro
 products (wgmma_wait), a branch after `SYNCS.PHASECHK.TRANS64.TRYWAIT` an mbarrier wait, an
 `HGMMA` a product the tensor cores have not yet taken.
 
+Then, per part, its samples by loop: each instruction counts towards the innermost loop of at least
+--loop-span instructions that holds it (a backward branch to an earlier instruction; not the
+out-of-line retry stubs after the last EXIT, whose jumps back into a wait would span half the
+kernel). A warp-specialised kernel's consumers have their tile loop(s) inside the item loop: the
+item loop's own samples are what an item costs beyond its tiles (its prologue, epilogue, and the
+waits at its start), the kernel's own (outside every loop) its start and end.
+
 With --raw RAW.csv (`ncu --import REPORT --page raw --csv`), first the kernel's warp-state samples
 by stall reason (smsp__pcsamp_warps_issue_stalled_*): what the waits above are, e.g.
 `no_instruction` (instruction fetch), `wait` (fixed-latency dependencies), `long_scoreboard`
 (global or local memory), `barrier`, `math_pipe_throttle`, `selected` (issuing).
 
-Usage: python3 tools/ncu_stalls.py SOURCE.csv[.gz] [--top 15] [--raw RAW.csv]
+Usage: python3 tools/ncu_stalls.py SOURCE.csv[.gz] [--top 15] [--raw RAW.csv] [--loop-span 32]
 """
 import argparse
 import csv
@@ -49,6 +56,80 @@ def number(text):
         return 0.0
 
 
+def branch_target(sass):
+    """The address a BRA jumps to (None for other instructions and indirect branches)."""
+    op = sass.lstrip("@!UP0123456789T ")  # the predicate, e.g. "@!P0  " or "@UPT "
+    if not op.startswith("BRA"):
+        return None
+    for token in op.split()[1:]:
+        if token.startswith("0x"):
+            return int(token.rstrip(";,"), 16)
+    return None
+
+
+def branch_index(addresses):
+    """index(target): the instruction a branch target names, or None. The Address column may hold
+    only an address's low hex digits: targets are compared in as many."""
+    where = {a: i for i, a in enumerate(addresses)}
+    digits = max((len(f"{a:x}") for a in addresses), default=1)
+    mask = (1 << (4 * digits)) - 1
+    return lambda target: None if target is None else where.get(target & mask)
+
+
+def homes(sass, index_of):
+    """home[i]: the instruction whose code instruction i runs for. The compiler moves the retry
+    loops of mbarrier waits out of line, after the kernel's last EXIT: each such stub (from the
+    instruction a body branch jumps to, to its unconditional BRA back) counts as the branch's."""
+    home = list(range(len(sass)))
+    last_exit = max((i for i, s in enumerate(sass) if s.lstrip("@!P0123456789T ").startswith("EXIT")), default=None)
+    if last_exit is None:
+        return home, len(sass)
+    entered_from = {}
+    for i in range(last_exit):
+        t = index_of(branch_target(sass[i]))
+        if t is not None and t > last_exit:
+            entered_from.setdefault(t, i)
+    current = None
+    for i in range(last_exit + 1, len(sass)):
+        current = entered_from.get(i, current)
+        if current is not None:
+            home[i] = current
+        if sass[i].startswith("BRA"):  # unconditional: the stub jumps back
+            current = None
+    return home, last_exit
+
+
+def loops_of(sass, index_of, body_end, min_span):
+    """(first, last) instruction indices of each loop: a backward branch in the body (before the
+    out-of-line stubs) and its target, spanning at least min_span instructions."""
+    loops = []
+    for i in range(body_end):
+        t = index_of(branch_target(sass[i]))
+        if t is not None and t <= i and i - t + 1 >= min_span:
+            loops.append((t, i))
+    return sorted(set(loops))
+
+
+def print_loops(name, index, counts, addresses, loops, home, min_share=1.0):
+    """The part's samples by the innermost loop that holds each instruction (a stub's: its home's)."""
+    own = {}
+    for i in index:
+        holding = [l for l in loops if l[0] <= home[i] <= l[1]]
+        key = min(holding, key=lambda l: l[1] - l[0]) if holding else None
+        own[key] = own.get(key, 0.0) + counts[i]
+    part = sum(own.values())
+    print(f"{name} by loop (an instruction counts towards the innermost loop holding it):")
+    for key in sorted(own, key=lambda k: (k is not None, k or (0, 0))):
+        share = 100 * own[key] / max(part, 1)
+        if key is None:
+            print(f"{share:5.1f} %  outside every loop")
+        elif share >= min_share:
+            first, last = key
+            inner = sum(1 for l in loops if l != key and first <= l[0] and l[1] <= last)
+            print(f"{share:5.1f} %  loop {addresses[first]:x}–{addresses[last]:x} ({last - first + 1} instructions"
+                  f"{f', around {inner} loop(s)' if inner else ''})")
+
+
 def print_stall_reasons(path, top):
     """The kernel's warp-state samples per stall reason, from ncu's raw page (one kernel)."""
     with open(path, newline="") as f:
@@ -71,21 +152,28 @@ def main():
     parser.add_argument("csv")
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--raw", help="ncu --page raw --csv of the same report: the stall reasons first")
+    parser.add_argument("--loop-span", type=int, default=32,
+                        help="the fewest instructions a loop spans to be reported on its own (default 32)")
     args = parser.parse_args()
     if args.raw:
         print_stall_reasons(args.raw, args.top)
     header, rows = read_rows(args.csv)
     src, samples = column(header, "Source"), column(header, "Warp Stall Sampling (All")
+    addr = column(header, "Address")
     sass = [r[src].strip() for r in rows]
+    addresses = [int(r[addr].strip(), 16) for r in rows]
+    index_of = branch_index(addresses)
+    home, body_end = homes(sass, index_of)
+    loops = loops_of(sass, index_of, body_end, args.loop_span)
     counts = [number(r[samples]) for r in rows]
     begin = next((i for i, s in enumerate(sass) if "USETMAXREG.TRY_ALLOC" in s), None)
     end = next((i for i, s in enumerate(sass) if "USETMAXREG.DEALLOC" in s), None)
     if begin is None or end is None:
         parts = {"kernel": range(len(rows))}
-    elif begin < end:
-        parts = {"consumers": range(begin, end), "producers": [*range(begin), *range(end, len(rows))]}
-    else:  # the producers' branch laid out first
-        parts = {"consumers": [*range(begin, len(rows))], "producers": range(begin)}
+    else:  # by the home instruction: a stub goes with the wait that enters it
+        consumer = (lambda h: begin <= h < end) if begin < end else (lambda h: h >= begin)  # else: producers first
+        parts = {"consumers": [i for i in range(len(rows)) if consumer(home[i])],
+                 "producers": [i for i in range(len(rows)) if not consumer(home[i])]}
     total = sum(counts)
     print(f"{len(rows)} instructions, {total:.0f} samples")
     for name, index in parts.items():
@@ -95,6 +183,8 @@ def main():
             # The instruction before a stalled branch says what the branch waits on.
             context = f"   after: {sass[i - 1][:60]}" if sass[i].lstrip("@!P0123456789 ").startswith("BRA") and i > 0 else ""
             print(f"{100 * counts[i] / max(part, 1):5.1f} %  {sass[i][:70]}{context}")
+        if loops:
+            print_loops(name, index, counts, addresses, loops, home)
     return 0
 
 
