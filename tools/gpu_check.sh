@@ -127,7 +127,7 @@ if [ "$WHAT" = stalls ]; then
     grep -E "^    (Duration|SM Frequency)" "$OUT/${tag}_details.txt" \
       | sed 's/  */ /g' | paste -sd';' | sed "s/^/$tag, causal=$CAUSAL T $T:/" | tee "$OUT/${tag}_stalls.txt"
     ncu --import "$OUT/$tag.ncu-rep" --page raw --csv > "$OUT/${tag}_raw.csv" 2>/dev/null
-    python3 tools/ncu_stalls.py "$OUT/${tag}_source.csv" --top 8 --raw "$OUT/${tag}_raw.csv" | tee -a "$OUT/${tag}_stalls.txt"
+    python3 tools/ncu_stalls.py "$OUT/${tag}_source.csv" --top 8 --item-loop 8 --raw "$OUT/${tag}_raw.csv" | tee -a "$OUT/${tag}_stalls.txt"
     rm -f "$OUT/$tag.ncu-rep"
   done
 fi

@@ -16,12 +16,16 @@ kernel). A warp-specialised kernel's consumers have their tile loop(s) inside th
 item loop's own samples are what an item costs beyond its tiles (its prologue, epilogue, and the
 waits at its start), the kernel's own (outside every loop) its start and end.
 
+With --item-loop N, then the N instructions with the most samples among the consumers' outermost
+loop's own code (an item's start and end), each with its leading stall reasons where the page has
+them (the stall_* columns of a --set full report).
+
 With --raw RAW.csv (`ncu --import REPORT --page raw --csv`), first the kernel's warp-state samples
 by stall reason (smsp__pcsamp_warps_issue_stalled_*): what the waits above are, e.g.
 `no_instruction` (instruction fetch), `wait` (fixed-latency dependencies), `long_scoreboard`
 (global or local memory), `barrier`, `math_pipe_throttle`, `selected` (issuing).
 
-Usage: python3 tools/ncu_stalls.py SOURCE.csv[.gz] [--top 15] [--raw RAW.csv] [--loop-span 32]
+Usage: python3 tools/ncu_stalls.py SOURCE.csv[.gz] [--top 15] [--raw RAW.csv] [--loop-span 32] [--item-loop 10]
 """
 import argparse
 import csv
@@ -130,6 +134,23 @@ def print_loops(name, index, counts, addresses, loops, home, min_share=1.0):
                   f"{f', around {inner} loop(s)' if inner else ''})")
 
 
+def print_item_loop(index, counts, addresses, sass, loops, home, reasons, top):
+    """The top instructions of the outermost loop's own code (not in a loop nested in it)."""
+    outer = max((l for l in loops if any(l[0] <= home[i] <= l[1] for i in index)), key=lambda l: l[1] - l[0], default=None)
+    if outer is None:
+        return
+    nested = [l for l in loops if l != outer and outer[0] <= l[0] and l[1] <= outer[1]]
+    own = [i for i in index if outer[0] <= home[i] <= outer[1] and not any(l[0] <= home[i] <= l[1] for l in nested)]
+    part = sum(counts[i] for i in index)
+    print(f"the consumers' item loop {addresses[outer[0]]:x}–{addresses[outer[1]]:x}, its own code "
+          f"({100 * sum(counts[i] for i in own) / max(part, 1):.1f} % of their samples):")
+    for i in sorted(own, key=lambda i: -counts[i])[:top]:
+        why = sorted(reasons[i].items(), key=lambda kv: -kv[1])[:2] if reasons else []
+        why = "   " + ", ".join(f"{k} {100 * v / max(sum(reasons[i].values()), 1):.0f} %" for k, v in why if v > 0) if why else ""
+        stub = f" (retry stub of {addresses[home[i]]:x})" if home[i] != i else ""
+        print(f"{100 * counts[i] / max(part, 1):5.2f} %  {addresses[i]:x}  {sass[i][:60]}{stub}{why}")
+
+
 def print_stall_reasons(path, top):
     """The kernel's warp-state samples per stall reason, from ncu's raw page (one kernel)."""
     with open(path, newline="") as f:
@@ -152,6 +173,8 @@ def main():
     parser.add_argument("csv")
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--raw", help="ncu --page raw --csv of the same report: the stall reasons first")
+    parser.add_argument("--item-loop", type=int, default=0,
+                        help="the top instructions of the consumers' item loop's own code (default 0: none)")
     parser.add_argument("--loop-span", type=int, default=32,
                         help="the fewest instructions a loop spans to be reported on its own (default 32)")
     args = parser.parse_args()
@@ -166,6 +189,9 @@ def main():
     home, body_end = homes(sass, index_of)
     loops = loops_of(sass, index_of, body_end, args.loop_span)
     counts = [number(r[samples]) for r in rows]
+    stall_columns = [(i, name[len("stall_"):]) for i, name in enumerate(header)
+                     if name.startswith("stall_") and "(Not" not in name]
+    reasons = [{name: number(r[i]) for i, name in stall_columns} for r in rows] if stall_columns else None
     begin = next((i for i, s in enumerate(sass) if "USETMAXREG.TRY_ALLOC" in s), None)
     end = next((i for i, s in enumerate(sass) if "USETMAXREG.DEALLOC" in s), None)
     if begin is None or end is None:
@@ -185,6 +211,8 @@ def main():
             print(f"{100 * counts[i] / max(part, 1):5.1f} %  {sass[i][:70]}{context}")
         if loops:
             print_loops(name, index, counts, addresses, loops, home)
+            if args.item_loop and name == "consumers":
+                print_item_loop(index, counts, addresses, sass, loops, home, reasons, args.item_loop)
     return 0
 
 
