@@ -60,9 +60,14 @@ def number(text):
         return 0.0
 
 
+def opcode(sass):
+    """The instruction without its predicate (e.g. "@!P0  ", "@UPT ")."""
+    return sass.lstrip("@!UPT0123456789 ")
+
+
 def branch_target(sass):
     """The address a BRA jumps to (None for other instructions and indirect branches)."""
-    op = sass.lstrip("@!UP0123456789T ")  # the predicate, e.g. "@!P0  " or "@UPT "
+    op = opcode(sass)
     if not op.startswith("BRA"):
         return None
     for token in op.split()[1:]:
@@ -85,7 +90,7 @@ def homes(sass, index_of):
     loops of mbarrier waits out of line, after the kernel's last EXIT: each such stub (from the
     instruction a body branch jumps to, to its unconditional BRA back) counts as the branch's."""
     home = list(range(len(sass)))
-    last_exit = max((i for i, s in enumerate(sass) if s.lstrip("@!P0123456789T ").startswith("EXIT")), default=None)
+    last_exit = max((i for i, s in enumerate(sass) if opcode(s).startswith("EXIT")), default=None)
     if last_exit is None:
         return home, len(sass)
     entered_from = {}
@@ -114,12 +119,16 @@ def loops_of(sass, index_of, body_end, min_span):
     return sorted(set(loops))
 
 
+def innermost(loops, i):
+    """The innermost loop holding instruction index i, or None."""
+    return min((l for l in loops if l[0] <= i <= l[1]), key=lambda l: l[1] - l[0], default=None)
+
+
 def print_loops(name, index, counts, addresses, loops, home, min_share=1.0):
     """The part's samples by the innermost loop that holds each instruction (a stub's: its home's)."""
     own = {}
     for i in index:
-        holding = [l for l in loops if l[0] <= home[i] <= l[1]]
-        key = min(holding, key=lambda l: l[1] - l[0]) if holding else None
+        key = innermost(loops, home[i])
         own[key] = own.get(key, 0.0) + counts[i]
     part = sum(own.values())
     print(f"{name} by loop (an instruction counts towards the innermost loop holding it):")
@@ -139,8 +148,7 @@ def print_item_loop(index, counts, addresses, sass, loops, home, reasons, top):
     outer = max((l for l in loops if any(l[0] <= home[i] <= l[1] for i in index)), key=lambda l: l[1] - l[0], default=None)
     if outer is None:
         return
-    nested = [l for l in loops if l != outer and outer[0] <= l[0] and l[1] <= outer[1]]
-    own = [i for i in index if outer[0] <= home[i] <= outer[1] and not any(l[0] <= home[i] <= l[1] for l in nested)]
+    own = [i for i in index if innermost(loops, home[i]) == outer]
     part = sum(counts[i] for i in index)
     print(f"the consumers' item loop {addresses[outer[0]]:x}–{addresses[outer[1]]:x}, its own code "
           f"({100 * sum(counts[i] for i in own) / max(part, 1):.1f} % of their samples):")
@@ -207,7 +215,7 @@ def main():
         print(f"\n{name}: {part:.0f} samples ({100 * part / max(total, 1):.0f} %)")
         for i in sorted(index, key=lambda i: -counts[i])[:args.top]:
             # The instruction before a stalled branch says what the branch waits on.
-            context = f"   after: {sass[i - 1][:60]}" if sass[i].lstrip("@!P0123456789 ").startswith("BRA") and i > 0 else ""
+            context = f"   after: {sass[i - 1][:60]}" if opcode(sass[i]).startswith("BRA") and i > 0 else ""
             print(f"{100 * counts[i] / max(part, 1):5.1f} %  {sass[i][:70]}{context}")
         if loops:
             print_loops(name, index, counts, addresses, loops, home)
