@@ -249,7 +249,9 @@ void backward_sm90a(const FlashAttentionParams& p_in) {
   }
   // The launchers take DkdvWsSm90aLongConfig and DqSm90aLongConfig from T = kBwdSm90aLongT; here
   // from T = 256, so that their stages, turns and ragged tails run too (at 256, 300 and 600).
-  if (p.T >= 256)
+  if (p.T >= 256 && p.causal)
+    dkdv_sm90a_with<typename flash::DkdvWsSm90aLongConfig<D>::type::WithStoreByTma>(p, ws.delta);
+  else if (p.T >= 256)
     dkdv_sm90a_with<typename flash::DkdvWsSm90aLongConfig<D>::type>(p, ws.delta);
   else
     dkdv_sm90a_with<typename flash::DkdvWsSm90aConfig<D>::type>(p, ws.delta);

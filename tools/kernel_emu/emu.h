@@ -587,6 +587,24 @@ inline void tma_load_4d(void* dst, const CUtensorMap* map, int c0, int c1, int c
   m.tx -= bytes;
   emu_mbarrier_complete_if_done(m);
 }
+// The tensor copy engine's store, made at once (nothing else writes the box meanwhile): the box's
+// elements in range ← the swizzled shared tile; the source is then held to the bulk group's
+// retirement as a bulk reduction's (bulk_wait_read aborts the run if it changed before).
+inline void tma_store_4d(const CUtensorMap* map, int c0, int c1, int c2, int c3, const void* src) {
+  const uint32_t base = emu_offset(src);
+  auto in = [&](int64_t x, int d) { return x >= 0 && uint64_t(x) < map->dims[d]; };
+  for (uint32_t y = 0; y < map->box_rows; ++y)
+    for (uint32_t x = 0; x < 64; ++x) {
+      const int64_t c = int64_t(c0) + x, r = int64_t(c2) + y;
+      if (!(in(c, 0) && in(c1, 1) && in(r, 2) && in(c3, 3))) continue;
+      const uint32_t a = base + y * 128 + 2 * x;
+      std::memcpy(const_cast<unsigned char*>(map->base) + 2 * (uint64_t(c3) * map->strides[2] + uint64_t(r) * map->strides[1] +
+                                                              uint64_t(c1) * map->strides[0] + uint64_t(c)),
+                  emu_smem + (a ^ (((a >> 7) & 7u) << 4)), 2);
+    }
+  const unsigned char* s = static_cast<const unsigned char*>(src);
+  emu_bulk_open.push_back({s, std::vector<unsigned char>(s, s + map->box_rows * 128)});
+}
 // bar.arrive / bar.sync count warps: the emulated lanes of a warp meet first and its lane 0 counts
 // the warp's 32 arrivals, as the hardware does.
 inline void emu_named_arrive(int id, int threads, bool wait) {

@@ -21,6 +21,7 @@ PRIMITIVES = {"smem_addr", "cp_async_16", "cp_async_4", "cp_async_commit", "cp_a
               "wgmma_m64n96k16_ss",
               "mbarrier_init",
               "fence_barrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait", "tma_load_4d",
+              "tma_store_4d",
               "named_barrier_sync", "named_barrier_arrive", "setmaxnreg_dec", "setmaxnreg_inc",
               "claim_item", "release_items", "launch_dependents", "wait_previous_grid"}
 DEFINITION = re.compile(r"^__device__ __forceinline__ \S+ (\w+)\(")

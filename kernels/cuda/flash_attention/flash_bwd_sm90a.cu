@@ -47,6 +47,7 @@ struct DqSm90aTraits {
   // head's last, part-filled block), and when causal those up to its last row's diagonal; it
   // takes the block's other tiles as turns without products (the pipelined loop multiplies at
   // least the item's first tile).
+  static constexpr bool kStoreByTma = false;  // its dQ rows are stored from registers
   static constexpr bool kSkipIdle = SkipIdle;
   static constexpr int kD = D_;
   // The head's columns (≤ kD): head dim 96 runs the d 128 tiles, which the tensor maps zero-fill
@@ -131,16 +132,25 @@ template <> struct DqSm90aLongConfig<64> { using type = DqSm90aTraits<64, 3, 96,
 // Tr::kBc (the dQ kernel streams K/V tiles under its own Q/dO, the dK/dV kernel the reverse).
 struct BwdTmaMaps {
   CUtensorMap q, dout, k, v;
+  CUtensorMap dk, dv;  // the dK/dV kernel's outputs in boxes of 64 rows (Tr::kStoreByTma only)
 };
 template <class Tr>
 BwdTmaMaps bwd_tma_maps(const FlashAttentionParams& p) {  // p's row strides resolved
   const uint64_t head_dim = uint64_t(p.D), heads = uint64_t(p.H), T = uint64_t(p.T), B = uint64_t(p.B);
   const uint64_t ldq = uint64_t(p.q_row_stride), lddo = uint64_t(p.do_row_stride);
   const uint64_t ldk = uint64_t(p.k_row_stride), ldv = uint64_t(p.v_row_stride);
-  return {make_bf16_head_tensor_map(p.q, head_dim, heads, T, B, ldq, T * ldq, Tr::kBr),
-          make_bf16_head_tensor_map(p.dout, head_dim, heads, T, B, lddo, T * lddo, Tr::kBr),
-          make_bf16_head_tensor_map(p.k, head_dim, heads, T, B, ldk, T * ldk, Tr::kBc),
-          make_bf16_head_tensor_map(p.v, head_dim, heads, T, B, ldv, T * ldv, Tr::kBc)};
+  BwdTmaMaps maps{make_bf16_head_tensor_map(p.q, head_dim, heads, T, B, ldq, T * ldq, Tr::kBr),
+                  make_bf16_head_tensor_map(p.dout, head_dim, heads, T, B, lddo, T * lddo, Tr::kBr),
+                  make_bf16_head_tensor_map(p.k, head_dim, heads, T, B, ldk, T * ldk, Tr::kBc),
+                  make_bf16_head_tensor_map(p.v, head_dim, heads, T, B, ldv, T * ldv, Tr::kBc),
+                  {},
+                  {}};
+  if constexpr (Tr::kStoreByTma) {
+    const uint64_t lddk = uint64_t(p.dk_row_stride), lddv = uint64_t(p.dv_row_stride);
+    maps.dk = make_bf16_head_tensor_map(p.dk, head_dim, heads, T, B, lddk, T * lddk, 64);
+    maps.dv = make_bf16_head_tensor_map(p.dv, head_dim, heads, T, B, lddv, T * lddv, 64);
+  }
+  return maps;
 }
 
 template <class Tr>
@@ -368,8 +378,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 // dq_accum with one bulk reduction (dq_full / dq_empty) while the consumers go on — unordered
 // across blocks.
 template <int D_, int Consumers, int Stages, bool PingPong, bool FormDq = false, bool OwnInRegisters = false,
-          int HeadDim = D_, int Br_ = 64, bool GroupedItems = !FormDq, bool Pipelined = true, bool SkipIdle = false>
+          int HeadDim = D_, int Br_ = 64, bool GroupedItems = !FormDq, bool Pipelined = true, bool SkipIdle = false,
+          bool StoreByTma = false>
 struct DkdvWsSm90aTraits {
+  // dK and dV of an item staged in shared memory (per consumer, its 64 rows of each) and written
+  // by the tensor copy engine (tma_store_4d), so the consumers go on to the next item at once
+  // rather than issuing 2·Dh/4 four-byte global stores per thread.
+  static constexpr bool kStoreByTma = StoreByTma;
+  using WithStoreByTma = DkdvWsSm90aTraits<D_, Consumers, Stages, PingPong, FormDq, OwnInRegisters, HeadDim, Br_,
+                                           GroupedItems, Pipelined, SkipIdle, true>;
   // A consumer multiplies only the query tiles its own keys need: none when they all lie past T
   // (a head's last, part-filled block), and when causal those from the tile of its first key on;
   // it takes the block's other tiles as turns without products (both deterministic loops; the
@@ -438,8 +455,12 @@ struct DkdvWsSm90aTraits {
   // then the item slot (2 ints) and FormDq's reduction slots (2 int64s per staging tile).
   static constexpr int kDqBarriers = FormDq ? 2 * kDsBuffers + 2 * kDqStaging : 0;
   static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages + kDqBarriers) + 8 + (FormDq ? 16 * kDqStaging : 0);
-  static constexpr size_t kSmemBytes = size_t(2 * kTileOwn + 2 * kStages * kTileStream + kDqBytes + kStatsBytes +
-                                              kBarrierBytes + sm90::kSwizzleAtomBytes);
+  // kStoreByTma: per consumer a dK and a dV staging tile of 64 rows (kPanels panels).
+  static constexpr int kTileStage = kPanels * 64 * sm90::kSwizzleRowBytes;
+  static constexpr int kStageBytes = StoreByTma ? 2 * Consumers * kTileStage : 0;
+  static constexpr size_t kSmemBytes = size_t(2 * kTileOwn + 2 * kStages * kTileStream + kStageBytes + kDqBytes +
+                                              kStatsBytes + kBarrierBytes + sm90::kSwizzleAtomBytes);
+  static_assert(!StoreByTma || !FormDq, "staged stores: the deterministic kernel");
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= kD && kHeadDim > kD - 64, "the head fills the tile's last panel in part");
   static_assert(!FormDq || kHeadDim == kD, "FormDq's dQ accumulator rows are the tile's width");
@@ -466,15 +487,21 @@ struct DkdvWsSm90aTraits {
 // of 3 interleaved rounds, with the d 128 dQ kernel's skipping): d 64 causal 1k 253 → 256 TF/s
 // (GPT-2's shape), d 128 1k 291 → 295, 2k 393 → 398, 4k 472 → 476; level from 8k. d 96 (call 5,
 // with the forward's half diagonal): causal 1k 253 → 257, 2k 346 → 351, the 6 causal shapes 1.015×.
+// Their dK and dV leave through shared memory and the tensor copy engine (kStoreByTma): an item's
+// register stores cost its consumers ~4 % of their time at d 64 non-causal 2k (twenty-third
+// session, call 7). Twenty-fourth session (docs/BENCHMARKS.md, calls 1–2; best of 3 interleaved
+// rounds): d 64 causal 1k 256 → 267 TF/s, 2k 348 → 361, non-causal 1k 348 → 358; d 128 causal 1k
+// 294 → 313, 2k 398 → 418, 4k 478 → 495, non-causal 1k 416 → 456; d 96 causal 1k 257 → 273, 2k
+// 352 → 373, 4k 432 → 448; level from 8k. (d 64's long-T shape: see DkdvWsSm90aLongConfig.)
 template <int D> struct DkdvWsSm90aConfig;
 template <> struct DkdvWsSm90aConfig<64> {
-  using type = DkdvWsSm90aTraits<64, 2, 3, true, false, true, 64, 64, true, true, true>;
+  using type = DkdvWsSm90aTraits<64, 2, 3, true, false, true, 64, 64, true, true, true, true>;
 };
 template <> struct DkdvWsSm90aConfig<128> {
-  using type = DkdvWsSm90aTraits<128, 2, 3, false, false, false, 128, 64, true, true, true>;
+  using type = DkdvWsSm90aTraits<128, 2, 3, false, false, false, 128, 64, true, true, true, true>;
 };
 template <> struct DkdvWsSm90aConfig<96> {
-  using type = DkdvWsSm90aTraits<128, 2, 3, false, false, false, 96, 64, true, true, true>;
+  using type = DkdvWsSm90aTraits<128, 2, 3, false, false, false, 96, 64, true, true, true, true>;
 };
 // From T = 2048 at d 64: three consumers (192 keys per block, 160 registers each) taking turns,
 // K and V read from shared memory, each tile's four products issued and retired in turn (the
@@ -486,6 +513,10 @@ template <> struct DkdvWsSm90aConfig<96> {
 // (causal 4k 363 → 381, 8k 375 → 414 TF/s), but 0.97–0.99× at 1k, where items are a few tiles
 // long and the 64-query shape's early release of K and V (which needs them in registers) pays.
 // It replaced the sixteenth session's 96-query two-consumer shape from 4k (docs/flash-attention.md).
+// Causal, it stores dK and dV by the copy engine (launch_dkdv_sm90a: ::WithStoreByTma; causal 2k
+// 348 → 361 TF/s, 4k 407 → 415, level beyond); not causal, from registers: there the staged
+// stores measured 0.98–0.99× from 4k in every round (32k 430 → 422), with the shared memory
+// for the staging 101 → 149 KB (twenty-fourth session, call 1).
 template <int D> struct DkdvWsSm90aLongConfig { using type = typename DkdvWsSm90aConfig<D>::type; };
 template <> struct DkdvWsSm90aLongConfig<64> {  // (kSkipIdle: see DqSm90aLongConfig<64>)
   using type = DkdvWsSm90aTraits<64, 3, 3, true, false, false, 64, 64, true, false, true>;
@@ -519,9 +550,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   unsigned char* sV = sK + Tr::kTileOwn;
   unsigned char* sQ = sV + Tr::kTileOwn;  // (stage) tiles of kTileStream bytes
   unsigned char* sdO = sQ + NS * Tr::kTileStream;
-  unsigned char* sdSt = sdO + NS * Tr::kTileStream;  // FormDq: (kDsBuffers) dSᵀ tiles of kTileDs bytes
+  unsigned char* sStage = sdO + NS * Tr::kTileStream;  // kStoreByTma: (consumer, dK | dV) staging tiles
+  unsigned char* sdSt = sStage + Tr::kStageBytes;      // FormDq: (kDsBuffers) dSᵀ tiles of kTileDs bytes
   float* sDq = reinterpret_cast<float*>(sdSt + Tr::kDsBuffers * Tr::kTileDs);  // FormDq: (kDqStaging, Br, D) fp32
-  float* sL = reinterpret_cast<float*>(sdO + NS * Tr::kTileStream + Tr::kDqBytes);  // (stage, Br) lse
+  float* sL = reinterpret_cast<float*>(sdSt + Tr::kDqBytes);  // (stage, Br) lse
   float* sDelta = sL + NS * Br;                                                      // (stage, Br) delta
 
   // The dQ kernel that follows may take each SM this block leaves (launch_dq_sm90a_with).
@@ -904,14 +936,42 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   seq += n_tiles;
 
   // dK = scale · Σ dSᵀ Q: the softmax scale applied once, in fp32.
-  const int64_t bt = int64_t(out.b) * T;
-  tg::bf16* dK = p.dk + bt * p.dk_row_stride + out.h * p.D;
-  tg::bf16* dV = p.dv + bt * p.dv_row_stride + out.h * p.D;
-  const float fk[2] = {p.scale, p.scale}, fv[2] = {1.0f, 1.0f};
-  const int key_row = out.row0 + 64 * c + 16 * warp;
-  store_rows<Dh>(dK, int(p.dk_row_stride), dk, fk, key_row, T, lane);
-  store_rows<Dh>(dV, int(p.dv_row_stride), dv, fv, key_row, T, lane);
+  if constexpr (Tr::kStoreByTma) {
+    // Into this consumer's staging tiles once the copy engine has read the last item's (its first
+    // thread issued those stores and waits for their reads; the warpgroup's barrier then lets the
+    // others write), then one thread's stores of both tiles, not waited for here.
+    unsigned char* st_dk = sStage + 2 * c * Tr::kTileStage;
+    unsigned char* st_dv = st_dk + Tr::kTileStage;
+    const bool issuer = tid % 128 == 0;
+    constexpr int kStageBarrier = 8;  // + c: ids above the turns' (1 … C)
+    if (issuer) sm90::bulk_wait_read<0>();
+    sm90::named_barrier_sync(kStageBarrier + c, 128);
+    const float fk[2] = {p.scale, p.scale}, fv[2] = {1.0f, 1.0f};
+    sm90::store_acc_swizzled<Dh>(st_dk, 64 * sm90::kSwizzleRowBytes, dk, fk, 16 * warp, lane);
+    sm90::store_acc_swizzled<Dh>(st_dv, 64 * sm90::kSwizzleRowBytes, dv, fv, 16 * warp, lane);
+    sm90::fence_async_shared();  // st.shared, read by the copy engine
+    sm90::named_barrier_sync(kStageBarrier + c, 128);
+    const int key0 = out.row0 + 64 * c;
+    if (issuer && key0 < T) {
+#pragma unroll
+      for (int panel = 0; panel < Tr::kPanels; ++panel) {
+        sm90::tma_store_4d(&maps.dk, 64 * panel, out.h, key0, out.b, st_dk + panel * 64 * sm90::kSwizzleRowBytes);
+        sm90::tma_store_4d(&maps.dv, 64 * panel, out.h, key0, out.b, st_dv + panel * 64 * sm90::kSwizzleRowBytes);
+      }
+      sm90::bulk_commit();
+    }
+  } else {
+    const int64_t bt = int64_t(out.b) * T;
+    tg::bf16* dK = p.dk + bt * p.dk_row_stride + out.h * p.D;
+    tg::bf16* dV = p.dv + bt * p.dv_row_stride + out.h * p.D;
+    const float fk[2] = {p.scale, p.scale}, fv[2] = {1.0f, 1.0f};
+    const int key_row = out.row0 + 64 * c + 16 * warp;
+    store_rows<Dh>(dK, int(p.dk_row_stride), dk, fk, key_row, T, lane);
+    store_rows<Dh>(dV, int(p.dv_row_stride), dv, fv, key_row, T, lane);
   }
+  }
+  if constexpr (Tr::kStoreByTma)
+    if (tid % 128 == 0) sm90::bulk_wait<0>();  // the last stores done before the block exits
 }
 
 }  // namespace flash
@@ -967,7 +1027,10 @@ void launch_dkdv_sm90a_with(const FlashAttentionParams& p, const float* delta, c
 }
 template <int D>
 void launch_dkdv_sm90a(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
-  if (p.T >= flash::kBwdSm90aLongT)
+  // (Below the long shapes, and at d 96 and 128, every config already stores by the copy engine.)
+  if (p.T >= flash::kBwdSm90aLongT && p.causal)
+    launch_dkdv_sm90a_with<typename flash::DkdvWsSm90aLongConfig<D>::type::WithStoreByTma>(p, delta, stream);
+  else if (p.T >= flash::kBwdSm90aLongT)
     launch_dkdv_sm90a_with<typename flash::DkdvWsSm90aLongConfig<D>::type>(p, delta, stream);
   else
     launch_dkdv_sm90a_with<typename flash::DkdvWsSm90aConfig<D>::type>(p, delta, stream);

@@ -46,8 +46,14 @@ namespace flash {
 // products around the ring of consumer warpgroups, so one warpgroup's softmax overlaps the
 // others' products rather than coinciding with them (FlashAttention-3's ping-pong).
 template <int D_, int Consumers, int Bc_, int Stages, bool QInRegisters = false, int HeadDim = D_, int TailBc = Bc_,
-          bool SkipIdle = false, bool HalfDiagonal = false>
+          bool SkipIdle = false, bool HalfDiagonal = false, bool StoreByTma = false>
 struct FwdSm90aTraits {
+  // O of an item staged in shared memory (per consumer, its 64 rows) and written by the tensor
+  // copy engine (tma_store_4d), so the consumers go on to the next item at once rather than
+  // issuing Dh/4 four-byte global stores per thread.
+  static constexpr bool kStoreByTma = StoreByTma;
+  using WithStoreByTma = FwdSm90aTraits<D_, Consumers, Bc_, Stages, QInRegisters, HeadDim, TailBc, SkipIdle,
+                                        HalfDiagonal, true>;
   // Causal, two consumers on 128-row items and 128-key tiles: an item's last K/V tile is its
   // diagonal one, of whose keys the first consumer's rows reach only the first 64 — its
   // products over that tile stop there (S m64n64 and P V over 64 keys, in accumulators of their
@@ -76,7 +82,8 @@ struct FwdSm90aTraits {
   // (the softmax still runs over the whole tile). fwd_last_tile_keys picks it per T.
   static constexpr int kTailBc = TailBc;
   template <int Tail>
-  using WithTail = FwdSm90aTraits<D_, Consumers, Bc_, Stages, QInRegisters, HeadDim, Tail, SkipIdle, HalfDiagonal>;
+  using WithTail =
+      FwdSm90aTraits<D_, Consumers, Bc_, Stages, QInRegisters, HeadDim, Tail, SkipIdle, HalfDiagonal, StoreByTma>;
   static constexpr int kStages = Stages;                  // K/V stage buffers
   static constexpr int kPanels = kD / 64;
   static constexpr int kPanelQ = kBr * sm90::kSwizzleRowBytes, kPanelKV = kBc * sm90::kSwizzleRowBytes;
@@ -86,7 +93,11 @@ struct FwdSm90aTraits {
   static constexpr int kProducerRegs = Consumers == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = Consumers == 2 ? 240 : 160;
   static constexpr int kBarrierBytes = 8 * (3 + 4 * kStages);  // the mbarriers and the item slot, after the tiles
-  static constexpr size_t kSmemBytes = size_t(kTileQ + 2 * kStages * kTileKV + kBarrierBytes + sm90::kSwizzleAtomBytes);
+  // kStoreByTma: per consumer an O staging tile of 64 rows (kPanels panels).
+  static constexpr int kTileStage = kPanels * 64 * sm90::kSwizzleRowBytes;
+  static constexpr int kStageBytes = StoreByTma ? Consumers * kTileStage : 0;
+  static constexpr size_t kSmemBytes =
+      size_t(kTileQ + 2 * kStages * kTileKV + kStageBytes + kBarrierBytes + sm90::kSwizzleAtomBytes);
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= kD && kHeadDim > kD - 64, "the head fills the tile's last panel in part");
   static_assert(kBc == 64 || kBc == 128 || kBc == 176, "S is one m64n64, m64n128 or m64n176 product per warpgroup");
@@ -105,14 +116,21 @@ struct FwdSm90aTraits {
 // its own head's columns (zeros there: head dim 96 on the d 128 kernels).
 struct FwdTmaMaps {
   CUtensorMap q, k, v;
+  CUtensorMap o;  // boxes of 64 rows (Tr::kStoreByTma only)
 };
 template <class Tr>
 FwdTmaMaps fwd_tma_maps(const FlashAttentionParams& p) {  // p's row strides resolved
   const uint64_t head_dim = uint64_t(p.D), heads = uint64_t(p.H), T = uint64_t(p.T), B = uint64_t(p.B);
   const uint64_t ldq = uint64_t(p.q_row_stride), ldk = uint64_t(p.k_row_stride), ldv = uint64_t(p.v_row_stride);
-  return {make_bf16_head_tensor_map(p.q, head_dim, heads, T, B, ldq, T * ldq, Tr::kBr),
-          make_bf16_head_tensor_map(p.k, head_dim, heads, T, B, ldk, T * ldk, Tr::kBc),
-          make_bf16_head_tensor_map(p.v, head_dim, heads, T, B, ldv, T * ldv, Tr::kBc)};
+  FwdTmaMaps maps{make_bf16_head_tensor_map(p.q, head_dim, heads, T, B, ldq, T * ldq, Tr::kBr),
+                  make_bf16_head_tensor_map(p.k, head_dim, heads, T, B, ldk, T * ldk, Tr::kBc),
+                  make_bf16_head_tensor_map(p.v, head_dim, heads, T, B, ldv, T * ldv, Tr::kBc),
+                  {}};
+  if constexpr (Tr::kStoreByTma) {
+    const uint64_t ldo = uint64_t(p.o_row_stride);
+    maps.o = make_bf16_head_tensor_map(p.o, head_dim, heads, T, B, ldo, T * ldo, 64);
+  }
+  return maps;
 }
 
 // Block shapes per head dim, measured on the H200 with `tilegrad bench attention --backward 0`
@@ -143,9 +161,14 @@ FwdTmaMaps fwd_tma_maps(const FlashAttentionParams& p) {  // p's row strides res
 // 16k 522 → 552 TF/s, non-causal 1k 420 → 432, the 12 shapes 0.98–1.06×; d 128 causal 1k
 // 350 → 359 and 351 → 360, 2k 481 → 485 and 482 → 488 (two calls), level beyond. The half
 // diagonal at d 64's short causal shape measured level (287 → 287) and was left out.
+// O leaves through shared memory and the tensor copy engine (kStoreByTma) in every shape but d 128's
+// non-causal 176-key one (no shared memory left for the staging) and d 96's non-causal one (not
+// measured). Twenty-fourth session (docs/BENCHMARKS.md, calls 1–2; best of 3 interleaved rounds):
+// d 64 causal 1k 286 → 300 TF/s, 2k 393 → 408, non-causal 1k 430 → 448; d 128 causal 1k 358 → 384,
+// 2k 483 → 510, 4k 574 → 591; d 96 causal 1k 328 → 355, 2k 435 → 463; level from 8k.
 template <int D> struct FwdSm90aConfig;
-template <> struct FwdSm90aConfig<64> { using type = FwdSm90aTraits<64, 3, 128, 2, false, 64, 128, true>; };
-template <> struct FwdSm90aConfig<128> { using type = FwdSm90aTraits<128, 2, 128, 2, true, 128, 128, false, true>; };
+template <> struct FwdSm90aConfig<64> { using type = FwdSm90aTraits<64, 3, 128, 2, false, 64, 128, true, false, true>; };
+template <> struct FwdSm90aConfig<128> { using type = FwdSm90aTraits<128, 2, 128, 2, true, 128, 128, false, true, true>; };
 // d 96 runs d 128's shape (fourteenth session: 1.109× the 64-key tiles); its products stop at the
 // head's 96 columns, both those that sum over them (fifteenth session: forward 1.059×, backward
 // 1.079×) and those whose N they are — P V here, Pᵀ dO, dSᵀ Q, dS K in the backward (sixteenth
@@ -154,7 +177,7 @@ template <> struct FwdSm90aConfig<128> { using type = FwdSm90aTraits<128, 2, 128
 // Causal, its diagonal tile halved as d 128's (kHalfDiagonal; twenty-third session, call 5, best of 3
 // interleaved rounds with the backward's skipped diagonal tiles: causal 1k 321 → 323, 2k 426 → 430,
 // 4k 503 → 506 TF/s, the 6 causal shapes 1.007×).
-template <> struct FwdSm90aConfig<96> { using type = FwdSm90aTraits<128, 2, 128, 2, true, 96, 128, false, true>; };
+template <> struct FwdSm90aConfig<96> { using type = FwdSm90aTraits<128, 2, 128, 2, true, 96, 128, false, true, true>; };
 // Not causal, d 128: FlashAttention-3's 176-key tiles (S m64n176: one softmax reduction, one
 // turn and one K/V stage hand-over per 176 keys rather than 128; S, P and O fill the consumers'
 // 240 registers, so Q is read from shared memory: 168 registers at launch, no consumer spills,
@@ -177,7 +200,7 @@ template <> struct FwdSm90aNonCausalConfig<96> { using type = FwdSm90aTraits<128
 // 0`, best of 3 interleaved rounds against the three-consumer shape: causal 1k 267 → 290 TF/s
 // (1.09×; Q from shared memory 1.07×), 2k 0.96× and 0.82–0.92× beyond; non-causal 0.79–0.94×.
 template <int D> struct FwdSm90aShortCausalConfig { using type = typename FwdSm90aConfig<D>::type; };
-template <> struct FwdSm90aShortCausalConfig<64> { using type = FwdSm90aTraits<64, 2, 128, 2, true>; };
+template <> struct FwdSm90aShortCausalConfig<64> { using type = FwdSm90aTraits<64, 2, 128, 2, true, 64, 128, false, false, true>; };
 constexpr int64_t kFwdShortCausalMaxT = 1024;
 
 // Work items: (query tile, head, batch), numbered heaviest first when causal — the head fastest,
@@ -255,6 +278,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   unsigned char* sQ = sm90::align_to_swizzle_atom(smem);
   unsigned char* sK = sQ + Tr::kTileQ;  // (stage) tiles of Tr::kTileKV bytes
   unsigned char* sV = sK + NS * Tr::kTileKV;
+  unsigned char* sStage = sV + NS * Tr::kTileKV;  // kStoreByTma: (consumer) O staging tiles
 
   const int T = int(p.T), H = int(p.H), B = int(p.B);
   const bool causal = p.causal;
@@ -264,7 +288,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // The mbarriers, after the tiles: Q's full (q_full), then the K/V stream's, whose empty ones
   // count one arrival per consumer warp, then Q's empty (q_empty, likewise).
   uint64_t* q_full;
-  const sm90::KvStream kv = sm90::kv_stream_barriers<NS>(sV + NS * Tr::kTileKV, sK, sV, &q_full, 4 * C, tid == 0);
+  const sm90::KvStream kv = sm90::kv_stream_barriers<NS>(sStage + Tr::kStageBytes, sK, sV, &q_full, 4 * C, tid == 0);
   uint64_t* q_empty = kv.v_empty + NS;
   // The item slot (with Q's lifetime: written before Q's load, read after q_full): the item
   // being run and the one after it (n_items or more: none), so the consumers know an item is the
@@ -484,7 +508,27 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       l[i] = quad_sum(l[i]);
       inv_l[i] = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
     }
-    store_rows<Dh>(O, int(p.o_row_stride), o, inv_l, row0, T, lane);
+    if constexpr (Tr::kStoreByTma) {
+      // Into this consumer's staging tile once the copy engine has read the last item's (as the
+      // dK/dV kernel's), then its first thread's store of each panel, not waited for here.
+      unsigned char* st_o = sStage + c * Tr::kTileStage;
+      const bool issuer = tid % 128 == 0;
+      constexpr int kStageBarrier = 8;  // + c: ids above the turns' (1 … C)
+      if (issuer) sm90::bulk_wait_read<0>();
+      sm90::named_barrier_sync(kStageBarrier + c, 128);
+      sm90::store_acc_swizzled<Dh>(st_o, 64 * sm90::kSwizzleRowBytes, o, inv_l, 16 * warp, lane);
+      sm90::fence_async_shared();  // st.shared, read by the copy engine
+      sm90::named_barrier_sync(kStageBarrier + c, 128);
+      const int q0 = item.q0 + 64 * c;
+      if (issuer && q0 < T) {
+#pragma unroll
+        for (int panel = 0; panel < Tr::kPanels; ++panel)
+          sm90::tma_store_4d(&maps.o, 64 * panel, item.h, q0, item.b, st_o + panel * 64 * sm90::kSwizzleRowBytes);
+        sm90::bulk_commit();
+      }
+    } else {
+      store_rows<Dh>(O, int(p.o_row_stride), o, inv_l, row0, T, lane);
+    }
     if ((lane & 3) == 0) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -493,6 +537,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
     }
   }
+  if constexpr (Tr::kStoreByTma)
+    if (tid % 128 == 0) sm90::bulk_wait<0>();  // the last stores done before the block exits
 }
 
 }  // namespace flash

@@ -158,6 +158,17 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, i
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
       : "memory");
 }
+// The reverse, by the tensor copy engine: the box of `map` at (c0, c1, c2, c3) ← src (shared,
+// 1024-byte aligned, in the layout tma_load_4d writes: 128-byte swizzled rows of 64 columns).
+// Elements out of range (rows past T, columns past the head's) are not written. Tracked in bulk
+// groups as bulk_reduce_add_f32: src may be rewritten after bulk_wait_read; the writing threads'
+// st.shared must be made visible to the copy engine first (fence_async_shared, then a barrier).
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, int c0, int c1, int c2, int c3, const void* src) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
 // Named block barriers (ids 1–15; 0 is __syncthreads) among `threads` threads (a multiple of 32):
 // sync waits for all of them, arrive counts this warp in and goes on.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
@@ -439,6 +450,24 @@ __device__ __forceinline__ void store_a_frags_swizzled(unsigned char* dst, const
     for (int e = 0; e < 4; ++e)  // a[kk][e]: row + 8·(e % 2), 16-byte chunk 2kk + e / 2
       *reinterpret_cast<uint32_t*>(base + 8 * kSwizzleRowBytes * (e & 1) + ((32 * kk + 16 * (e >> 1)) ^ chunk_xor)) =
           a[kk][e];
+}
+
+// The warp's (16, Dh) fp32 accumulator (m64nDh rows [row0, row0 + 16) of its warpgroup), its
+// rows g and g + 8 scaled by f[0] and f[1] (store_rows's factors) and rounded to bf16 → those rows of a swizzled tile at dst (64-column panels panel_bytes
+// apart), the layout tma_store_4d reads. Each store is a lane's bf16x2 of one row; a store's 8
+// rows hit 8 distinct 16-byte chunks (the swizzle), so no bank conflicts; both of a lane's rows
+// are lane/4 mod 8 (row0 a multiple of 8), so one XOR term serves every store.
+template <int Dh>
+__device__ __forceinline__ void store_acc_swizzled(unsigned char* dst, int panel_bytes, const float (&acc)[Dh / 8][4],
+                                                   const float (&f)[2], int row0, int lane) {
+  unsigned char* base = dst + (row0 + (lane >> 2)) * kSwizzleRowBytes + 4 * (lane & 3);
+  const uint32_t chunk_xor = opaque_u32(16 * (lane >> 2));
+#pragma unroll
+  for (int nt = 0; nt < Dh / 8; ++nt) {
+    unsigned char* at = base + (nt / 8) * panel_bytes + ((16 * (nt % 8)) ^ chunk_xor);
+    *reinterpret_cast<uint32_t*>(at) = pack_bf16x2(acc[nt][0] * f[0], acc[nt][1] * f[0]);
+    *reinterpret_cast<uint32_t*>(at + 8 * kSwizzleRowBytes) = pack_bf16x2(acc[nt][2] * f[1], acc[nt][3] * f[1]);
+  }
 }
 
 // The inverse, for a tile that stays in registers as a wgmma A operand: rows [row0, row0 + 16)
