@@ -41,13 +41,18 @@ namespace flash {
 // elementwise work (P, dS) runs under the next tile's products and under the other consumers'
 // (kPipelined; d 64's three-consumer shape issues and retires each tile's products in turn).
 // dQ still sums over j in a fixed order: deterministic.
-template <int D_, int Consumers, int Bc_, int Stages, int HeadDim = D_, bool Pipelined = true, bool SkipIdle = false>
+template <int D_, int Consumers, int Bc_, int Stages, int HeadDim = D_, bool Pipelined = true, bool SkipIdle = false,
+          bool StoreByTma = false>
 struct DqSm90aTraits {
+  // dQ of an item staged in shared memory (per consumer, its 64 rows) and written by the tensor
+  // copy engine (tma_store_4d), as the dK/dV kernel's dK and dV.
+  static constexpr bool kStoreByTma = StoreByTma;
+  static constexpr bool kDqKernel = true;  // (bwd_tma_maps: its output map is dQ's)
+  using WithStoreByTma = DqSm90aTraits<D_, Consumers, Bc_, Stages, HeadDim, Pipelined, SkipIdle, true>;
   // A consumer multiplies only the key tiles its own rows need: none when they all lie past T (a
   // head's last, part-filled block), and when causal those up to its last row's diagonal; it
   // takes the block's other tiles as turns without products (the pipelined loop multiplies at
   // least the item's first tile).
-  static constexpr bool kStoreByTma = false;  // its dQ rows are stored from registers
   static constexpr bool kSkipIdle = SkipIdle;
   static constexpr int kD = D_;
   // The head's columns (≤ kD): head dim 96 runs the d 128 tiles, which the tensor maps zero-fill
@@ -69,9 +74,12 @@ struct DqSm90aTraits {
   static constexpr int kProducerRegs = Consumers == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = Consumers == 2 ? 240 : 160;
   static constexpr int kBarrierBytes = 8 * (3 + 4 * kStages);  // and the item slot
-  // Q and dO, K and V in kStages stages each, the barriers, swizzle-atom slack.
+  // kStoreByTma: per consumer a dQ staging tile of 64 rows (kPanels panels).
+  static constexpr int kTileStage = kPanels * 64 * sm90::kSwizzleRowBytes;
+  static constexpr int kStageBytes = StoreByTma ? Consumers * kTileStage : 0;
+  // Q and dO, K and V in kStages stages each, the staging tiles, the barriers, swizzle-atom slack.
   static constexpr size_t kSmemBytes =
-      size_t(2 * kTileQ + 2 * kStages * kTileKV + kBarrierBytes + sm90::kSwizzleAtomBytes);
+      size_t(2 * kTileQ + 2 * kStages * kTileKV + kStageBytes + kBarrierBytes + sm90::kSwizzleAtomBytes);
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= kD && kHeadDim > kD - 64, "the head fills the tile's last panel in part");
   static_assert(kBc == 64 || kBc == 96 || kBc == 128, "S and dP are m64n64, m64n96 or m64n128 products per warpgroup");
@@ -98,8 +106,12 @@ struct DqSm90aTraits {
 //          tiles over the 12 d 128 shapes (best of 3 interleaved runs, every shape faster;
 //          T 8k causal 466 → 500): a third fewer turns, waits and stage hand-overs per FLOP.
 //          d 96 on the same tiles: 1.037× (T 8k causal 398 → 433).
+//   d 64, twenty-fourth session: dQ stored by the copy engine (kStoreByTma, both d 64 shapes;
+//          best of 3 interleaved rounds, docs/BENCHMARKS.md call 4): causal 1k 268 → 275 TF/s,
+//          non-causal 2k 373 → 396, the 12 d 64 shapes 1.012×, none below 1.00. d 128 and d 96
+//          have no shared memory left for a staging tile per consumer (209 of 227 KiB).
 template <int D> struct DqSm90aConfig;
-template <> struct DqSm90aConfig<64> { using type = DqSm90aTraits<64, 2, 128, 3>; };
+template <> struct DqSm90aConfig<64> { using type = DqSm90aTraits<64, 2, 128, 3, 64, true, false, true>; };
 //   d 128, twenty-third session: kSkipIdle on the pipelined loop — when causal, the first
 //          consumer's rows end a key tile before the second's in about half the items and it
 //          stops there (with the dK/dV kernels' skipped diagonal tiles, below: 5.9 % of the
@@ -126,13 +138,14 @@ template <int D> struct DqSm90aLongConfig { using type = typename DqSm90aConfig<
 // deterministic backward causal 2k 333 → 348, 4k 394 → 408 TF/s, non-causal 2k 389 → 402, the
 // 12 d 64 shapes 1.00–1.07×. (Without the uniform index the skipping loops compiled longer and
 // measured 0.87–0.98×: call 1.)
-template <> struct DqSm90aLongConfig<64> { using type = DqSm90aTraits<64, 3, 96, 3, 64, false, true>; };
+template <> struct DqSm90aLongConfig<64> { using type = DqSm90aTraits<64, 3, 96, 3, 64, false, true, true>; };
 
 // The tensor maps of both backward kernels (tma.h): q, dout in boxes of Tr::kBr rows, k, v of
 // Tr::kBc (the dQ kernel streams K/V tiles under its own Q/dO, the dK/dV kernel the reverse).
 struct BwdTmaMaps {
   CUtensorMap q, dout, k, v;
   CUtensorMap dk, dv;  // the dK/dV kernel's outputs in boxes of 64 rows (Tr::kStoreByTma only)
+  CUtensorMap dq;      // the dQ kernel's, likewise
 };
 template <class Tr>
 BwdTmaMaps bwd_tma_maps(const FlashAttentionParams& p) {  // p's row strides resolved
@@ -144,8 +157,12 @@ BwdTmaMaps bwd_tma_maps(const FlashAttentionParams& p) {  // p's row strides res
                   make_bf16_head_tensor_map(p.k, head_dim, heads, T, B, ldk, T * ldk, Tr::kBc),
                   make_bf16_head_tensor_map(p.v, head_dim, heads, T, B, ldv, T * ldv, Tr::kBc),
                   {},
+                  {},
                   {}};
-  if constexpr (Tr::kStoreByTma) {
+  if constexpr (Tr::kStoreByTma && Tr::kDqKernel) {
+    const uint64_t lddq = uint64_t(p.dq_row_stride);
+    maps.dq = make_bf16_head_tensor_map(p.dq, head_dim, heads, T, B, lddq, T * lddq, 64);
+  } else if constexpr (Tr::kStoreByTma) {
     const uint64_t lddk = uint64_t(p.dk_row_stride), lddv = uint64_t(p.dv_row_stride);
     maps.dk = make_bf16_head_tensor_map(p.dk, head_dim, heads, T, B, lddk, T * lddk, 64);
     maps.dv = make_bf16_head_tensor_map(p.dv, head_dim, heads, T, B, lddv, T * lddv, 64);
@@ -165,6 +182,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   unsigned char* sdO = sQ + Tr::kTileQ;
   unsigned char* sK = sdO + Tr::kTileQ;  // (stage) tiles of Tr::kTileKV bytes
   unsigned char* sV = sK + NS * Tr::kTileKV;
+  unsigned char* sStage = sV + NS * Tr::kTileKV;  // kStoreByTma: (consumer) dQ staging tiles
 
   const int T = int(p.T), H = int(p.H), B = int(p.B);
   const bool causal = p.causal;
@@ -180,7 +198,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // The mbarriers, after the tiles: the own tiles' (q_full), then the K/V stream's, whose empty
   // ones count one arrival per consumer warp, then the own tiles' empty one (likewise).
   uint64_t* q_full;
-  const sm90::KvStream kv = sm90::kv_stream_barriers<NS>(sV + NS * Tr::kTileKV, sK, sV, &q_full, 4 * C, tid == 0);
+  const sm90::KvStream kv = sm90::kv_stream_barriers<NS>(sStage + Tr::kStageBytes, sK, sV, &q_full, 4 * C, tid == 0);
   uint64_t* q_empty = kv.v_empty + NS;
   int* s_item = reinterpret_cast<int*>(q_empty + 1);  // the item slot (sm90::read_item_slot), Q's lifetime
   if (tid == 0) {
@@ -350,10 +368,32 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
     seq += n_kb;
 
-    tg::bf16* dQ = p.dq + int64_t(item.b) * T * p.dq_row_stride + item.h * p.D;
     const float fq[2] = {p.scale, p.scale};
-    store_rows<Dh>(dQ, int(p.dq_row_stride), dq, fq, row0, T, lane);
+    if constexpr (Tr::kStoreByTma) {
+      // As the dK/dV kernel's epilogue: into this consumer's staging tile once the copy engine
+      // has read the last item's, then one thread's stores, not waited for here.
+      unsigned char* st_dq = sStage + c * Tr::kTileStage;
+      const bool issuer = tid % 128 == 0;
+      constexpr int kStageBarrier = 8;  // + c: ids above the turns' (1 … C)
+      if (issuer) sm90::bulk_wait_read<0>();
+      sm90::named_barrier_sync(kStageBarrier + c, 128);
+      sm90::store_acc_swizzled<Dh>(st_dq, 64 * sm90::kSwizzleRowBytes, dq, fq, 16 * warp, lane);
+      sm90::fence_async_shared();  // st.shared, read by the copy engine
+      sm90::named_barrier_sync(kStageBarrier + c, 128);
+      const int q0 = item.row0 + 64 * c;
+      if (issuer && q0 < T) {
+#pragma unroll
+        for (int panel = 0; panel < Tr::kPanels; ++panel)
+          sm90::tma_store_4d(&maps.dq, 64 * panel, item.h, q0, item.b, st_dq + panel * 64 * sm90::kSwizzleRowBytes);
+        sm90::bulk_commit();
+      }
+    } else {
+      tg::bf16* dQ = p.dq + int64_t(item.b) * T * p.dq_row_stride + item.h * p.D;
+      store_rows<Dh>(dQ, int(p.dq_row_stride), dq, fq, row0, T, lane);
+    }
   }
+  if constexpr (Tr::kStoreByTma)
+    if (tid % 128 == 0) sm90::bulk_wait<0>();  // the last stores done before the block exits
 }
 
 // ── dK/dV, warp-specialised ──
@@ -385,6 +425,7 @@ struct DkdvWsSm90aTraits {
   // by the tensor copy engine (tma_store_4d), so the consumers go on to the next item at once
   // rather than issuing 2·Dh/4 four-byte global stores per thread.
   static constexpr bool kStoreByTma = StoreByTma;
+  static constexpr bool kDqKernel = false;
   using WithStoreByTma = DkdvWsSm90aTraits<D_, Consumers, Stages, PingPong, FormDq, OwnInRegisters, HeadDim, Br_,
                                            GroupedItems, Pipelined, SkipIdle, true>;
   // A consumer multiplies only the query tiles its own keys need: none when they all lie past T
