@@ -370,23 +370,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
     const float fq[2] = {p.scale, p.scale};
     if constexpr (Tr::kStoreByTma) {
-      // As the dK/dV kernel's epilogue: into this consumer's staging tile once the copy engine
-      // has read the last item's, then one thread's stores, not waited for here.
       unsigned char* st_dq = sStage + c * Tr::kTileStage;
-      const bool issuer = tid % 128 == 0;
-      constexpr int kStageBarrier = 8;  // + c: ids above the turns' (1 … C)
-      if (issuer) sm90::bulk_wait_read<0>();
-      sm90::named_barrier_sync(kStageBarrier + c, 128);
-      sm90::store_acc_swizzled<Dh>(st_dq, 64 * sm90::kSwizzleRowBytes, dq, fq, 16 * warp, lane);
-      sm90::fence_async_shared();  // st.shared, read by the copy engine
-      sm90::named_barrier_sync(kStageBarrier + c, 128);
       const int q0 = item.row0 + 64 * c;
-      if (issuer && q0 < T) {
-#pragma unroll
-        for (int panel = 0; panel < Tr::kPanels; ++panel)
-          sm90::tma_store_4d(&maps.dq, 64 * panel, item.h, q0, item.b, st_dq + panel * 64 * sm90::kSwizzleRowBytes);
-        sm90::bulk_commit();
-      }
+      sm90::store_staged_by_tma(
+          sm90::kStagingBarrier + c, tid % 128 == 0, q0 < T,
+          [&] { sm90::store_acc_swizzled<Dh>(st_dq, 64 * sm90::kSwizzleRowBytes, dq, fq, 16 * warp, lane); },
+          [&] { sm90::tma_store_tile<Tr::kPanels>(&maps.dq, item.h, q0, item.b, st_dq); });
     } else {
       tg::bf16* dQ = p.dq + int64_t(item.b) * T * p.dq_row_stride + item.h * p.D;
       store_rows<Dh>(dQ, int(p.dq_row_stride), dq, fq, row0, T, lane);
@@ -978,29 +967,20 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   // dK = scale · Σ dSᵀ Q: the softmax scale applied once, in fp32.
   if constexpr (Tr::kStoreByTma) {
-    // Into this consumer's staging tiles once the copy engine has read the last item's (its first
-    // thread issued those stores and waits for their reads; the warpgroup's barrier then lets the
-    // others write), then one thread's stores of both tiles, not waited for here.
     unsigned char* st_dk = sStage + 2 * c * Tr::kTileStage;
     unsigned char* st_dv = st_dk + Tr::kTileStage;
-    const bool issuer = tid % 128 == 0;
-    constexpr int kStageBarrier = 8;  // + c: ids above the turns' (1 … C)
-    if (issuer) sm90::bulk_wait_read<0>();
-    sm90::named_barrier_sync(kStageBarrier + c, 128);
     const float fk[2] = {p.scale, p.scale}, fv[2] = {1.0f, 1.0f};
-    sm90::store_acc_swizzled<Dh>(st_dk, 64 * sm90::kSwizzleRowBytes, dk, fk, 16 * warp, lane);
-    sm90::store_acc_swizzled<Dh>(st_dv, 64 * sm90::kSwizzleRowBytes, dv, fv, 16 * warp, lane);
-    sm90::fence_async_shared();  // st.shared, read by the copy engine
-    sm90::named_barrier_sync(kStageBarrier + c, 128);
     const int key0 = out.row0 + 64 * c;
-    if (issuer && key0 < T) {
-#pragma unroll
-      for (int panel = 0; panel < Tr::kPanels; ++panel) {
-        sm90::tma_store_4d(&maps.dk, 64 * panel, out.h, key0, out.b, st_dk + panel * 64 * sm90::kSwizzleRowBytes);
-        sm90::tma_store_4d(&maps.dv, 64 * panel, out.h, key0, out.b, st_dv + panel * 64 * sm90::kSwizzleRowBytes);
-      }
-      sm90::bulk_commit();
-    }
+    sm90::store_staged_by_tma(
+        sm90::kStagingBarrier + c, tid % 128 == 0, key0 < T,
+        [&] {
+          sm90::store_acc_swizzled<Dh>(st_dk, 64 * sm90::kSwizzleRowBytes, dk, fk, 16 * warp, lane);
+          sm90::store_acc_swizzled<Dh>(st_dv, 64 * sm90::kSwizzleRowBytes, dv, fv, 16 * warp, lane);
+        },
+        [&] {
+          sm90::tma_store_tile<Tr::kPanels>(&maps.dk, out.h, key0, out.b, st_dk);
+          sm90::tma_store_tile<Tr::kPanels>(&maps.dv, out.h, key0, out.b, st_dv);
+        });
   } else {
     const int64_t bt = int64_t(out.b) * T;
     tg::bf16* dK = p.dk + bt * p.dk_row_stride + out.h * p.D;

@@ -509,23 +509,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       inv_l[i] = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
     }
     if constexpr (Tr::kStoreByTma) {
-      // Into this consumer's staging tile once the copy engine has read the last item's (as the
-      // dK/dV kernel's), then its first thread's store of each panel, not waited for here.
       unsigned char* st_o = sStage + c * Tr::kTileStage;
-      const bool issuer = tid % 128 == 0;
-      constexpr int kStageBarrier = 8;  // + c: ids above the turns' (1 … C)
-      if (issuer) sm90::bulk_wait_read<0>();
-      sm90::named_barrier_sync(kStageBarrier + c, 128);
-      sm90::store_acc_swizzled<Dh>(st_o, 64 * sm90::kSwizzleRowBytes, o, inv_l, 16 * warp, lane);
-      sm90::fence_async_shared();  // st.shared, read by the copy engine
-      sm90::named_barrier_sync(kStageBarrier + c, 128);
       const int q0 = item.q0 + 64 * c;
-      if (issuer && q0 < T) {
-#pragma unroll
-        for (int panel = 0; panel < Tr::kPanels; ++panel)
-          sm90::tma_store_4d(&maps.o, 64 * panel, item.h, q0, item.b, st_o + panel * 64 * sm90::kSwizzleRowBytes);
-        sm90::bulk_commit();
-      }
+      sm90::store_staged_by_tma(
+          sm90::kStagingBarrier + c, tid % 128 == 0, q0 < T,
+          [&] { sm90::store_acc_swizzled<Dh>(st_o, 64 * sm90::kSwizzleRowBytes, o, inv_l, 16 * warp, lane); },
+          [&] { sm90::tma_store_tile<Tr::kPanels>(&maps.o, item.h, q0, item.b, st_o); });
     } else {
       store_rows<Dh>(O, int(p.o_row_stride), o, inv_l, row0, T, lane);
     }

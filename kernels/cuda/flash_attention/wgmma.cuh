@@ -470,6 +470,35 @@ __device__ __forceinline__ void store_acc_swizzled(unsigned char* dst, int panel
   }
 }
 
+// A consumer warpgroup's output rows through the copy engine (the epilogues' kStoreByTma): its
+// staging tiles are rewritten only once the copy engine has read the last item's (their issuer,
+// the warpgroup's first thread, waits; the warpgroup's named barrier `barrier_id` holds the
+// others), written by `stage` (each thread its accumulator fragments: store_acc_swizzled), made
+// visible to the async proxy, and stored by the issuer (`store`: tma_store_tile per tile) as one
+// bulk group, not waited for here; none when the rows all lie past T (`any_row` false). The block
+// waits for its last groups before it exits (bulk_wait<0>): its shared memory is their source.
+constexpr int kStagingBarrier = 8;  // + the consumer index: named barrier ids above the turns' (1 … 3)
+template <class Stage, class Store>
+__device__ __forceinline__ void store_staged_by_tma(int barrier_id, bool issuer, bool any_row, Stage&& stage,
+                                                    Store&& store) {
+  if (issuer) bulk_wait_read<0>();
+  named_barrier_sync(barrier_id, 128);
+  stage();
+  fence_async_shared();  // st.shared, read by the copy engine
+  named_barrier_sync(barrier_id, 128);
+  if (issuer && any_row) {
+    store();
+    bulk_commit();
+  }
+}
+// A staged tile at src (64 rows, Panels 64-column panels, as store_acc_swizzled writes it) → rows
+// [row0, row0 + 64) of head h, batch b of `map` (64-row boxes), one tensor store per panel.
+template <int Panels>
+__device__ __forceinline__ void tma_store_tile(const CUtensorMap* map, int h, int row0, int b, const unsigned char* src) {
+#pragma unroll
+  for (int panel = 0; panel < Panels; ++panel) tma_store_4d(map, 64 * panel, h, row0, b, src + panel * 64 * kSwizzleRowBytes);
+}
+
 // The inverse, for a tile that stays in registers as a wgmma A operand: rows [row0, row0 + 16)
 // of a D-column swizzled tile at src (64-column panels panel_bytes apart) → the warp's A
 // fragments for D/16 k-steps. The same addresses as the stores, so no bank conflicts either.
