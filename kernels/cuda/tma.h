@@ -1,5 +1,6 @@
 // Tensor maps for the tensor copy engine (TMA): the descriptor a cp.async.bulk.tensor instruction
-// reads to copy a box of a global tensor into shared memory. Encoded on the host by the driver's
+// reads to copy a box of a global tensor into shared memory (tma_load_4d) or back out of it
+// (tma_store_4d: the kernels' output tiles). Encoded on the host by the driver's
 // cuTensorMapEncodeTiled, reached through the runtime (cudaGetDriverEntryPointByVersion), so
 // nothing links libcuda. Passed to a kernel as a __grid_constant__ parameter.
 #pragma once
@@ -16,7 +17,8 @@ namespace tg::cuda {
 // kernels/cuda/flash_attention/wgmma.cuh), and elements out of range read as zero — so a box that
 // reaches past the end of one sequence (r ≥ rows) is zero-filled, never the next one's rows, and
 // one that reaches past a head's last column (c ≥ head_dim: head dim 96 read as two 64-column
-// panels) is zero-filled, never the next head's columns.
+// panels) is zero-filled, never the next head's columns. A stored box's elements out of range
+// are not written, likewise.
 // Throws std::runtime_error naming the cause if the driver lacks the entry point or rejects
 // the map.
 CUtensorMap make_bf16_head_tensor_map(const void* base, uint64_t head_dim, uint64_t heads, uint64_t rows,
