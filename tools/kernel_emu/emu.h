@@ -282,10 +282,12 @@ inline EmuDescriptor emu_decode(uint64_t d) {
   if ((d >> 62) != 1) std::abort();  // only the 128-byte swizzle is used (and emulated)
   return {uint32_t(d & 0x3FFF) << 4, uint32_t((d >> 16) & 0x3FFF) << 4, uint32_t((d >> 32) & 0x3FFF) << 4};
 }
+// The 128-byte swizzle of a shared offset (tiles 1024-byte aligned relative to the emulated shared
+// memory): address bits 4-6 ^= bits 7-9.
+inline uint32_t emu_swizzle128(uint32_t addr) { return addr ^ (((addr >> 7) & 7u) << 4); }
 inline float emu_swizzled_bf16(uint32_t addr) {
-  const uint32_t a = addr ^ (((addr >> 7) & 7u) << 4);
   uint16_t v;
-  std::memcpy(&v, emu_smem + a, 2);
+  std::memcpy(&v, emu_smem + emu_swizzle128(addr), 2);
   return tg::bf16_to_float(tg::bf16{v});
 }
 inline float emu_k_major(const EmuDescriptor& d, int row, int k) {
@@ -566,22 +568,31 @@ inline void mbarrier_wait(uint64_t* bar, uint32_t parity) {
 // then count down the barrier's transaction count. Elements out of range are zero; the 128-byte
 // swizzle is applied to the destination's shared-memory offset, as the hardware applies it to the
 // address (tiles are 1024-byte aligned relative to the emulated shared memory).
-inline void tma_load_4d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, int c3, uint64_t* bar) {
-  const uint32_t base = emu_offset(dst);
-  uint32_t bytes = 0;
+// f(the element's swizzled shared address, its global address or nullptr when out of range) for
+// each element of the box of `map` at (c0, c1, c2, c3), whose shared tile starts at `tile`.
+template <class F>
+void emu_for_box(const CUtensorMap* map, int c0, int c1, int c2, int c3, const void* tile, F&& f) {
+  const uint32_t base = emu_offset(tile);
   auto in = [&](int64_t x, int d) { return x >= 0 && uint64_t(x) < map->dims[d]; };
   for (uint32_t y = 0; y < map->box_rows; ++y)
-    for (uint32_t x = 0; x < 64; ++x, bytes += 2) {
+    for (uint32_t x = 0; x < 64; ++x) {
       const int64_t c = int64_t(c0) + x, r = int64_t(c2) + y;
-      uint16_t v = 0;
-      if (in(c, 0) && in(c1, 1) && in(r, 2) && in(c3, 3))
-        std::memcpy(&v,
-                    map->base + 2 * (uint64_t(c3) * map->strides[2] + uint64_t(r) * map->strides[1] +
-                                     uint64_t(c1) * map->strides[0] + uint64_t(c)),
-                    2);
-      const uint32_t a = base + y * 128 + 2 * x;
-      std::memcpy(emu_smem + (a ^ (((a >> 7) & 7u) << 4)), &v, 2);
+      unsigned char* global =
+          in(c, 0) && in(c1, 1) && in(r, 2) && in(c3, 3)
+              ? const_cast<unsigned char*>(map->base) + 2 * (uint64_t(c3) * map->strides[2] +
+                                                             uint64_t(r) * map->strides[1] +
+                                                             uint64_t(c1) * map->strides[0] + uint64_t(c))
+              : nullptr;
+      f(emu_smem + emu_swizzle128(base + y * 128 + 2 * x), global);
     }
+}
+inline void tma_load_4d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, int c3, uint64_t* bar) {
+  uint32_t bytes = 0;
+  emu_for_box(map, c0, c1, c2, c3, dst, [&](unsigned char* shared, const unsigned char* global) {
+    static const uint16_t zero = 0;
+    std::memcpy(shared, global ? global : reinterpret_cast<const unsigned char*>(&zero), 2);
+    bytes += 2;
+  });
   std::lock_guard<std::mutex> lock(g_emu_block->async_mutex);
   EmuMbarrier& m = emu_mbarrier(bar);
   m.tx -= bytes;
@@ -591,17 +602,9 @@ inline void tma_load_4d(void* dst, const CUtensorMap* map, int c0, int c1, int c
 // elements in range ← the swizzled shared tile; the source is then held to the bulk group's
 // retirement as a bulk reduction's (bulk_wait_read aborts the run if it changed before).
 inline void tma_store_4d(const CUtensorMap* map, int c0, int c1, int c2, int c3, const void* src) {
-  const uint32_t base = emu_offset(src);
-  auto in = [&](int64_t x, int d) { return x >= 0 && uint64_t(x) < map->dims[d]; };
-  for (uint32_t y = 0; y < map->box_rows; ++y)
-    for (uint32_t x = 0; x < 64; ++x) {
-      const int64_t c = int64_t(c0) + x, r = int64_t(c2) + y;
-      if (!(in(c, 0) && in(c1, 1) && in(r, 2) && in(c3, 3))) continue;
-      const uint32_t a = base + y * 128 + 2 * x;
-      std::memcpy(const_cast<unsigned char*>(map->base) + 2 * (uint64_t(c3) * map->strides[2] + uint64_t(r) * map->strides[1] +
-                                                              uint64_t(c1) * map->strides[0] + uint64_t(c)),
-                  emu_smem + (a ^ (((a >> 7) & 7u) << 4)), 2);
-    }
+  emu_for_box(map, c0, c1, c2, c3, src, [](const unsigned char* shared, unsigned char* global) {
+    if (global) std::memcpy(global, shared, 2);
+  });
   const unsigned char* s = static_cast<const unsigned char*>(src);
   emu_bulk_open.push_back({s, std::vector<unsigned char>(s, s + map->box_rows * 128)});
 }

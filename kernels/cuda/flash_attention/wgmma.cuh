@@ -453,8 +453,9 @@ __device__ __forceinline__ void store_a_frags_swizzled(unsigned char* dst, const
 }
 
 // The warp's (16, Dh) fp32 accumulator (m64nDh rows [row0, row0 + 16) of its warpgroup), its
-// rows g and g + 8 scaled by f[0] and f[1] (store_rows's factors) and rounded to bf16 → those rows of a swizzled tile at dst (64-column panels panel_bytes
-// apart), the layout tma_store_4d reads. Each store is a lane's bf16x2 of one row; a store's 8
+// rows g and g + 8 scaled by f[0] and f[1] (store_rows's factors) and rounded to bf16 → those
+// rows of a swizzled tile at dst (64-column panels panel_bytes apart), the layout tma_store_4d
+// reads. Each store is a lane's bf16x2 of one row; a store's 8
 // rows hit 8 distinct 16-byte chunks (the swizzle), so no bank conflicts; both of a lane's rows
 // are lane/4 mod 8 (row0 a multiple of 8), so one XOR term serves every store.
 template <int Dh>
