@@ -262,7 +262,11 @@ void backward_sm90a(const FlashAttentionParams& p_in) {
     emu_launch(item_grid(p, Dq::kBr), Dq::kThreads, Dq::kSmemBytes,
                [&] { flash::flash_bwd_dq_sm90a_kernel<Dq>(p, ws.delta, maps, dq_counter.words); });
   };
-  if (p.T >= 256)  // as the dK/dV kernel above: the long shape from T = 256 here
+  // As the dK/dV kernel above: the long shape from T = 256 here, but at d 64's T 300 the short one
+  // (two Q/dO buffers, kQBuffers), so that its buffers alternate over the several items each of
+  // the 3 blocks takes (the cases B 2 × H 3 non-causal and B 2 × H 8 causal).
+  const bool short_dq_at_300 = D == 64 && p.T == 300;
+  if (p.T >= 256 && !short_dq_at_300)
     run_dq(typename flash::DqSm90aLongConfig<D>::type{});
   else
     run_dq(typename flash::DqSm90aConfig<D>::type{});

@@ -42,8 +42,14 @@ namespace flash {
 // (kPipelined; d 64's three-consumer shape issues and retires each tile's products in turn).
 // dQ still sums over j in a fixed order: deterministic.
 template <int D_, int Consumers, int Bc_, int Stages, int HeadDim = D_, bool Pipelined = true, bool SkipIdle = false,
-          bool StoreByTma = false>
+          bool StoreByTma = false, int QBuffers = 1>
 struct DqSm90aTraits {
+  // Q and dO in QBuffers buffers: with one, an item's Q/dO tiles load only once the consumers have
+  // issued the item before's last S and dP, so the load has that item's last grad, dQ product and
+  // epilogue to land in; with two, item i + 1's tiles load into the other buffer as soon as the
+  // producer has issued item i's K/V tiles. Each buffer has its own full and empty barriers and
+  // item slot.
+  static constexpr int kQBuffers = QBuffers;
   // dQ of an item staged in shared memory (per consumer, its 64 rows) and written by the tensor
   // copy engine (tma_store_4d), as the dK/dV kernel's dK and dV.
   static constexpr bool kStoreByTma = StoreByTma;
@@ -73,13 +79,13 @@ struct DqSm90aTraits {
   static constexpr int kTileQ = kPanels * kPanelQ, kTileKV = kPanels * kPanelKV;  // bytes
   static constexpr int kProducerRegs = Consumers == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = Consumers == 2 ? 240 : 160;
-  static constexpr int kBarrierBytes = 8 * (3 + 4 * kStages);  // and the item slot
+  static constexpr int kBarrierBytes = 8 * (3 * QBuffers + 4 * kStages);  // and the item slots
   // kStoreByTma: per consumer a dQ staging tile of 64 rows (kPanels panels).
   static constexpr int kTileStage = kPanels * 64 * sm90::kSwizzleRowBytes;
   static constexpr int kStageBytes = StoreByTma ? Consumers * kTileStage : 0;
   // Q and dO, K and V in kStages stages each, the staging tiles, the barriers, swizzle-atom slack.
   static constexpr size_t kSmemBytes =
-      size_t(2 * kTileQ + 2 * kStages * kTileKV + kStageBytes + kBarrierBytes + sm90::kSwizzleAtomBytes);
+      size_t(2 * QBuffers * kTileQ + 2 * kStages * kTileKV + kStageBytes + kBarrierBytes + sm90::kSwizzleAtomBytes);
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= kD && kHeadDim > kD - 64, "the head fills the tile's last panel in part");
   static_assert(kBc == 64 || kBc == 96 || kBc == 128, "S and dP are m64n64, m64n96 or m64n128 products per warpgroup");
@@ -110,8 +116,14 @@ struct DqSm90aTraits {
 //          best of 3 interleaved rounds, docs/BENCHMARKS.md call 4): causal 1k 268 → 275 TF/s,
 //          non-causal 2k 373 → 396, the 12 d 64 shapes 1.012×, none below 1.00. d 128 and d 96
 //          have no shared memory left for a staging tile per consumer (209 of 227 KiB).
+//   d 64, twenty-fifth session: Q and dO in two buffers (kQBuffers = 2, 144 → 176 KiB; the
+//          consumers waited 1.5 % of their samples at an item's start for its Q/dO tiles). Best
+//          of 3 interleaved rounds (docs/BENCHMARKS.md, twenty-fifth session, call 2): causal 1k
+//          272 → 280 TF/s, non-causal 1k 361 → 372, in every round. On the long shape below
+//          (145 → 193 KiB) it measured causal 2k 1.02×, non-causal 2k 0.97×, 0.99× from 8k:
+//          not there.
 template <int D> struct DqSm90aConfig;
-template <> struct DqSm90aConfig<64> { using type = DqSm90aTraits<64, 2, 128, 3, 64, true, false, true>; };
+template <> struct DqSm90aConfig<64> { using type = DqSm90aTraits<64, 2, 128, 3, 64, true, false, true, 2>; };
 //   d 128, twenty-third session: kSkipIdle on the pipelined loop — when causal, the first
 //          consumer's rows end a key tile before the second's in about half the items and it
 //          stops there (with the dK/dV kernels' skipped diagonal tiles, below: 5.9 % of the
@@ -178,9 +190,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // The head's columns: S and dP sum over them, and dQ = dS K is that wide (m64n96 at head dim 96).
   constexpr int Dh = Tr::kHeadDim;
   extern __shared__ __align__(16) unsigned char smem[];
-  unsigned char* sQ = sm90::align_to_swizzle_atom(smem);
+  constexpr int QB = Tr::kQBuffers;
+  unsigned char* sQ = sm90::align_to_swizzle_atom(smem);  // (buffer) Q, dO tile pairs of 2 · kTileQ bytes
   unsigned char* sdO = sQ + Tr::kTileQ;
-  unsigned char* sK = sdO + Tr::kTileQ;  // (stage) tiles of Tr::kTileKV bytes
+  unsigned char* sK = sQ + QB * 2 * Tr::kTileQ;  // (stage) tiles of Tr::kTileKV bytes
   unsigned char* sV = sK + NS * Tr::kTileKV;
   unsigned char* sStage = sV + NS * Tr::kTileKV;  // kStoreByTma: (consumer) dQ staging tiles
 
@@ -200,9 +213,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   uint64_t* q_full;
   const sm90::KvStream kv = sm90::kv_stream_barriers<NS>(sStage + Tr::kStageBytes, sK, sV, &q_full, 4 * C, tid == 0);
   uint64_t* q_empty = kv.v_empty + NS;
-  int* s_item = reinterpret_cast<int*>(q_empty + 1);  // the item slot (sm90::read_item_slot), Q's lifetime
+  // With two buffers: buffer 1's full and empty barriers after buffer 0's empty one.
+  // (Selected, not indexed: an array of the pointers would live in local memory.)
+  auto q_full_of = [=](int qb) { return qb == 0 ? q_full : q_empty + 1; };
+  auto q_empty_of = [=](int qb) { return qb == 0 ? q_empty : q_empty + 2; };
+  int* s_item = reinterpret_cast<int*>(q_empty + 1 + 2 * (QB - 1));  // (buffer) item slots (sm90::read_item_slot), Q's lifetime
   if (tid == 0) {
     sm90::mbarrier_init(q_empty, 4 * C);
+    if constexpr (QB == 2) {
+      sm90::mbarrier_init(q_full_of(1), 1);
+      sm90::mbarrier_init(q_empty_of(1), 4 * C);
+    }
     sm90::fence_barrier_init();
   }
   __syncthreads();
@@ -215,12 +236,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       for (int it = 0; w < n_items; ++it) {
         const sm90::ItemTile item = sm90::item_tile(w, H, B, n_qb, Br, causal, true);
         const int n_kb = keys_of(item.row0);
-        if (it > 0) sm90::mbarrier_wait(q_empty, uint32_t(it - 1) & 1);
-        s_item[0] = w;
-        s_item[1] = next;
-        sm90::mbarrier_arrive_expect_tx(q_full, 2 * Tr::kTileQ);  // release: the slot before the consumers' reads
-        sm90::produce_tile<Tr::kPanels>(sQ, Tr::kPanelQ, &maps.q, item.h, item.row0, item.b, q_full);
-        sm90::produce_tile<Tr::kPanels>(sdO, Tr::kPanelQ, &maps.dout, item.h, item.row0, item.b, q_full);
+        const int qb = it % QB, use = it / QB;
+        if (use > 0) sm90::mbarrier_wait(q_empty_of(qb), uint32_t(use - 1) & 1);
+        s_item[2 * qb] = w;
+        s_item[2 * qb + 1] = next;
+        uint64_t* full = q_full_of(qb);
+        sm90::mbarrier_arrive_expect_tx(full, 2 * Tr::kTileQ);  // release: the slot before the consumers' reads
+        sm90::produce_tile<Tr::kPanels>(sQ + qb * 2 * Tr::kTileQ, Tr::kPanelQ, &maps.q, item.h, item.row0, item.b, full);
+        sm90::produce_tile<Tr::kPanels>(sdO + qb * 2 * Tr::kTileQ, Tr::kPanelQ, &maps.dout, item.h, item.row0, item.b, full);
         sm90::produce_kv<Tr::kPanels, Bc, NS>(kv, &maps.k, &maps.v, item.h, item.b, n_kb, 0, seq);
         seq += n_kb;
         w = next;
@@ -238,7 +261,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int c = wg - 1, warp = (tid % 128) / 32, lane = tid & 31;
   const float scale_log2 = p.scale * kLog2e;
   const unsigned char* sQw = sQ + 64 * c * sm90::kSwizzleRowBytes;  // the warpgroup's rows, in each panel
-  const unsigned char* sdOw = sdO + 64 * c * sm90::kSwizzleRowBytes;
+  const unsigned char* sdOw = sdO + 64 * c * sm90::kSwizzleRowBytes;  // (of the item's buffer: + qb · 2 · kTileQ)
+  int q_off = 0;  // the item's buffer: its byte offset
   const int my_turn = 1 + c, next_turn = 1 + (c + 1) % C;  // as in the forward
   auto release = [&](uint64_t* bar) {  // this warp is done reading a stage (its wgmma has retired)
     sm90::mbarrier_arrive_warp(bar);
@@ -251,8 +275,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     sm90::mbarrier_wait(&kv.k_full[st], phase);
     sm90::mbarrier_wait(&kv.v_full[st], phase);
     sm90::wgmma_fence();
-    sm90::wgmma_abt_ss<Dh, Bc>(s, sQw, Tr::kPanelQ, sK + st * Tr::kTileKV, Tr::kPanelKV);
-    sm90::wgmma_abt_ss<Dh, Bc>(dp, sdOw, Tr::kPanelQ, sV + st * Tr::kTileKV, Tr::kPanelKV);
+    sm90::wgmma_abt_ss<Dh, Bc>(s, sQw + q_off, Tr::kPanelQ, sK + st * Tr::kTileKV, Tr::kPanelKV);
+    sm90::wgmma_abt_ss<Dh, Bc>(dp, sdOw + q_off, Tr::kPanelQ, sV + st * Tr::kTileKV, Tr::kPanelKV);
     sm90::wgmma_commit();
   };
   auto issue_dq = [&](float (&dq)[Dh / 8][4], const uint32_t (&dsf)[Bc / 16][4], int j) {  // dQ += dS K_j
@@ -263,8 +287,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   if (c == C - 1) sm90::named_barrier_arrive(1, 256);  // consumer 0 takes the first turn
 
   for (int it = 0, last_item = 0; !last_item; ++it) {
-    sm90::mbarrier_wait(q_full, uint32_t(it) & 1);  // Q, dO and the item slot
-    const sm90::ItemSlot slot = sm90::read_item_slot(s_item, lane);
+    const int qb = it % QB;
+    sm90::mbarrier_wait(q_full_of(qb), uint32_t(it / QB) & 1);  // Q, dO and the item slot
+    uint64_t* const q_empty_b = q_empty_of(qb);
+    q_off = qb * 2 * Tr::kTileQ;
+    const sm90::ItemSlot slot = sm90::read_item_slot(s_item + 2 * qb, lane);
     last_item = slot.next >= n_items;  // the ring's very last turn hands on to no one
     const sm90::ItemTile item = sm90::item_tile(slot.item, H, B, n_qb, Br, causal, true);
     const int n_kb = keys_of(item.row0);
@@ -325,7 +352,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         if (c != C - 1 || j + 1 < n_kb || !last_item) sm90::named_barrier_arrive(next_turn, 256);
         sm90::wgmma_wait<0>();
         release(&kv.v_empty[(seq + j) % NS]);
-        if (j + 1 == n_need) release(q_empty);
+        if (j + 1 == n_need) release(q_empty_b);
         grad(s, dp, j);
         acc_to_a<Bc>(dsf, dp);
         issue_dq(dq, dsf, j);
@@ -333,7 +360,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         release(&kv.k_empty[(seq + j) % NS]);
       }
       if constexpr (Tr::kSkipIdle) {
-        if (n_need == 0) release(q_empty);
+        if (n_need == 0) release(q_empty_b);
         idle_turns(n_need);
       }
     } else {
@@ -345,7 +372,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       if (c != C - 1 || n_kb > 1 || !last_item) sm90::named_barrier_arrive(next_turn, 256);
       sm90::wgmma_wait<0>();
       release(&kv.v_empty[seq % NS]);  // V_0 is done with; K_0 waits for its dQ product
-      if (n_need == 1) release(q_empty);
+      if (n_need == 1) release(q_empty_b);
       grad(s, dp, 0);
       acc_to_a<Bc>(dsf, dp);
       for (int j = 1; j < n_need; ++j) {
@@ -355,7 +382,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         if (c != C - 1 || j + 1 < n_kb || !last_item) sm90::named_barrier_arrive(next_turn, 256);
         sm90::wgmma_wait<1>();  // S, dP of tile j have landed; dS_{j−1} K_{j−1} may still run
         release(&kv.v_empty[(seq + j) % NS]);
-        if (j + 1 == n_need) release(q_empty);
+        if (j + 1 == n_need) release(q_empty_b);
         grad(s, dp, j);
         sm90::wgmma_wait<0>();  // dS_{j−1} K_{j−1} has read dsf: it may be rewritten, K_{j−1} released
         release(&kv.k_empty[(seq + j - 1) % NS]);
