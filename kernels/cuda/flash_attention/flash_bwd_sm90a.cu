@@ -329,19 +329,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       n_need = r0 >= T ? 0 : causal ? min(n_kb, r1 / Bc + 1) : n_kb;
       if constexpr (Tr::kPipelined) n_need = max(n_need, 1);
     }
-    // Turns without products for tiles j_from.. (none of their keys reaches this consumer's rows),
-    // each releasing its stage once the stage's load has landed (so that it counts towards this use).
-    auto idle_turns = [&](int j_from) {
-      for (int j = j_from; j < n_kb; ++j) {
-        const int st = (seq + j) % NS;
-        sm90::named_barrier_sync(my_turn, 256);
-        sm90::mbarrier_wait(&kv.k_full[st], uint32_t((seq + j) / NS) & 1);
-        sm90::mbarrier_wait(&kv.v_full[st], uint32_t((seq + j) / NS) & 1);
-        if (c != C - 1 || j + 1 < n_kb || !last_item) sm90::named_barrier_arrive(next_turn, 256);
-        release(&kv.v_empty[st]);
-        release(&kv.k_empty[st]);
-      }
-    };
     if constexpr (!Tr::kPipelined) {
       // Turn j < n_need: S, dP of tile j; then dQ += dS_j K_j, retired before the next turn. Q and
       // dO are released with the last S, dP; with kSkipIdle the other tiles follow as turns
@@ -361,7 +348,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
       if constexpr (Tr::kSkipIdle) {
         if (n_need == 0) release(q_empty_b);
-        idle_turns(n_need);
+        sm90::idle_turns<NS>(kv, seq, n_need, n_kb, my_turn, next_turn, c != C - 1 || !last_item);
       }
     } else {
       // Turn 0: S, dP of tile 0. Turn j: S, dP of tile j and dQ += dS_{j−1} K_{j−1}. Q and dO are
@@ -391,7 +378,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       issue_dq(dq, dsf, n_need - 1);
       sm90::wgmma_wait<0>();
       release(&kv.k_empty[(seq + n_need - 1) % NS]);
-      if constexpr (Tr::kSkipIdle) idle_turns(n_need);
+      if constexpr (Tr::kSkipIdle)
+        sm90::idle_turns<NS>(kv, seq, n_need, n_kb, my_turn, next_turn, c != C - 1 || !last_item);
     }
     seq += n_kb;
 

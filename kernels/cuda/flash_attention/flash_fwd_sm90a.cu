@@ -482,20 +482,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       release(&kv.v_empty[(seq + n_need - 1) % NS]);
     }
     if constexpr (Tr::kSkipIdle) {
-      // Tiles n_need.. (nothing of them reaches this consumer's rows): its turns and its releases
-      // of each stage (once the stage's load has landed, so that they count towards this use)
-      // keep the ring and the stream going without its products. Q is released with the
-      // consumer's last S, or here when it has none.
+      // Tiles n_need.. (nothing of them reaches this consumer's rows): turns without products. Q
+      // is released with the consumer's last S, or here when it has none.
       if (n_need == 0) release(q_empty);
-      for (int j = n_need; j < n_kb; ++j) {
-        const int st = (seq + j) % NS;
-        sm90::named_barrier_sync(my_turn, 256);
-        sm90::mbarrier_wait(&kv.k_full[st], uint32_t((seq + j) / NS) & 1);
-        sm90::mbarrier_wait(&kv.v_full[st], uint32_t((seq + j) / NS) & 1);
-        if (c != C - 1 || j + 1 < n_kb || !last_item) sm90::named_barrier_arrive(next_turn, 256);
-        release(&kv.k_empty[st]);
-        release(&kv.v_empty[st]);
-      }
+      sm90::idle_turns<NS>(kv, seq, n_need, n_kb, my_turn, next_turn, c != C - 1 || !last_item);
     }
     seq += n_kb;
 

@@ -623,6 +623,25 @@ __device__ __forceinline__ void produce_kv(const KvStream& s, const CUtensorMap*
       tma_load_4d(s.sV + st * kTile + pn * kPanel, v_map, 64 * pn, head, (first + j) * Rows, b, &s.v_full[st]);
   }
 }
+// A consumer's turns on tiles j_from … n_kb − 1 of an item without products (kSkipIdle: none of
+// those tiles reaches its rows): each still takes its turn on the ring and releases the stage's K
+// and V once their loads have landed (so that the releases count towards this use of the stage),
+// which keeps the ring and the K/V stream going. hand_on_last: whether the item's last turn hands
+// on (all but the ring's very last turn do). seq: the item's first tile's place in the stream.
+template <int NS>
+__device__ __forceinline__ void idle_turns(const KvStream& kv, int seq, int j_from, int n_kb, int my_turn,
+                                           int next_turn, bool hand_on_last) {
+  for (int j = j_from; j < n_kb; ++j) {
+    const int st = (seq + j) % NS;
+    const uint32_t phase = uint32_t((seq + j) / NS) & 1;
+    named_barrier_sync(my_turn, 256);
+    mbarrier_wait(&kv.k_full[st], phase);
+    mbarrier_wait(&kv.v_full[st], phase);
+    if (j + 1 < n_kb || hand_on_last) named_barrier_arrive(next_turn, 256);
+    mbarrier_arrive_warp(&kv.k_empty[st]);
+    mbarrier_arrive_warp(&kv.v_empty[st]);
+  }
+}
 // Rows [row0, row0 + rows) of a tensor as Panels panels (panel_bytes apart) on one barrier.
 template <int Panels>
 __device__ __forceinline__ void produce_tile(unsigned char* dst, int panel_bytes, const CUtensorMap* map, int head,
