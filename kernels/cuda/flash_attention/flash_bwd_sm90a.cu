@@ -561,7 +561,8 @@ template <> struct DkdvWsSm90aConfig<96> {
 // Causal, it stores dK and dV by the copy engine (launch_dkdv_sm90a: ::WithStoreByTma; causal 2k
 // 348 → 361 TF/s, 4k 407 → 415, level beyond); not causal, from registers: there the staged
 // stores measured 0.98–0.99× from 4k in every round (32k 430 → 422), with the shared memory
-// for the staging 101 → 149 KB (twenty-fourth session, call 1).
+// for the staging 101 → 149 KB (twenty-fourth session, call 1); at 2k alone (twenty-fifth
+// session, call 6) 1.01×, within the runs' spread (391–406 against 402–408 TF/s).
 template <int D> struct DkdvWsSm90aLongConfig { using type = typename DkdvWsSm90aConfig<D>::type; };
 template <> struct DkdvWsSm90aLongConfig<64> {  // (kSkipIdle: see DqSm90aLongConfig<64>)
   using type = DkdvWsSm90aTraits<64, 3, 3, true, false, false, 64, 64, true, false, true>;
