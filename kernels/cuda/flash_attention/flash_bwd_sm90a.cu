@@ -89,6 +89,7 @@ struct DqSm90aTraits {
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= kD && kHeadDim > kD - 64, "the head fills the tile's last panel in part");
   static_assert(kBc == 64 || kBc == 96 || kBc == 128, "S and dP are m64n64, m64n96 or m64n128 products per warpgroup");
+  static_assert(QBuffers == 1 || QBuffers == 2, "one or two Q/dO buffers (the kernel selects between two barrier pairs)");
   static_assert(Consumers == 2 || Consumers == 3, "the register split is written for 2 or 3 consumers");
   static_assert(sm90::fits_launch_registers(kThreads, kProducerRegs, Consumers, kConsumerRegs),
                 "the hand-over must fit the registers the block is launched with (wgmma.cuh, setmaxnreg)");
