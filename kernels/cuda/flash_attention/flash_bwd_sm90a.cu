@@ -386,12 +386,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
     const float fq[2] = {p.scale, p.scale};
     if constexpr (Tr::kStoreByTma) {
-      unsigned char* st_dq = sStage + c * Tr::kTileStage;
-      const int q0 = item.row0 + 64 * c;
-      sm90::store_staged_by_tma(
-          sm90::kStagingBarrier + c, tid % 128 == 0, q0 < T,
-          [&] { sm90::store_acc_swizzled<Dh>(st_dq, 64 * sm90::kSwizzleRowBytes, dq, fq, 16 * warp, lane); },
-          [&] { sm90::tma_store_tile<Tr::kPanels>(&maps.dq, item.h, q0, item.b, st_dq); });
+      sm90::store_tile_by_tma<Dh, Tr::kPanels>(c, tid % 128 == 0, sStage + c * Tr::kTileStage, dq, fq, &maps.dq, item.h,
+                                               item.row0 + 64 * c, item.b, T, warp, lane);
     } else {
       tg::bf16* dQ = p.dq + int64_t(item.b) * T * p.dq_row_stride + item.h * p.D;
       store_rows<Dh>(dQ, int(p.dq_row_stride), dq, fq, row0, T, lane);

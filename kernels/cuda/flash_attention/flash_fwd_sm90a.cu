@@ -499,12 +499,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       inv_l[i] = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
     }
     if constexpr (Tr::kStoreByTma) {
-      unsigned char* st_o = sStage + c * Tr::kTileStage;
-      const int q0 = item.q0 + 64 * c;
-      sm90::store_staged_by_tma(
-          sm90::kStagingBarrier + c, tid % 128 == 0, q0 < T,
-          [&] { sm90::store_acc_swizzled<Dh>(st_o, 64 * sm90::kSwizzleRowBytes, o, inv_l, 16 * warp, lane); },
-          [&] { sm90::tma_store_tile<Tr::kPanels>(&maps.o, item.h, q0, item.b, st_o); });
+      sm90::store_tile_by_tma<Dh, Tr::kPanels>(c, tid % 128 == 0, sStage + c * Tr::kTileStage, o, inv_l, &maps.o, item.h,
+                                               item.q0 + 64 * c, item.b, T, warp, lane);
     } else {
       store_rows<Dh>(O, int(p.o_row_stride), o, inv_l, row0, T, lane);
     }

@@ -499,6 +499,19 @@ __device__ __forceinline__ void tma_store_tile(const CUtensorMap* map, int h, in
 #pragma unroll
   for (int panel = 0; panel < Panels; ++panel) tma_store_4d(map, 64 * panel, h, row0, b, src + panel * 64 * kSwizzleRowBytes);
 }
+// One output tile the common way (the forward's O, the dQ kernel's dQ): consumer `consumer`'s
+// (64, Dh) accumulator, rows scaled by f as store_acc_swizzled's, staged at st and stored to rows
+// [row0, row0 + 64) of head h, batch b of `map`. (The dK/dV kernel stages two tiles per bulk
+// group and calls store_staged_by_tma itself.)
+template <int Dh, int Panels>
+__device__ __forceinline__ void store_tile_by_tma(int consumer, bool issuer, unsigned char* st, const float (&acc)[Dh / 8][4],
+                                                  const float (&f)[2], const CUtensorMap* map, int h, int row0, int b,
+                                                  int T, int warp, int lane) {
+  store_staged_by_tma(
+      kStagingBarrier + consumer, issuer, row0 < T,
+      [&] { store_acc_swizzled<Dh>(st, 64 * kSwizzleRowBytes, acc, f, 16 * warp, lane); },
+      [&] { tma_store_tile<Panels>(map, h, row0, b, st); });
+}
 
 // The inverse, for a tile that stays in registers as a wgmma A operand: rows [row0, row0 + 16)
 // of a D-column swizzled tile at src (64-column panels panel_bytes apart) → the warp's A
