@@ -288,7 +288,11 @@ std::vector<Case> cases() {
         else
           out.push_back({1, T, 2, D, causal, 0.0});
       }
-  out.push_back({1, 4096, 1, 64, false, 0.0});  // many key tiles: the online rescale over a long row
+  // T = 4096, the longest test length, at both fast-path head dims and both masks: many
+  // key tiles (the online rescale over a long row), every output poisoned first, the backward
+  // bitwise repeated.
+  for (int64_t D : {64, 128})
+    for (bool causal : {false, true}) out.push_back({1, 4096, 1, D, causal, 0.0});
   // d 64's long-T dK/dV shape on sm_90a (three consumers, 192-key blocks, from T = 2048:
   // DkdvWsSm90aLongConfig), causal, with a ragged last key block and query tile (4200 = 21 · 192 +
   // 168 = 65 · 64 + 40).
