@@ -107,10 +107,10 @@ void launch_bias_act(T* C, int64_t ldc, int64_t stride_c, int64_t M, int64_t N, 
   TG_CUDA_CHECK(cudaGetLastError());
 }
 
-// Everything that decides the heuristic's choice: dtype, transposes, sizes, leading dimensions,
+// Everything that decides the heuristic's choice: dtypes (inputs and C), transposes, sizes, leading dimensions,
 // batch and strides (0 when batch == 1), epilogue, and the pointer alignments (in bytes, capped at
 // 256) that the algorithm may rely on.
-using PlanKey = std::array<int64_t, 18>;
+using PlanKey = std::array<int64_t, 19>;
 
 struct PlanKeyHash {
   size_t operator()(const PlanKey& k) const {
@@ -177,7 +177,8 @@ uint32_t alignment_bytes(const void* p, int64_t stride_bytes) {
 }
 
 struct Problem {
-  cudaDataType_t type;
+  cudaDataType_t type;    // A and B (and the bias)
+  cudaDataType_t c_type;  // C: the same as type, or fp32 under bf16 inputs (gemm_accumulate_f32)
   bool trans_a, trans_b;
   int64_t M, N, K, lda, ldb, ldc, batch, stride_a, stride_b, stride_c;
   Epilogue epilogue;
@@ -223,7 +224,7 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const Problem& p, bool 
   // Stored shapes seen column-major: our B (K, N) row-major is (N, K) column-major, etc.
   plan->a = make_layout(p.type, p.trans_b ? p.K : p.N, p.trans_b ? p.N : p.K, p.ldb, p.batch, p.stride_b);
   plan->b = make_layout(p.type, p.trans_a ? p.M : p.K, p.trans_a ? p.K : p.M, p.lda, p.batch, p.stride_a);
-  plan->c = make_layout(p.type, p.N, p.M, p.ldc, p.batch, p.stride_c);
+  plan->c = make_layout(p.c_type, p.N, p.M, p.ldc, p.batch, p.stride_c);
 
   cublasLtMatmulPreference_t pref = nullptr;
   TG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -251,7 +252,7 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const Problem& p, bool 
 }
 
 std::string describe(const Problem& p) {
-  return ::tg::detail::concat(p.type == CUDA_R_16BF ? "bf16" : "f32", " gemm ", p.trans_a ? "T" : "N", p.trans_b ? "T" : "N",
+  return ::tg::detail::concat(p.type == CUDA_R_16BF ? "bf16" : "f32", p.c_type == p.type ? "" : "→f32", " gemm ", p.trans_a ? "T" : "N", p.trans_b ? "T" : "N",
                         " M=", p.M, " N=", p.N, " K=", p.K, " lda=", p.lda, " ldb=", p.ldb, " ldc=", p.ldc,
                         " batch=", p.batch, " strides=", p.stride_a, "/", p.stride_b, "/", p.stride_c,
                         " alignments=", p.align_a, "/", p.align_b, "/", p.align_c);
@@ -288,10 +289,15 @@ const char* epilogue_name(Epilogue e) {
 
 size_t gemm_workspace_bytes() { return kWorkspaceBytes; }
 
-template <typename T>
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda,
-          const T* B, int64_t ldb, float beta, T* C, int64_t ldc, int64_t batch, int64_t stride_a, int64_t stride_b,
-          int64_t stride_c, Epilogue epilogue, const T* bias, cudaStream_t stream) {
+namespace {
+
+// The one GEMM path: inputs of type T, C of type TC (T, or float under bf16 inputs).
+template <typename T, typename TC>
+void gemm_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda,
+               const T* B, int64_t ldb, float beta, TC* C, int64_t ldc, int64_t batch, int64_t stride_a,
+               int64_t stride_b, int64_t stride_c, Epilogue epilogue, const T* bias, cudaStream_t stream) {
+  static_assert(std::is_same_v<T, TC> || (std::is_same_v<T, tg::bf16> && std::is_same_v<TC, float>),
+                "C is the inputs' type, or fp32 under bf16 inputs");
   // Preconditions (a caller's mistake, so tg::Error with the offending values).
   TG_CHECK(M >= 0 && N >= 0 && K >= 0 && batch >= 0, "cuda::gemm: negative size M=", M, " N=", N, " K=", K,
            " batch=", batch);
@@ -305,6 +311,8 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
            "non-negative (C's positive), got ", stride_a, "/", stride_b, "/", stride_c);
   TG_CHECK(epilogue == Epilogue::none || bias != nullptr, "cuda::gemm: epilogue ", epilogue_name(epilogue),
            " needs a bias pointer");
+  TG_CHECK((std::is_same_v<T, TC>) || epilogue == Epilogue::none,
+           "cuda::gemm: an epilogue needs C in the inputs' type (the bias has that type)");
   if (M == 0 || N == 0 || batch == 0) return;
 
   int device = 0;
@@ -316,24 +324,26 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
 
   if (K == 0) {  // op(A)·op(B) is an empty sum: C = act(beta·C + bias), no cuBLASLt call
     if (beta == 1.f && epilogue == Epilogue::none) return;
-    launch_bias_act(C, ldc, batch > 1 ? stride_c : 0, M, N, batch, beta, epi_bias, gelu, stream);
+    launch_bias_act<TC>(C, ldc, batch > 1 ? stride_c : 0, M, N, batch, beta, reinterpret_cast<const TC*>(epi_bias),
+                        gelu, stream);  // a bias only when TC is T (checked above)
     return;
   }
 
   const bool batched = batch > 1;
   Problem p{};
   p.type = std::is_same<T, float>::value ? CUDA_R_32F : CUDA_R_16BF;
+  p.c_type = std::is_same<TC, float>::value ? CUDA_R_32F : CUDA_R_16BF;
   p.trans_a = trans_a, p.trans_b = trans_b;
   p.M = M, p.N = N, p.K = K, p.lda = lda, p.ldb = ldb, p.ldc = ldc, p.batch = batch;
   p.stride_a = batched ? stride_a : 0, p.stride_b = batched ? stride_b : 0, p.stride_c = batched ? stride_c : 0;
   p.epilogue = epilogue;
   p.align_a = alignment_bytes(A, p.stride_a * int64_t(sizeof(T)));
   p.align_b = alignment_bytes(B, p.stride_b * int64_t(sizeof(T)));
-  p.align_c = alignment_bytes(C, p.stride_c * int64_t(sizeof(T)));
+  p.align_c = alignment_bytes(C, p.stride_c * int64_t(sizeof(TC)));
   p.bias = epi_bias;
   const uint32_t align_bias = epi_bias ? alignment_bytes(epi_bias, 0) : 0;
 
-  const PlanKey key{int64_t(p.type), trans_a, trans_b, M, N, K, lda, ldb, ldc, batch, p.stride_a, p.stride_b,
+  const PlanKey key{int64_t(p.type), int64_t(p.c_type), trans_a, trans_b, M, N, K, lda, ldb, ldc, batch, p.stride_a, p.stride_b,
                     p.stride_c, int64_t(epilogue), p.align_a, p.align_b, p.align_c, align_bias};
   auto it = state.plans.find(key);
   if (it == state.plans.end()) it = state.plans.emplace(key, build_plan(state.handle, p, true)).first;
@@ -359,10 +369,28 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
     }
     TG_CUBLAS_CHECK(st);
     if (!plan.fused && epilogue != Epilogue::none)
-      launch_bias_act(C, ldc, p.stride_c, M, N, batch, 1.f, epi_bias, gelu, stream);
+      launch_bias_act<TC>(C, ldc, p.stride_c, M, N, batch, 1.f, reinterpret_cast<const TC*>(epi_bias), gelu, stream);
     return;
   }
 }
+
+}  // namespace
+
+template <typename T>
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda,
+          const T* B, int64_t ldb, float beta, T* C, int64_t ldc, int64_t batch, int64_t stride_a, int64_t stride_b,
+          int64_t stride_c, Epilogue epilogue, const T* bias, cudaStream_t stream) {
+  gemm_impl<T, T>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, stride_a, stride_b, stride_c,
+                  epilogue, bias, stream);
+}
+
+void gemm_accumulate_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const tg::bf16* A,
+                         int64_t lda, const tg::bf16* B, int64_t ldb, float beta, float* C, int64_t ldc,
+                         cudaStream_t stream) {
+  gemm_impl<tg::bf16, float>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0,
+                             Epilogue::none, nullptr, stream);
+}
+
 
 template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,
                           float, float*, int64_t, int64_t, int64_t, int64_t, int64_t, Epilogue, const float*,

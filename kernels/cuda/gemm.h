@@ -37,6 +37,13 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
           const T* B, int64_t ldb, float beta, T* C, int64_t ldc, int64_t batch, int64_t stride_a, int64_t stride_b,
           int64_t stride_c, Epilogue epilogue, const T* bias, cudaStream_t stream);
 
+// The same GEMM with bf16 A and B but C (M, N) kept in fp32 (no epilogue, one matrix): for a
+// product summed over several calls with beta = 1, rounded to bf16 once at the end rather than
+// after every call (the chunked LM head's weight gradient, added chunk by chunk).
+void gemm_accumulate_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const tg::bf16* A,
+                         int64_t lda, const tg::bf16* B, int64_t ldb, float beta, float* C, int64_t ldc,
+                         cudaStream_t stream);
+
 // Bytes of cuBLASLt workspace each device holds once it has run a GEMM (allocated on first use and
 // kept for the life of the process), for the caller's memory accounting.
 size_t gemm_workspace_bytes();

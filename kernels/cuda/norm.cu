@@ -715,32 +715,49 @@ void softmax_backward(const T* y, const T* dy, T* dx, int64_t N, int64_t C, cuda
   TG_CUDA_CHECK(cudaGetLastError());
 }
 
+void cross_entropy_count(const int32_t* targets, int64_t N, int32_t ignore_index, int32_t* count_out,
+                         cudaStream_t stream) {
+  require(N >= 0, "cross_entropy_count", "negative N");
+  cross_entropy_count_kernel<<<1, kCeReduceThreads, 0, stream>>>(targets, N, ignore_index, count_out);
+  TG_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename T>
+void cross_entropy_rows(const T* logits, const int32_t* targets, float* lse, float* row_loss, const int32_t* count,
+                        T* dlogits, int64_t rows, int64_t V, int32_t ignore_index, cudaStream_t stream) {
+  require(rows >= 0 && V > 0, "cross_entropy_rows", "need rows ≥ 0 and V > 0");
+  require(rows <= INT32_MAX, "cross_entropy_rows", "more than 2^31 rows");
+  if (rows == 0) return;
+  constexpr int kV = kVec<T>;
+  const unsigned grid = grid_for(rows, 1, 1 << 20);
+  const bool packed = V % kV == 0 && aligned16(logits) && (dlogits == nullptr || aligned16(dlogits));
+  auto launch = [&](auto kernel) {
+    kernel<<<grid, kCeThreads, 0, stream>>>(logits, targets, lse, row_loss, count, dlogits, rows, V, ignore_index);
+  };
+  if (packed) {
+    if (dlogits) launch(cross_entropy_rows_kernel<kV, true, T>);
+    else launch(cross_entropy_rows_kernel<kV, false, T>);
+  } else {
+    if (dlogits) launch(cross_entropy_rows_kernel<1, true, T>);
+    else launch(cross_entropy_rows_kernel<1, false, T>);
+  }
+  TG_CUDA_CHECK(cudaGetLastError());
+}
+
+void cross_entropy_mean(const float* row_loss, int64_t N, const int32_t* count, float* loss_out, cudaStream_t stream) {
+  require(N >= 0, "cross_entropy_mean", "negative N");
+  cross_entropy_mean_kernel<<<1, kCeReduceThreads, 0, stream>>>(row_loss, N, count, loss_out);
+  TG_CUDA_CHECK(cudaGetLastError());
+}
+
 template <typename T>
 void cross_entropy_forward(const T* logits, const int32_t* targets, float* lse, float* row_loss, float* loss_out,
                            int32_t* count_out, T* dlogits, int64_t N, int64_t V, int32_t ignore_index,
                            cudaStream_t stream) {
   require(N >= 0 && V > 0, "cross_entropy_forward", "need N ≥ 0 and V > 0");
-  require(N <= INT32_MAX, "cross_entropy_forward", "more than 2^31 rows");
-  cross_entropy_count_kernel<<<1, kCeReduceThreads, 0, stream>>>(targets, N, ignore_index, count_out);
-  TG_CUDA_CHECK(cudaGetLastError());
-  if (N > 0) {
-    constexpr int kV = kVec<T>;
-    const unsigned grid = grid_for(N, 1, 1 << 20);
-    const bool packed = V % kV == 0 && aligned16(logits) && (dlogits == nullptr || aligned16(dlogits));
-    auto launch = [&](auto kernel) {
-      kernel<<<grid, kCeThreads, 0, stream>>>(logits, targets, lse, row_loss, count_out, dlogits, N, V, ignore_index);
-    };
-    if (packed) {
-      if (dlogits) launch(cross_entropy_rows_kernel<kV, true, T>);
-      else launch(cross_entropy_rows_kernel<kV, false, T>);
-    } else {
-      if (dlogits) launch(cross_entropy_rows_kernel<1, true, T>);
-      else launch(cross_entropy_rows_kernel<1, false, T>);
-    }
-    TG_CUDA_CHECK(cudaGetLastError());
-  }
-  cross_entropy_mean_kernel<<<1, kCeReduceThreads, 0, stream>>>(row_loss, N, count_out, loss_out);
-  TG_CUDA_CHECK(cudaGetLastError());
+  cross_entropy_count(targets, N, ignore_index, count_out, stream);
+  cross_entropy_rows(logits, targets, lse, row_loss, count_out, dlogits, N, V, ignore_index, stream);
+  cross_entropy_mean(row_loss, N, count_out, loss_out, stream);
 }
 
 template <typename T>
@@ -766,6 +783,8 @@ void cross_entropy_backward(const float* dloss, T* dlogits, int64_t n, cudaStrea
   template void softmax_backward<T>(const T*, const T*, T*, int64_t, int64_t, cudaStream_t);                   \
   template void cross_entropy_forward<T>(const T*, const int32_t*, float*, float*, float*, int32_t*, T*,       \
                                          int64_t, int64_t, int32_t, cudaStream_t);                              \
+  template void cross_entropy_rows<T>(const T*, const int32_t*, float*, float*, const int32_t*, T*, int64_t,    \
+                                      int64_t, int32_t, cudaStream_t);                                          \
   template void cross_entropy_backward<T>(const float*, T*, int64_t, cudaStream_t);
 TG_INSTANTIATE(float)
 TG_INSTANTIATE(tg::bf16)

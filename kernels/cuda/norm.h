@@ -54,6 +54,18 @@ void cross_entropy_forward(const T* logits, const int32_t* targets, float* lse, 
                            int32_t* count_out, T* dlogits, int64_t N, int64_t V, int32_t ignore_index,
                            cudaStream_t stream);
 
+// cross_entropy_forward in its three stages, for a loss whose logits are made a chunk of rows at
+// a time (ops::linear_cross_entropy): count the rows not ignored over all N targets, then the rows
+// kernel on each chunk (logits, targets, lse, row_loss and dlogits all start at the chunk's first
+// row; `count` is the whole batch's, so each chunk's dlogits is already the mean's gradient), then
+// the mean over all N row losses. dlogits may be null (no gradient).
+void cross_entropy_count(const int32_t* targets, int64_t N, int32_t ignore_index, int32_t* count_out,
+                         cudaStream_t stream);
+template <typename T>
+void cross_entropy_rows(const T* logits, const int32_t* targets, float* lse, float* row_loss, const int32_t* count,
+                        T* dlogits, int64_t rows, int64_t V, int32_t ignore_index, cudaStream_t stream);
+void cross_entropy_mean(const float* row_loss, int64_t N, const int32_t* count, float* loss_out, cudaStream_t stream);
+
 // dlogits (n) *= dloss (1 float, device memory): turns the forward's gradient into the one for an
 // upstream gradient dloss. Costs nothing measurable when dloss is 1 (the kernel returns at once).
 template <typename T>

@@ -317,6 +317,37 @@ TEST(CudaGemm, RejectsBadArguments) {
                tg::Error);  // bias epilogue without bias
 }
 
+// bf16 inputs into an fp32 C summed over calls (the chunked LM head's dW): C = Σ_k-chunks A_kᵀ·B_k
+// in fp32, as close to the double-precision product as one fp32-accumulated GEMM is (far below
+// bf16's rounding), and misaligned by an odd row count.
+TEST(CudaGemm, AccumulatesBf16ProductsInFp32) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
+  const int64_t M = 96, N = 40, K = 301, chunk = 97;  // C (M, N) = Aᵀ (M, K) · B (K, N), A stored (K, M)
+  Rng rng{7};
+  std::vector<tg::bf16> a(size_t(K * M)), b(size_t(K * N));
+  for (auto& v : a) v = tg::float_to_bf16(rng.next());
+  for (auto& v : b) v = tg::float_to_bf16(rng.next());
+  std::vector<double> ref(size_t(M * N), 0.0);
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j)
+        ref[size_t(i * N + j)] += double(tg::bf16_to_float(a[size_t(k * M + i)])) * tg::bf16_to_float(b[size_t(k * N + j)]);
+  DeviceBuffer<tg::bf16> da(a.size()), db(b.size());
+  DeviceBuffer<float> dc(ref.size());
+  CHECK_CUDA(cudaMemcpy(da.p, a.data(), a.size() * sizeof(tg::bf16), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(db.p, b.data(), b.size() * sizeof(tg::bf16), cudaMemcpyHostToDevice));
+  for (int64_t k0 = 0; k0 < K; k0 += chunk) {
+    const int64_t n = std::min(chunk, K - k0);
+    tg::cuda::gemm_accumulate_f32(true, false, M, N, n, 1.f, da.p + k0 * M, M, db.p + k0 * N, N, k0 == 0 ? 0.f : 1.f,
+                                  dc.p, N, nullptr);
+  }
+  std::vector<float> c(ref.size());
+  CHECK_CUDA(cudaMemcpy(c.data(), dc.p, c.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  double worst = 0;
+  for (size_t i = 0; i < c.size(); ++i) worst = std::max(worst, std::abs(double(c[i]) - ref[i]));
+  EXPECT_LT(worst, 1e-4) << "fp32 accumulation over " << (K + chunk - 1) / chunk << " calls";
+}
+
 TEST(CudaGemm, WorkspaceIsAtLeast32MiB) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
   EXPECT_GE(tg::cuda::gemm_workspace_bytes(), size_t(32) << 20);
