@@ -26,6 +26,7 @@ std::pair<std::unique_ptr<nn::GPT>, Config> load_model(const std::string& where)
   auto [path, ckpt] = resolve_and_load(where, "latest");
   Config cfg = checkpoint_config(ckpt, path);
   auto model = std::make_unique<nn::GPT>(gpt_config_from(cfg.model), uint64_t(cfg.train.seed));
+  model->set_lm_head_chunk(cfg.train.lm_head_chunk);
   restore_parameters(*model, ckpt, path);
   std::cerr << "loaded " << path << " (step " << ckpt.ints["step"] << ")\n";
   return {std::move(model), cfg};

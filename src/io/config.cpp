@@ -167,6 +167,10 @@ const std::vector<Field>& fields() {
     t.push_back(TG_FIELD(train, deterministic,
                          "Bitwise reproducible GPU kernels; false lets the attention backward add dQ with "
                          "unordered atomics (faster; the last bits vary from run to run)."));
+    t.push_back(TG_FIELD(train, lm_head_chunk,
+                         "Rows of logits the LM head and loss make at a time, so the (batch_size*seq_len, "
+                         "vocab_size) logits never exist whole (long context); 0 makes them all at once.")
+                    .min(0));
     // run
     t.push_back(
         TG_FIELD(run, out_dir, "Run directory: log, metrics.jsonl, checkpoints, samples.").required());

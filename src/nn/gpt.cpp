@@ -93,7 +93,17 @@ Tensor GPT::block(const Tensor& x, int64_t i) {
   return ops::add(x1, dropout(h, uint64_t(2 * i + 1)));
 }
 
+void GPT::set_lm_head_chunk(int64_t rows) {
+  TG_CHECK(rows >= 0, "GPT: lm_head_chunk is ", rows, "; give a positive number of rows, or 0 for none");
+  lm_head_chunk_ = rows;
+}
+
 Tensor GPT::forward(const Tensor& ids) {
+  auto [x, wte] = features(ids);
+  return ops::linear(x, wte, Tensor());  // (B, T, V): lm_head tied to wte
+}
+
+std::pair<Tensor, Tensor> GPT::features(const Tensor& ids) {
   TG_CHECK(ids.dim() == 2 && ids.dtype() == DType::i32, "GPT.forward: ids must be i32 (B, T), got ",
            ids.desc());
   const int64_t T = ids.size(1);
@@ -121,14 +131,18 @@ Tensor GPT::forward(const Tensor& ids) {
   x = dropout(x, 1023);
   for (int64_t i = 0; i < config_.n_layer; ++i) x = block(x, i);
   x = ops::layernorm(x, p("transformer.ln_f.weight"), maybe("transformer.ln_f.bias"));
-  return ops::linear(x, wte, Tensor());  // (B, T, V): lm_head tied to wte
+  return {x, wte};
 }
 
 Tensor GPT::loss(const Tensor& ids, const Tensor& targets) {
   TG_CHECK(targets.shape() == ids.shape() && targets.dtype() == DType::i32, "GPT.loss: targets ",
            targets.desc(), " must be i32 with the shape of ids ", ids.desc());
-  Tensor logits = forward(ids);
   const int64_t N = ids.numel();
+  if (lm_head_chunk_ > 0) {  // the head and the loss together, lm_head_chunk_ rows of logits at a time
+    auto [x, wte] = features(ids);
+    return ops::linear_cross_entropy(ops::reshape(x, {N, config_.d_model}), wte, targets.view({N}), lm_head_chunk_);
+  }
+  Tensor logits = forward(ids);
   return ops::cross_entropy(ops::reshape(logits, {N, config_.vocab_size}), targets.view({N}));
 }
 

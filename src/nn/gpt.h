@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "src/nn/parameters.h"
 #include "src/ops/ops.h"
@@ -40,6 +41,10 @@ class GPT {
   Tensor forward(const Tensor& ids);
   // Mean cross-entropy of next-token prediction; targets (B, T) i32, −1 ignored.
   Tensor loss(const Tensor& ids, const Tensor& targets);
+  // rows > 0: loss() makes the logits `rows` rows at a time (ops::linear_cross_entropy), so the
+  // (B·T, V) logits never exist whole; 0 (the default): forward() then cross_entropy.
+  void set_lm_head_chunk(int64_t rows);
+  int64_t lm_head_chunk() const { return lm_head_chunk_; }
 
   void set_training(bool training) { training_ = training; }
   bool training() const { return training_; }
@@ -53,6 +58,8 @@ class GPT {
   void set_dropout_counter(uint64_t c) { dropout_counter_ = c; }
 
  private:
+  // ids → (the final LayerNorm's output (B, T, C), wte in the compute dtype): all but the LM head.
+  std::pair<Tensor, Tensor> features(const Tensor& ids);
   Tensor block(const Tensor& x, int64_t layer);
   Tensor p(const std::string& name) const;      // the parameter in the compute dtype
   Tensor maybe(const std::string& name) const;  // same, undefined when the model has no such parameter
@@ -66,6 +73,7 @@ class GPT {
   Tensor compute_values_;  // during forward(): the flat parameter buffer in the compute dtype
   uint64_t dropout_counter_ = 0;
   bool training_ = true;
+  int64_t lm_head_chunk_ = 0;
 };
 
 // Parses "learned"/"rope" and "flash"/"naive" (errors list the choices).

@@ -40,6 +40,12 @@ Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
 Tensor softmax(const Tensor& x);  // over the last dimension
 // Mean over counted rows of −log softmax(logits)[target]; logits (N, V), targets (N) i32.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index = -1);
+// cross_entropy(linear(x, weight, {}), targets) without the (N, V) logits: x (N, C), weight (V, C),
+// targets (N) i32. The logits are made chunk_rows rows at a time (0: all at once), and the
+// gradients of x and weight are formed chunk by chunk in the forward, so at most 2·chunk_rows·V
+// logit-sized elements exist at once. The tied LM head and loss of a long-context model.
+Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& targets, int64_t chunk_rows,
+                            int32_t ignore_index = -1);
 // Deterministic from `seed`; identity (and no node) when p == 0 or !training.
 Tensor dropout(const Tensor& x, double p, uint64_t seed, bool training = true);
 // x (B, T, H, D), D even; rotates positions pos_offset..pos_offset+T−1 (inverse: back).

@@ -88,6 +88,12 @@ std::vector<ParityCase> parity_table() {
   t.push_back({"cross_entropy", {{8, 5}}, [targets](auto& x) {
                  return ops::cross_entropy(x[0], Tensor::from_ints(targets, {8}));
                }});
+  // The chunked LM head and loss: 8 rows in chunks of 3 (ragged), V 50 (not a multiple of the
+  // vector width), and all at once.
+  for (int64_t chunk : {3, 0})
+    t.push_back({"linear_cross_entropy_chunk" + std::to_string(chunk), {{8, 64}, {50, 64}}, [targets, chunk](auto& x) {
+                   return ops::linear_cross_entropy(x[0], x[1], Tensor::from_ints(targets, {8}), chunk);
+                 }});
   t.push_back({"dropout", {{4, 50}}, [](auto& x) { return ops::dropout(x[0], 0.25, 42); }});
   t.push_back({"rope", {{2, 7, 3, 16}}, [](auto& x) { return ops::rope(x[0], 10000.0, 3); }});
   for (bool causal : {false, true}) {

@@ -136,6 +136,13 @@ TEST(Config, DeterministicDefaultsOnAndCanBeSwitchedOff) {
               AllOf(HasSubstr("train.deterministic"), HasSubstr("true or false")));
 }
 
+TEST(Config, LmHeadChunkDefaultsOffAndRejectsNegativeRows) {
+  const std::string path = write_temp("chunk.yaml", "train:\n  lr: 1.0e-3\n");
+  EXPECT_EQ(tg::load_config(path, {}, false).train.lm_head_chunk, 0);
+  EXPECT_EQ(tg::load_config(path, {"train.lm_head_chunk=2048"}, false).train.lm_head_chunk, 2048);
+  EXPECT_THAT(load_error("chunk_bad.yaml", "train:\n  lm_head_chunk: -4\n"), HasSubstr("train.lm_head_chunk"));
+}
+
 TEST(Config, RoundTripThroughYaml) {
   tg::Config c = tg::load_config(repo("configs/kjv-tiny.yaml"),
                                  {"model.pos_embedding=rope", "model.rope_base=500000.5", "train.eps=1.5e-10",
@@ -152,7 +159,7 @@ TEST(Config, RoundTripThroughYaml) {
 
 TEST(Config, ReferenceTableCoversEveryKey) {
   const std::vector<tg::ConfigKeyDoc> ref = tg::config_reference();
-  EXPECT_EQ(ref.size(), 10u + 2u + 17u + 9u);
+  EXPECT_EQ(ref.size(), 10u + 2u + 18u + 9u);
   bool saw_lr = false;
   for (const tg::ConfigKeyDoc& d : ref) {
     EXPECT_FALSE(d.description.empty()) << d.key;
@@ -168,6 +175,10 @@ TEST(Config, ReferenceTableCoversEveryKey) {
     if (d.key == "train.deterministic") {
       EXPECT_EQ(d.type, "bool");
       EXPECT_EQ(d.default_value, "true");
+    }
+    if (d.key == "train.lm_head_chunk") {
+      EXPECT_EQ(d.type, "int >= 0");
+      EXPECT_EQ(d.default_value, "0");
     }
   }
   EXPECT_TRUE(saw_lr);

@@ -98,6 +98,22 @@ TEST(GPT, FlashAndNaiveModelsAgree) {
                                naive.params().flat_grads().to_double_vector()), 1e-11);
 }
 
+TEST(GPT, ChunkedLmHeadGivesTheSameLossAndGradients) {
+  // 3 × 8 = 24 rows of logits in chunks of 5 (the last one ragged) against all at once; the
+  // tied wte gets its gradient from both the embedding and the head.
+  nn::GPT whole(tiny(), 6, DType::f64), chunked(tiny(), 6, DType::f64);
+  chunked.set_lm_head_chunk(5);
+  EXPECT_EQ(chunked.lm_head_chunk(), 5);
+  auto [ids, tgt] = batch(3, 8, 11, 3);
+  Tensor lw = whole.loss(ids, tgt), lc = chunked.loss(ids, tgt);
+  EXPECT_NEAR(lc.item(), lw.item(), 1e-13);
+  lw.backward();
+  lc.backward();
+  EXPECT_LT(testing::rel_error(chunked.params().flat_grads().to_double_vector(),
+                               whole.params().flat_grads().to_double_vector()), 1e-12);
+  EXPECT_THROW(chunked.set_lm_head_chunk(-1), Error);
+}
+
 TEST(GPT, RopeModelRunsPastMaxSeqLen) {
   nn::GPT rope(tiny(nn::PosEmbedding::rope), 1);
   auto [ids, tgt] = batch(1, 20, 11, 4);  // 20 > max_seq_len 8

@@ -221,6 +221,29 @@ std::vector<OpCase> op_table() {
                  }
                  return Vec{total / counted};
                }});
+  // The LM head and loss in chunks of 1, 4 (ragged: 4 + 2) and all 6 rows (0), against
+  // cross_entropy(x·Wᵀ) written out; row 1 is ignored.
+  for (int64_t chunk : {1, 4, 0})
+    t.push_back({"linear_cross_entropy_chunk" + std::to_string(chunk), {{6, 3}, {5, 3}},
+                 [targets, chunk](auto& x) {
+                   return ops::linear_cross_entropy(x[0], x[1], Tensor::from_ints(targets, {6}), chunk);
+                 },
+                 [targets](auto& x) {
+                   double total = 0;
+                   int counted = 0;
+                   for (int n = 0; n < 6; ++n) {
+                     if (targets[size_t(n)] < 0) continue;
+                     Vec logit(5, 0.0);
+                     for (int v = 0; v < 5; ++v)
+                       for (int c = 0; c < 3; ++c) logit[size_t(v)] += x[0][size_t(n * 3 + c)] * x[1][size_t(v * 3 + c)];
+                     double mx = -INFINITY, s = 0;
+                     for (double l : logit) mx = std::max(mx, l);
+                     for (double l : logit) s += std::exp(l - mx);
+                     total += mx + std::log(s) - logit[size_t(targets[size_t(n)])];
+                     ++counted;
+                   }
+                   return Vec{total / counted};
+                 }});
   t.push_back({"dropout", {{4, 16}}, [](auto& x) { return ops::dropout(x[0], 0.25, 42); },
                [](auto& x) {
                  Vec y(x[0]);
