@@ -36,6 +36,7 @@ int bench_train(const cli::Args& a) {
   ops::set_deterministic(cfg.train.deterministic);
   nn::GPT model(gpt_config_from(cfg.model), uint64_t(cfg.train.seed), DType::f32, device, compute);
   model.set_lm_head_chunk(cfg.train.lm_head_chunk);
+  model.set_recompute(cfg.train.recompute);
   optim::AdamW opt(model.params(), {cfg.train.beta1, cfg.train.beta2, cfg.train.eps, cfg.train.weight_decay});
   const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len, V = cfg.model.vocab_size;
   std::vector<int32_t> x(static_cast<size_t>(B * T)), y(static_cast<size_t>(B * T));
@@ -69,11 +70,12 @@ int bench_train(const cli::Args& a) {
   const MemoryStats m = memory_stats(device);
   std::printf(
       "{\"bench\":\"train\",\"config\":\"%s\",\"device\":\"%s\",\"precision\":\"%s\",\"attention\":\"%s\","
-      "\"deterministic\":%s,\"lm_head_chunk\":%d,"
+      "\"deterministic\":%s,\"lm_head_chunk\":%d,\"recompute\":%s,"
       "\"B\":%lld,\"T\":%lld,\"params\":%lld,\"ms_per_step\":%.2f,\"tokens_per_s\":%.0f,\"tflops\":%.1f,"
       "\"mfu_vs_989\":%.4f,\"peak_gib\":%.3f,\"loss\":%.4f}\n",
       a.positional[1].c_str(), device.str().c_str(), cfg.train.precision.c_str(), cfg.model.attention.c_str(),
-      cfg.train.deterministic ? "true" : "false", cfg.train.lm_head_chunk, (long long)B, (long long)T, (long long)model.params().numel(),
+      cfg.train.deterministic ? "true" : "false", cfg.train.lm_head_chunk,
+      cfg.train.recompute ? "true" : "false", (long long)B, (long long)T, (long long)model.params().numel(),
       dt * 1e3, tps, flops_per_token * tps / 1e12,
       flops_per_token * tps / 989e12, double(m.peak_total) / double(1ll << 30), loss);
   std::printf("peak memory by category:");

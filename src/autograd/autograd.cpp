@@ -93,6 +93,13 @@ void accumulate_converted_later(const Tensor& dst, const Tensor& src) {
 void backward(const Tensor& root) {
   TG_CHECK(root.defined() && root.numel() == 1, "backward() needs a one-element tensor, got ",
            root.desc());
+  backward(root, Tensor::full(root.shape(), 1.0, root.dtype(), root.device()));
+}
+
+void backward(const Tensor& root, const Tensor& seed) {
+  TG_CHECK(root.defined() && seed.defined() && seed.shape() == root.shape() && seed.dtype() == root.dtype() &&
+               seed.device() == root.device(),
+           "backward(): the seed gradient ", seed.desc(), " must match the root ", root.desc());
   TG_CHECK(root.requires_grad(), "backward() on a tensor that does not require grad (",
            root.desc(), "): no parameter it depends on has requires_grad set");
   NoGradGuard no_grad;  // backward closures never record
@@ -102,7 +109,6 @@ void backward(const Tensor& root) {
     ~DropDeferredFolds() { t_deferred_folds.clear(); }
   } drop_deferred_folds;
 
-  Tensor seed = Tensor::full(root.shape(), 1.0, root.dtype(), root.device());
   if (root.is_leaf()) {
     if (root.grad().defined()) { Tensor g = root.grad(); accumulate_into(g, seed); }
     else root.impl()->grad = seed.impl_ptr();
@@ -194,6 +200,42 @@ void backward(const Tensor& root) {
   }
   flush_deferred_folds();
   root.impl()->grad_fn.reset();
+}
+
+Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, const std::vector<Tensor>& inputs) {
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = fn(inputs);
+  }
+  record(out, "checkpoint", inputs, [fn, inputs](const Tensor& grad_out) {
+    // The second run records (closures run with recording off), from leaves that stand for the
+    // inputs, so its backward stops at them.
+    struct RecordingOn {
+      bool previous = t_grad_enabled;
+      RecordingOn() { t_grad_enabled = true; }
+      ~RecordingOn() { t_grad_enabled = previous; }
+    };
+    std::vector<Tensor> leaves;
+    Tensor again;
+    {
+      RecordingOn recording;
+      for (const Tensor& in : inputs) {
+        Tensor leaf = in.detach();
+        if (in.requires_grad()) leaf.set_requires_grad(true);
+        leaves.push_back(leaf);
+      }
+      again = fn(leaves);
+    }
+    std::vector<Tensor> grads(inputs.size());
+    if (again.requires_grad()) {
+      backward(again, grad_out);
+      for (size_t i = 0; i < leaves.size(); ++i)
+        if (leaves[i].requires_grad()) grads[i] = leaves[i].grad();
+    }
+    return grads;
+  });
+  return out;
 }
 
 void Tensor::backward() const { tg::backward(*this); }

@@ -43,6 +43,18 @@ void record(Tensor& output, std::string op, std::vector<Tensor> inputs,
 
 // Backpropagates from `root` (a one-element tensor) with seed gradient 1.
 void backward(const Tensor& root);
+// Backpropagates from `root` with the seed gradient `grad_root` (root's shape, dtype and device).
+void backward(const Tensor& root, const Tensor& grad_root);
+
+// Activation recomputation. Runs fn(inputs) without recording, so none of fn's intermediates is
+// kept, and records one node on the output; its backward runs fn again, recording, on detached
+// copies of the inputs, and backpropagates the output's gradient through that second run: the
+// inputs get their gradients from it, and so do the leaves fn reads (parameters), added into
+// their .grad as any backward adds. fn must give the same output both times (seed its dropout
+// from state it restores), and every tensor it reads besides `inputs` must be a leaf or made
+// inside fn: the second run's backward would otherwise walk into the outer graph. Like any op,
+// the node is recorded only when an input requires grad.
+Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, const std::vector<Tensor>& inputs);
 
 // For a backward closure while it runs: the gradient other consumers have already accumulated for
 // its input `input` (a non-leaf tensor used more than once, like a residual stream), handed over —

@@ -171,6 +171,10 @@ const std::vector<Field>& fields() {
                          "Rows of logits the LM head and loss make at a time, so the (batch_size*seq_len, "
                          "vocab_size) logits never exist whole (long context); 0 makes them all at once.")
                     .min(0));
+    t.push_back(TG_FIELD(train, recompute,
+                         "Keep only each transformer block's input and run the block again in the backward: "
+                         "activations of one block instead of all (long context), for about a third more "
+                         "compute; the same values and gradients."));
     // run
     t.push_back(
         TG_FIELD(run, out_dir, "Run directory: log, metrics.jsonl, checkpoints, samples.").required());

@@ -48,7 +48,8 @@ struct TrainConfig {
   int max_bad_steps = 5;           // consecutive non-finite-loss steps tolerated (skipped) before aborting
   std::string precision = "fp32";  // "fp32" or "bf16" (bf16 compute, fp32 master weights; CUDA only)
   bool deterministic = true;       // false: GPU kernels may sum in a run-dependent order (faster attention backward)
-  int lm_head_chunk = 0;           // > 0: the LM head and loss make this many rows of logits at a time; 0: all at once
+  int lm_head_chunk = 0;
+  bool recompute = false;          // true: each block recomputed in the backward from its input (long context)           // > 0: the LM head and loss make this many rows of logits at a time; 0: all at once
   bool operator==(const TrainConfig&) const = default;
 };
 

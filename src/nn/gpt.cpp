@@ -93,6 +93,24 @@ Tensor GPT::block(const Tensor& x, int64_t i) {
   return ops::add(x1, dropout(h, uint64_t(2 * i + 1)));
 }
 
+Tensor GPT::recomputed_block(const Tensor& x, int64_t i) {
+  // The backward's second run must see what the forward saw: the same compute copy of the
+  // parameters (forward() drops it when it returns) and the same dropout counter and mode.
+  return checkpoint(
+      [this, i, compute = compute_values_, counter = dropout_counter_, training = training_](const std::vector<Tensor>& in) {
+        struct Restore {
+          GPT& m;
+          Tensor compute;
+          uint64_t counter;
+          bool training;
+          ~Restore() { m.compute_values_ = compute, m.dropout_counter_ = counter, m.training_ = training; }
+        } restore{*this, compute_values_, dropout_counter_, training_};
+        compute_values_ = compute, dropout_counter_ = counter, training_ = training;
+        return block(in[0], i);
+      },
+      {x});
+}
+
 void GPT::set_lm_head_chunk(int64_t rows) {
   TG_CHECK(rows >= 0, "GPT: lm_head_chunk is ", rows, "; give a positive number of rows, or 0 for none");
   lm_head_chunk_ = rows;
@@ -129,7 +147,7 @@ std::pair<Tensor, Tensor> GPT::features(const Tensor& ids) {
     x = ops::add(x, ops::embedding(p("transformer.wpe.weight"), Tensor::from_ints(pos, {T})));
   }
   x = dropout(x, 1023);
-  for (int64_t i = 0; i < config_.n_layer; ++i) x = block(x, i);
+  for (int64_t i = 0; i < config_.n_layer; ++i) x = recompute_ && grad_enabled() ? recomputed_block(x, i) : block(x, i);
   x = ops::layernorm(x, p("transformer.ln_f.weight"), maybe("transformer.ln_f.bias"));
   return {x, wte};
 }

@@ -45,6 +45,12 @@ class GPT {
   // (B·T, V) logits never exist whole; 0 (the default): forward() then cross_entropy.
   void set_lm_head_chunk(int64_t rows);
   int64_t lm_head_chunk() const { return lm_head_chunk_; }
+  // true: each block keeps only its input for the backward, which runs the block again
+  // (tg::checkpoint) — activations of one block at a time instead of all n_layer, for about
+  // one more forward of the blocks. The same loss bit for bit and the same gradients (in bf16 up
+  // to rounding: a block's input gradient is rounded once more before the residual's is added).
+  void set_recompute(bool on) { recompute_ = on; }
+  bool recompute() const { return recompute_; }
 
   void set_training(bool training) { training_ = training; }
   bool training() const { return training_; }
@@ -61,6 +67,7 @@ class GPT {
   // ids → (the final LayerNorm's output (B, T, C), wte in the compute dtype): all but the LM head.
   std::pair<Tensor, Tensor> features(const Tensor& ids);
   Tensor block(const Tensor& x, int64_t layer);
+  Tensor recomputed_block(const Tensor& x, int64_t layer);  // block() under tg::checkpoint
   Tensor p(const std::string& name) const;      // the parameter in the compute dtype
   Tensor maybe(const std::string& name) const;  // same, undefined when the model has no such parameter
   Tensor dropout(const Tensor& x, uint64_t site);
@@ -74,6 +81,7 @@ class GPT {
   uint64_t dropout_counter_ = 0;
   bool training_ = true;
   int64_t lm_head_chunk_ = 0;
+  bool recompute_ = false;
 };
 
 // Parses "learned"/"rope" and "flash"/"naive" (errors list the choices).

@@ -152,6 +152,7 @@ TrainResult Trainer::run(const std::string& resume) {
   ops::set_deterministic(tc.deterministic);
   model_ = std::make_unique<nn::GPT>(gpt_config_from(config_.model), uint64_t(tc.seed), DType::f32, device, compute);
   model_->set_lm_head_chunk(tc.lm_head_chunk);
+  model_->set_recompute(tc.recompute);
   opt_ = std::make_unique<optim::AdamW>(model_->params(), optim::AdamWConfig{tc.beta1, tc.beta2, tc.eps, tc.weight_decay});
   train_data_ = std::make_unique<DataLoader>(config_.data.train, config_.model.vocab_size, tc.batch_size, tc.seq_len,
                                              uint64_t(tc.seed));

@@ -3,7 +3,10 @@
 
 #include "src/autograd/gradcheck.h"
 #include "src/ops/ops.h"
+#include "src/tensor/memory.h"
 #include "tests/test_util.h"
+
+#include <tuple>
 
 namespace tg {
 namespace {
@@ -77,6 +80,48 @@ TEST(Autograd, BackwardNeedsAScalar) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("one-element"), std::string::npos) << e.what();
   }
+}
+
+// checkpoint: the same output and gradients as the plain graph — the inputs' and those of a
+// leaf the function reads (a weight) — while keeping none of the function's intermediates.
+TEST(Autograd, CheckpointGivesTheSameGradientsAndKeepsNoIntermediates) {
+  const Tensor x0 = random_tensor({128, 64}, 11), w0 = random_tensor({64, 64}, 12, DType::f64, 0.1);
+  auto fn = [](const Tensor& x, const Tensor& w) {  // three (128, 64) intermediates
+    Tensor h = ops::gelu(ops::linear(x, w, Tensor()));
+    return ops::add(x, ops::gelu(ops::mul(h, h)));
+  };
+  auto run = [&](bool recompute, int64_t* held) {
+    Tensor x = x0.clone(), w = w0.clone();
+    x.set_requires_grad(true);
+    w.set_requires_grad(true);
+    Tensor a = ops::scale(x, 1.5);  // a non-leaf input, as a block's is
+    const int64_t before = memory_stats(Device::cpu()).current_total;
+    Tensor y = recompute ? checkpoint([&](const std::vector<Tensor>& in) { return fn(in[0], w); }, {a}) : fn(a, w);
+    *held = memory_stats(Device::cpu()).current_total - before;
+    Tensor loss = ops::sum(ops::mul(y, y));
+    const double value = loss.item();
+    loss.backward();
+    return std::make_tuple(value, x.grad().to_double_vector(), w.grad().to_double_vector());
+  };
+  int64_t held_plain = 0, held_recomputed = 0;
+  auto [lp, dxp, dwp] = run(false, &held_plain);
+  auto [lr, dxr, dwr] = run(true, &held_recomputed);
+  EXPECT_EQ(lr, lp);
+  EXPECT_LT(testing::rel_error(dxr, dxp), 1e-14);
+  EXPECT_LT(testing::rel_error(dwr, dwp), 1e-14);
+  const int64_t tensor_bytes = 128 * 64 * 8;
+  EXPECT_GE(held_plain, 4 * tensor_bytes);   // y and what the plain graph saves for the backward
+  EXPECT_LE(held_recomputed, tensor_bytes + 256);  // y alone
+}
+
+TEST(Autograd, BackwardFromASeedGradient) {
+  Tensor x = random_tensor({5}, 13);
+  x.set_requires_grad(true);
+  Tensor y = ops::scale(x, 3.0);
+  Tensor seed = random_tensor({5}, 14);
+  backward(y, seed);
+  EXPECT_LT(testing::rel_error(x.grad().to_double_vector(), ops::scale(seed, 3.0).to_double_vector()), 1e-15);
+  EXPECT_THROW(backward(ops::scale(x, 2.0), random_tensor({4}, 15)), Error);  // seed of another shape
 }
 
 TEST(Autograd, GradcheckDetectsAWrongGradient) {

@@ -159,7 +159,7 @@ TEST(Config, RoundTripThroughYaml) {
 
 TEST(Config, ReferenceTableCoversEveryKey) {
   const std::vector<tg::ConfigKeyDoc> ref = tg::config_reference();
-  EXPECT_EQ(ref.size(), 10u + 2u + 18u + 9u);
+  EXPECT_EQ(ref.size(), 10u + 2u + 19u + 9u);
   bool saw_lr = false;
   for (const tg::ConfigKeyDoc& d : ref) {
     EXPECT_FALSE(d.description.empty()) << d.key;
@@ -175,6 +175,10 @@ TEST(Config, ReferenceTableCoversEveryKey) {
     if (d.key == "train.deterministic") {
       EXPECT_EQ(d.type, "bool");
       EXPECT_EQ(d.default_value, "true");
+    }
+    if (d.key == "train.recompute") {
+      EXPECT_EQ(d.type, "bool");
+      EXPECT_EQ(d.default_value, "false");
     }
     if (d.key == "train.lm_head_chunk") {
       EXPECT_EQ(d.type, "int >= 0");

@@ -114,6 +114,25 @@ TEST(GPT, ChunkedLmHeadGivesTheSameLossAndGradients) {
   EXPECT_THROW(chunked.set_lm_head_chunk(-1), Error);
 }
 
+TEST(GPT, RecomputedBlocksGiveTheSameLossAndGradients) {
+  // With dropout, so the second run of each block must draw the forward's masks again.
+  for (double dropout : {0.0, 0.2}) {
+    nn::GPTConfig c = tiny();
+    c.dropout = dropout;
+    nn::GPT kept(c, 8, DType::f64), recomputed(c, 8, DType::f64);
+    recomputed.set_recompute(true);
+    recomputed.set_lm_head_chunk(7);  // with the chunked head, as a long-context run has them
+    auto [ids, tgt] = batch(2, 8, 11, 5);
+    Tensor lk = kept.loss(ids, tgt), lr = recomputed.loss(ids, tgt);
+    EXPECT_NEAR(lr.item(), lk.item(), 1e-13) << "dropout " << dropout;
+    lk.backward();
+    lr.backward();
+    EXPECT_LT(testing::rel_error(recomputed.params().flat_grads().to_double_vector(),
+                                 kept.params().flat_grads().to_double_vector()), 1e-12)
+        << "dropout " << dropout;
+  }
+}
+
 TEST(GPT, RopeModelRunsPastMaxSeqLen) {
   nn::GPT rope(tiny(nn::PosEmbedding::rope), 1);
   auto [ids, tgt] = batch(1, 20, 11, 4);  // 20 > max_seq_len 8
