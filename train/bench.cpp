@@ -25,15 +25,24 @@ namespace tg {
 void cuda_mem_get_info(size_t* free_bytes, size_t* total_bytes);  // kernels/cuda/runtime.cu
 #endif
 
-// Training-step throughput of a config's model on random tokens (data loading excluded), the
-// figure compared with ../shared/bench/torch_gpt.py throughput.
-int bench_train(const cli::Args& a) {
-  Config cfg = load_config(a.positional[1], a.all("set"), false);
-  validate_config(cfg);
-  const Device device = resolve_device(cfg.run.device);
+namespace {
+// What `warmup` untimed and then `steps` timed training steps of a config's model measured.
+struct StepFigures {
+  double seconds_per_step = 0, loss = 0, flops_per_token = 0;
+  int64_t params = 0;
+  MemoryStats memory;  // peak over the timed steps, or from before the model (peak_from_start)
+};
+
+// Training steps (forward, backward, clipped AdamW) of cfg's model on random tokens, data loading
+// excluded. The peak memory covers the timed steps or, with peak_from_start, everything from
+// before the model is built (its parameters and AdamW's state included, as torch_gpt.py memory
+// measures it).
+StepFigures run_training_steps(const Config& cfg, Device device, int64_t warmup, int64_t steps, bool peak_from_start) {
   TG_CHECK(cfg.train.precision == "fp32" || device.is_cuda(), "train.precision bf16 needs a GPU");
+  TG_CHECK(steps > 0 && warmup >= 0, "tilegrad bench: --steps must be > 0 and --warmup ≥ 0");
   const DType compute = cfg.train.precision == "bf16" ? DType::bf16 : DType::f32;
   ops::set_deterministic(cfg.train.deterministic);
+  if (peak_from_start) reset_peak_memory(device);
   nn::GPT model(gpt_config_from(cfg.model), uint64_t(cfg.train.seed), DType::f32, device, compute);
   model.set_lm_head_chunk(cfg.train.lm_head_chunk);
   model.set_recompute(cfg.train.recompute);
@@ -45,29 +54,43 @@ int bench_train(const cli::Args& a) {
     y[i] = int32_t(nn::normal_from(1, 2, i) * 1e6 + 1e9) % int32_t(V);
   }
   const Tensor ids = Tensor::from_ints(x, {B, T}).to(device), tgt = Tensor::from_ints(y, {B, T}).to(device);
-  double loss = 0;
+  StepFigures f;
   auto step = [&] {
     model.params().zero_grad();
     Tensor l = model.loss(ids, tgt);
     l.backward();
     opt.step(cfg.train.lr, optim::clip_factor(optim::grad_norm(model.params()), cfg.train.grad_clip));
-    loss = l.item();
+    f.loss = l.item();
   };
-  const int64_t warmup = a.get_int("warmup", 5), steps = a.get_int("steps", 20);
-  TG_CHECK(steps > 0 && warmup >= 0, "tilegrad bench: --steps must be > 0 and --warmup ≥ 0");
   for (int64_t i = 0; i < warmup; ++i) step();
   device_synchronize(device);
-  reset_peak_memory(device);
+  if (!peak_from_start) reset_peak_memory(device);
   auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < steps; ++i) step();
   device_synchronize(device);
-  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / double(steps);
+  f.seconds_per_step = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / double(steps);
   // nanoGPT / llm.c convention: 6·N (N without the position table) + 12·L·d·T FLOPs per token.
-  int64_t n = model.params().numel();
+  f.params = model.params().numel();
+  int64_t n = f.params;
   if (model.params().has("transformer.wpe.weight")) n -= model.params().get("transformer.wpe.weight").numel();
-  const double flops_per_token = 6.0 * double(n) + 12.0 * cfg.model.n_layer * cfg.model.d_model * double(T);
-  const double tps = double(B * T) / dt;
-  const MemoryStats m = memory_stats(device);
+  f.flops_per_token = 6.0 * double(n) + 12.0 * cfg.model.n_layer * cfg.model.d_model * double(T);
+  f.memory = memory_stats(device);
+  return f;
+}
+
+double gib(int64_t bytes) { return double(bytes) / double(1ll << 30); }
+}  // namespace
+
+// Training-step throughput of a config's model on random tokens (data loading excluded), the
+// figure compared with ../shared/bench/torch_gpt.py throughput.
+int bench_train(const cli::Args& a) {
+  Config cfg = load_config(a.positional[1], a.all("set"), false);
+  validate_config(cfg);
+  const Device device = resolve_device(cfg.run.device);
+  const StepFigures f = run_training_steps(cfg, device, a.get_int("warmup", 5), a.get_int("steps", 20), false);
+  const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len;
+  const double tps = double(B * T) / f.seconds_per_step;
+  const MemoryStats& m = f.memory;
   std::printf(
       "{\"bench\":\"train\",\"config\":\"%s\",\"device\":\"%s\",\"precision\":\"%s\",\"attention\":\"%s\","
       "\"deterministic\":%s,\"lm_head_chunk\":%d,\"recompute\":%s,"
@@ -75,9 +98,9 @@ int bench_train(const cli::Args& a) {
       "\"mfu_vs_989\":%.4f,\"peak_gib\":%.3f,\"loss\":%.4f}\n",
       a.positional[1].c_str(), device.str().c_str(), cfg.train.precision.c_str(), cfg.model.attention.c_str(),
       cfg.train.deterministic ? "true" : "false", cfg.train.lm_head_chunk,
-      cfg.train.recompute ? "true" : "false", (long long)B, (long long)T, (long long)model.params().numel(),
-      dt * 1e3, tps, flops_per_token * tps / 1e12,
-      flops_per_token * tps / 989e12, double(m.peak_total) / double(1ll << 30), loss);
+      cfg.train.recompute ? "true" : "false", (long long)B, (long long)T, (long long)f.params,
+      f.seconds_per_step * 1e3, tps, f.flops_per_token * tps / 1e12,
+      f.flops_per_token * tps / 989e12, gib(m.peak_total), f.loss);
   std::printf("peak memory by category:");
   for (int c = 0; c < kNumMemCategories; ++c)
     std::printf(" %s %s", mem_category_name(MemCategory(c)), format_bytes(m.peak[size_t(c)]).c_str());
@@ -93,6 +116,62 @@ int bench_train(const cli::Args& a) {
   return 0;
 }
 
+// Peak memory of one training step against the sequence length, the figure compared with
+// ../shared/bench/torch_gpt.py memory: T = --min-t, 2·--min-t, … up to --max-t, the config's model
+// built afresh for each with train.seq_len = T (and, with learned positions, a table of at least T
+// rows, as torch_gpt.py sizes its own), --warmup untimed and --steps timed steps (1 and 1 unless
+// given). The series stops at the first T that runs out of memory, as torch_gpt.py's does.
+int bench_memory(const cli::Args& a) {
+  const char* fn = "tilegrad bench memory";
+  Config base = load_config(a.positional[1], a.all("set"), false);
+  validate_config(base);
+  const Device device = resolve_device(base.run.device);
+  const int64_t min_t = a.get_int("min-t", 1024), max_t = a.get_int("max-t", 131072);
+  const int64_t warmup = a.get_int("warmup", 1), steps = a.get_int("steps", 1);
+  TG_CHECK(min_t >= 1, fn, ": --min-t ", min_t, " is not a sequence length; give one ≥ 1");
+  TG_CHECK(min_t <= max_t, fn, ": --min-t ", min_t, " exceeds --max-t ", max_t, "; no length would run");
+  TG_CHECK(max_t <= INT32_MAX, fn, ": --max-t ", max_t, " exceeds the config's int range");
+  struct Row {
+    int64_t T;
+    bool oom;
+    double ms;
+    int64_t peak, activations;  // bytes
+  };
+  std::vector<Row> rows;
+  for (int64_t T = min_t; T <= max_t; T *= 2) {
+    Config cfg = base;
+    cfg.train.seq_len = int(T);
+    if (cfg.model.pos_embedding == "learned") cfg.model.max_seq_len = std::max(cfg.model.max_seq_len, int(T));
+    validate_config(cfg);
+    try {
+      const StepFigures f = run_training_steps(cfg, device, warmup, steps, true);
+      const MemoryStats& m = f.memory;
+      rows.push_back({T, false, f.seconds_per_step * 1e3, m.peak_total, m.peak[size_t(MemCategory::activations)]});
+      std::printf(
+          "{\"bench\":\"memory\",\"config\":\"%s\",\"device\":\"%s\",\"precision\":\"%s\",\"attention\":\"%s\","
+          "\"lm_head_chunk\":%d,\"recompute\":%s,\"B\":%d,\"T\":%lld,\"params\":%lld,\"ms_per_step\":%.2f,"
+          "\"peak_gib\":%.3f,\"activations_gib\":%.3f,\"largest_allocation_gib\":%.3f}\n",
+          a.positional[1].c_str(), device.str().c_str(), cfg.train.precision.c_str(), cfg.model.attention.c_str(),
+          cfg.train.lm_head_chunk, cfg.train.recompute ? "true" : "false", cfg.train.batch_size, (long long)T,
+          (long long)f.params, rows.back().ms, gib(m.peak_total), gib(m.peak[size_t(MemCategory::activations)]),
+          gib(m.largest_allocation));
+    } catch (const OutOfMemory& e) {
+      rows.push_back({T, true, 0, 0, 0});
+      std::printf("{\"bench\":\"memory\",\"T\":%lld,\"oom\":true}\n", (long long)T);
+      std::fprintf(stderr, "%s\n", e.what());
+      break;
+    }
+    std::fflush(stdout);
+  }
+  std::printf("\n| T | peak | of which activations | ms/step |\n|---|---|---|---|\n");
+  for (const Row& r : rows) {
+    if (r.oom) std::printf("| %lld | out of memory | | |\n", (long long)r.T);
+    else
+      std::printf("| %lld | %s | %s | %.1f |\n", (long long)r.T, format_bytes(r.peak).c_str(),
+                  format_bytes(r.activations).c_str(), r.ms);
+  }
+  return 0;
+}
 
 namespace {
 // A bf16 tensor of uniform values in [−1, 1) from a xorshift stream (fast enough for 100 M elements).

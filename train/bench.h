@@ -5,4 +5,5 @@
 namespace tg {
 int bench_train(const cli::Args& a);      // tilegrad bench train CONFIG
 int bench_attention(const cli::Args& a);  // tilegrad bench attention
+int bench_memory(const cli::Args& a);     // tilegrad bench memory CONFIG
 }  // namespace tg

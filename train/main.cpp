@@ -162,14 +162,18 @@ std::vector<cli::Command> commands() {
        "Benchmarks. `bench train CONFIG`: training steps of the config's model on random tokens: ms/step, "
        "tokens/s, TFLOP/s, MFU (6·N + 12·L·d·T FLOPs per token against the H200's 989 TFLOP/s bf16 peak) and peak "
        "memory. `bench attention`: FlashAttention forward and backward TFLOP/s on the FlashAttention shapes "
-       "(B·T = 16384, hidden 2048; d 64 and 128, or 32 / 96 with --head-dim; T 1k to 32k; causal and not). Results print as JSON lines.",
-       {{"WHAT", "train or attention"}, {"CONFIG", "for train: a YAML config, e.g. configs/gpt2-124m.yaml", true}},
-       {{"--set", "KEY=VALUE", "train: override config keys, e.g. --set train.batch_size=32", "", true},
-        {"--steps", "N", "timed steps (train) or timed runs, median reported (attention)", "20"},
-        {"--warmup", "N", "untimed steps first (attention: untimed forward + backward pairs first; with --protocol reference untimed calls before each timing, default 5 before the forward and 3 before forward + backward, as torch_attention.py)", "5"},
+       "(B·T = 16384, hidden 2048; d 64 and 128, or 32 / 96 with --head-dim; T 1k to 32k; causal and not). "
+       "`bench memory CONFIG`: peak memory and step time of one training step against the sequence length "
+       "(T = --min-t, doubling, to --max-t; default 1024 to 131072; one warm-up and one timed step), the model "
+       "built afresh for each T, stopping at the first that runs out of memory. Results print as JSON lines.",
+       {{"WHAT", "train, attention or memory"},
+        {"CONFIG", "for train and memory: a YAML config, e.g. configs/gpt2-124m.yaml", true}},
+       {{"--set", "KEY=VALUE", "train and memory: override config keys, e.g. --set train.batch_size=32", "", true},
+        {"--steps", "N", "timed steps (train; memory: 1) or timed runs, median reported (attention)", "20"},
+        {"--warmup", "N", "untimed steps first (memory: 1; attention: untimed forward + backward pairs first; with --protocol reference untimed calls before each timing, default 5 before the forward and 3 before forward + backward, as torch_attention.py)", "5"},
         {"--protocol", "P", "attention: sustained (each mode's calls back to back, host-timed) or reference (torch_attention.py's timing: CUDA events, backward = (forward + backward) − forward)", "sustained"},
-        {"--min-t", "T", "attention: the shortest sequence (the shapes are T = 1k, 2k, … from it to --max-t)", "1024"},
-        {"--max-t", "T", "attention: the longest sequence", "32768"},
+        {"--min-t", "T", "attention and memory: the shortest sequence (then T doubles up to --max-t)", "1024"},
+        {"--max-t", "T", "attention and memory: the longest sequence (attention's default 32768, memory's 131072)", "32768"},
         {"--head-dim", "D", "attention: only this head dim (32, 64, 96 or 128; 0 = 64 and 128, the shapes of torch_attention.py)", "0"},
         {"--causal", "0|1|2", "attention: 1 the causal shapes only, 0 the non-causal ones only, 2 both", "2"},
         {"--compare", "0|1", "attention: 1 also times the portable mma.sync kernels beside the default (wgmma on H100/H200)", "0"},
@@ -183,8 +187,12 @@ std::vector<cli::Command> commands() {
            TG_CHECK(a.positional.size() == 2, "tilegrad bench train: needs a CONFIG");
            return bench_train(a);
          }
+         if (a.positional[0] == "memory") {
+           TG_CHECK(a.positional.size() == 2, "tilegrad bench memory: needs a CONFIG");
+           return bench_memory(a);
+         }
          TG_CHECK(a.positional[0] == "attention", "tilegrad bench: unknown benchmark '", a.positional[0],
-                  "'; available: train, attention");
+                  "'; available: train, attention, memory");
          return bench_attention(a);
        }},
       {"plot",

@@ -31,7 +31,12 @@ void* cuda_allocate(size_t nbytes, int device) {
   TG_CUDA_CHECK(cudaSetDevice(device));
   configure_pool(device);
   void* p = nullptr;
-  TG_CUDA_CHECK(cudaMallocAsync(&p, nbytes ? nbytes : 1, cudaStreamPerThread));
+  const cudaError_t err = cudaMallocAsync(&p, nbytes ? nbytes : 1, cudaStreamPerThread);
+  if (err == cudaErrorMemoryAllocation) {  // the caller says what ran out; the error is not sticky
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  TG_CUDA_CHECK(err);
   return p;
 }
 

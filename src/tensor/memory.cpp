@@ -80,13 +80,23 @@ Storage::Storage(size_t n, Device dev, MemCategory cat) : nbytes(n), device(dev)
     // 64-byte alignment for vector loads; never zero-sized so data is a valid pointer.
     size_t rounded = ((n + 63) / 64) * 64;
     data = std::aligned_alloc(64, rounded ? rounded : 64);
-    if (!data) throw std::bad_alloc();
   } else {
 #ifdef TILEGRAD_HAVE_CUDA
-    data = cuda_allocate(n, dev.index);
+    data = cuda_allocate(n, dev.index);  // null when the device is out of memory
 #else
     throw Error("tensor on " + dev.str() + " requested, but tilegrad was built without CUDA");
 #endif
+  }
+  if (!data) {
+    const MemoryStats s = memory_stats(dev);
+    std::string held;
+    for (int c = 0; c < kNumMemCategories; ++c)
+      held += std::string(c ? ", " : "") + mem_category_name(MemCategory(c)) + " " + format_bytes(s.current[size_t(c)]);
+    throw OutOfMemory(detail::concat(
+        "out of memory on ", dev.str(), ": allocating ", format_bytes(int64_t(n)), " for ", mem_category_name(cat),
+        " while tilegrad holds ", format_bytes(s.current_total), " (", held,
+        "); lower train.batch_size or train.seq_len, or set train.lm_head_chunk and train.recompute "
+        "(README: Long context)"));
   }
   memory_charge(device, category, int64_t(nbytes));
 }

@@ -14,6 +14,13 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
+// Memory ran out: which device, how much was asked for, what tilegrad held and what to change.
+// A tg::Error (the run stops with the message); `tilegrad bench memory` catches it to end a series.
+class OutOfMemory : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 template <typename... Args>
 std::string concat(Args&&... args) {

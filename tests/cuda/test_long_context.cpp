@@ -133,6 +133,25 @@ TEST(LinearCrossEntropyGpu, Bf16ModelWithAChunkedHeadTracksTheUnchunkedOne) {
             2e-2);
 }
 
+// Asking for more than the GPU has is a tg::OutOfMemory naming the device and what to change, and
+// it is not sticky: the next allocation and kernel work.
+TEST(OutOfMemoryGpu, IsAClearErrorAndNotSticky) {
+  REQUIRE_GPU();
+  const Device d = Device::cuda(0);
+  const int64_t before = memory_stats(d).current_total;
+  try {
+    Tensor::empty({int64_t(1) << 38}, DType::f32, d);  // 1 TiB
+    ADD_FAILURE() << "no error";
+  } catch (const OutOfMemory& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("out of memory on cuda:0: allocating 1024.00 GiB"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("train.lm_head_chunk"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(memory_stats(d).current_total, before);
+  Tensor x = testing::random_tensor({64, 64}, 1, DType::f32).to(d);
+  EXPECT_NEAR(ops::sum(ops::scale(x, 2.0)).item(), 2.0 * ops::sum(x).item(), 1e-3);
+}
+
 TEST(RecomputeGpu, Bf16ModelGivesTheSameLossAndGradientsInLessMemory) {
   REQUIRE_GPU();
   nn::GPTConfig c;

@@ -4,6 +4,7 @@
 
 #include "src/nn/gpt.h"
 #include "src/ops/ops.h"
+#include "src/tensor/memory.h"
 #include "tests/test_util.h"
 
 namespace tg {
@@ -60,6 +61,16 @@ TEST(BadInput, OutOfRangeIndicesAndOptions) {
   nn::GPTConfig c;
   c.d_model = 30; c.n_head = 4;
   expect_error([&] { nn::GPT m(c, 1); }, {"d_model 30", "n_head 4"});
+}
+
+// Running out of memory is a tg::OutOfMemory that names the device, the request, what tilegrad
+// holds and what to change, and charges nothing (2^60 bytes: more than any machine maps).
+TEST(BadInput, OutOfMemorySaysWhatRanOutAndWhatToChange) {
+  const int64_t before = memory_stats(Device::cpu()).current_total;
+  EXPECT_THROW(Tensor::empty({int64_t(1) << 58}, DType::f32), OutOfMemory);
+  expect_error([] { Tensor::empty({int64_t(1) << 58}, DType::f32); },
+               {"out of memory on cpu", "allocating 1073741824.00 GiB", "tilegrad holds", "train.recompute"});
+  EXPECT_EQ(memory_stats(Device::cpu()).current_total, before);
 }
 
 TEST(BadInput, DeviceMismatchIsNamed) {

@@ -234,6 +234,36 @@ TEST(Command, BenchAttentionNamesABadOptionOnAnyMachine) {
   }
 }
 
+TEST(Command, BenchMemorySweepsTheSequenceLength) {
+  if (!fs::exists(kBinary)) GTEST_SKIP() << "tilegrad binary not built at " << kBinary;
+  const std::string cfg = std::string(TILEGRAD_SOURCE_DIR) + "/configs/kjv-tiny.yaml";
+  // kjv-tiny's position table has 64 rows: T 128 runs with the table grown to 128.
+  auto [rc, out] = shell(kBinary + " bench memory " + cfg + " --min-t 16 --max-t 128 --set run.device=cpu model.n_layer=1" +
+                         " train.batch_size=2 train.lm_head_chunk=8 train.recompute=true");
+  ASSERT_EQ(rc, 0) << out;
+  std::vector<double> peaks;
+  for (int64_t T : {16, 32, 64, 128}) {
+    const std::string key = "\"T\":" + std::to_string(T) + ",";
+    const size_t at = out.find(key);
+    ASSERT_NE(at, std::string::npos) << T << ": " << out;
+    const size_t p = out.find("\"peak_gib\":", at);
+    ASSERT_NE(p, std::string::npos) << out;
+    peaks.push_back(std::stod(out.substr(p + 11)));
+    EXPECT_NE(out.find("| " + std::to_string(T) + " | "), std::string::npos) << out;  // the closing table
+  }
+  EXPECT_GT(peaks.back(), peaks.front());  // activations grow with T
+  EXPECT_NE(out.find("\"recompute\":true"), std::string::npos) << out;
+  const std::pair<const char*, const char*> bad[] = {
+      {"--min-t 0", "--min-t 0 is not a sequence length"},
+      {"--min-t 64 --max-t 32", "--min-t 64 exceeds --max-t 32"},
+  };
+  for (const auto& [args, message] : bad) {
+    auto [rc2, out2] = shell(kBinary + " bench memory " + cfg + " --set run.device=cpu " + args);
+    EXPECT_EQ(rc2, 1) << args;
+    EXPECT_NE(out2.find(message), std::string::npos) << args << ": " << out2;
+  }
+}
+
 TEST(Command, BadSetFailsBeforeTraining) {
   if (!fs::exists(kBinary)) GTEST_SKIP() << "tilegrad binary not built at " << kBinary;
   std::string cfg = std::string(TILEGRAD_SOURCE_DIR) + "/configs/kjv-tiny.yaml";
