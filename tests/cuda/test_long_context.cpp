@@ -19,19 +19,7 @@
 namespace tg {
 namespace {
 
-using testing::have_gpu;
-
-#define REQUIRE_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine (or built without CUDA)"
-
-double rel_norm(const std::vector<double>& a, const std::vector<double>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (a[i] - b[i]) * (a[i] - b[i]);
-    den += b[i] * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
+using testing::rel_norm;
 
 struct Result {
   double loss;

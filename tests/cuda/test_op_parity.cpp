@@ -20,20 +20,7 @@ namespace tg {
 namespace {
 
 using testing::have_gpu;
-
-#define REQUIRE_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine (or built without CUDA)"
-
-// ||a − b|| / ||b||.
-double rel_norm(const std::vector<double>& a, const std::vector<double>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::isinf(b[i]) && a[i] == b[i]) continue;
-    num += (a[i] - b[i]) * (a[i] - b[i]);
-    den += b[i] * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
+using testing::rel_norm;
 
 using OpFn = std::function<Tensor(const std::vector<Tensor>&)>;
 struct ParityCase {
