@@ -62,6 +62,29 @@ void set_element(Tensor t, int64_t i, float v) {
   t.copy_from(host);
 }
 
+// Runs `straight` to its end, and `first` (the same run in another directory) cut half way with a
+// signal (the schedule still spans 12 steps) and resumed from its latest checkpoint: the losses
+// and the final parameters must be the same bits. Returns the straight run's losses.
+std::vector<double> expect_exact_resume(const Config& straight, const Config& first) {
+  Trainer a(straight);
+  a.run();
+  Trainer b(first);
+  b.set_step_hook([](int64_t step) { if (step == 6) std::raise(SIGTERM); });
+  TrainResult rb = b.run();
+  EXPECT_TRUE(rb.interrupted);
+  EXPECT_EQ(rb.final_step, 6);
+  Trainer c(first);
+  TrainResult rc = c.run("latest");
+  EXPECT_EQ(rc.final_step, 12);
+  std::vector<double> joined = b.losses();
+  joined.insert(joined.end(), c.losses().begin(), c.losses().end());
+  EXPECT_EQ(joined.size(), a.losses().size());
+  if (joined.size() != a.losses().size()) return a.losses();
+  for (size_t i = 0; i < joined.size(); ++i) EXPECT_EQ(joined[i], a.losses()[i]) << "step " << i + 1;
+  EXPECT_TRUE(testing::bitwise_equal(a.model().params().flat_values(), c.model().params().flat_values()));
+  return a.losses();
+}
+
 class ExactResume : public ::testing::TestWithParam<std::pair<std::string, std::string>> {};
 
 TEST_P(ExactResume, IsBitwiseEqualToAStraightRun) {
@@ -69,24 +92,29 @@ TEST_P(ExactResume, IsBitwiseEqualToAStraightRun) {
   if (device == "cuda" && !have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine (or built without CUDA)";
   Config straight = tiny_config("straight_" + device + precision, device);
   straight.train.precision = precision;
-  Trainer a(straight);
-  a.run();
-  // Cut the same run half way with a signal (the schedule still spans 12 steps), then resume.
   Config first = tiny_config("resumed_" + device + precision, device);
   first.train.precision = precision;
-  Trainer b(first);
-  b.set_step_hook([](int64_t step) { if (step == 6) std::raise(SIGTERM); });
-  TrainResult rb = b.run();
-  ASSERT_TRUE(rb.interrupted);
-  EXPECT_EQ(rb.final_step, 6);
-  Trainer c(first);
-  TrainResult rc = c.run("latest");
-  EXPECT_EQ(rc.final_step, 12);
-  std::vector<double> joined = b.losses();
-  joined.insert(joined.end(), c.losses().begin(), c.losses().end());
-  ASSERT_EQ(joined.size(), a.losses().size());
-  for (size_t i = 0; i < joined.size(); ++i) EXPECT_EQ(joined[i], a.losses()[i]) << "step " << i + 1;
-  EXPECT_TRUE(testing::bitwise_equal(a.model().params().flat_values(), c.model().params().flat_values()));
+  expect_exact_resume(straight, first);
+}
+
+// The long-context keys (a chunked head, recomputed blocks — with dropout and two micro-batches a
+// step, so each recomputation must draw its forward's masks) resume bit for bit, and train as the
+// default does: the same losses up to the order of the head's sums.
+TEST(Trainer, LongContextKeysResumeExactlyAndTrackTheDefault) {
+  auto long_context = [](const std::string& name) {
+    Config c = tiny_config(name);
+    c.model.n_layer = 2;
+    c.train.lm_head_chunk = 24;  // 4 × 16 = 64 rows: chunks of 24, 24, 16
+    c.train.recompute = true;
+    return c;
+  };
+  const std::vector<double> losses = expect_exact_resume(long_context("lc_straight"), long_context("lc_resumed"));
+  Config plain = tiny_config("lc_default");
+  plain.model.n_layer = 2;
+  Trainer d(plain);
+  d.run();
+  ASSERT_EQ(d.losses().size(), losses.size());
+  for (size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(losses[i], d.losses()[i], 1e-5) << "step " << i + 1;
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, ExactResume,
