@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, run the whole test suite (GPU tests included), then the
 # benchmarks beside their PyTorch references. Logs go to $OUT (or ./gpu-out); a table prints last.
-# Usage: tools/gpu_check.sh [tests|sanitize|attn|profile|stalls|ramp|bench|all]   (needs ../shared/bench copied to .bench/)
+# Usage: tools/gpu_check.sh [tests|sanitize|attn|profile|stalls|ramp|bench|memory|all]   (needs ../shared/bench copied to .bench/)
 #   stalls: STALLS_D=64|128, STALLS_T=T, STALLS_CAUSAL=0 for the non-causal shapes, STALLS_FWD=1 /
 #   STALLS_DQ=1 to profile the forward / dQ kernel too
 #   ramp: RAMP_D="128 64" (head dims), every kernel at non-causal T 1k-8k at base clocks beside cuDNN's
@@ -161,5 +161,14 @@ if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
     | grep '^{' | tee -a "$OUT/bench_train.log"
   if [ -f .bench/torch_gpt.py ]; then
     PYTHONUNBUFFERED=1 timeout 400 python3 .bench/torch_gpt.py throughput 2>&1 | grep "{" | tee "$OUT/torch_gpt.log"
+  fi
+fi
+if [ "$WHAT" = memory ]; then
+  # Peak memory of one batch-1 step against T with the long-context keys (MEMORY_MAX_T, default
+  # 131072), beside torch_gpt.py memory to 64k (about two minutes each).
+  timeout 400 build-gpu/tilegrad bench memory configs/gpt2-124m.yaml --max-t "${MEMORY_MAX_T:-131072}" \
+    --set train.batch_size=1 run.device=cuda train.lm_head_chunk=4096 train.recompute=true 2>&1 | tee "$OUT/bench_memory.log"
+  if [ -f .bench/torch_gpt.py ]; then
+    PYTHONUNBUFFERED=1 timeout 300 python3 .bench/torch_gpt.py memory 65536 2>&1 | grep "{" | tee "$OUT/torch_memory.log"
   fi
 fi
