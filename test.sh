@@ -3,8 +3,9 @@
 # suite with ctest. GPU tests skip with a stated reason where no GPU is present.
 set -euo pipefail
 cd "$(dirname "$0")"
-# gnuplot draws loss.png (tested); python3-h5py proves checkpoints open without tilegrad (tested).
-tools/install_deps.sh gnuplot-nox python3-h5py
+# gnuplot draws loss.png (tested); python3-h5py proves checkpoints open without tilegrad (tested);
+# Open MPI starts and connects the ranks of the data-parallel tests.
+tools/install_deps.sh gnuplot-nox python3-h5py openmpi-bin libopenmpi-dev
 BUILD_DIR="${BUILD_DIR:-build}"
 JOBS="${JOBS:-$(nproc)}"
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-}

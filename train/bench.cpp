@@ -1,5 +1,5 @@
-// `tilegrad bench train` and `tilegrad bench attention`: timed on the device with the same
-// shapes and FLOP conventions as ../shared/bench/torch_gpt.py and torch_attention.py.
+// `tilegrad bench train`, `bench memory` and `bench attention`: timed on the device with the same
+// shapes and FLOP conventions as the PyTorch reference, bench/torch_gpt.py.
 #include "train/bench.h"
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include "kernels/cuda/check.cuh"
 #endif
 #include "kernels/cuda/flash_attention/flash.h"
+#include "src/dist/grad_sync.h"
 #include "src/nn/gpt.h"
 #include "src/optim/adamw.h"
 #include "src/tensor/dispatch.h"
@@ -29,6 +30,7 @@ namespace {
 // What `warmup` untimed and then `steps` timed training steps of a config's model measured.
 struct StepFigures {
   double seconds_per_step = 0, loss = 0, flops_per_token = 0;
+  double exposed_comm_seconds_per_step = 0;  // data parallel: reduction time the backward did not hide
   int64_t params = 0;
   MemoryStats memory;  // peak over the timed steps, or from before the model (peak_from_start)
 };
@@ -37,7 +39,10 @@ struct StepFigures {
 // excluded. The peak memory covers the timed steps or, with peak_from_start, everything from
 // before the model is built (its parameters and AdamW's state included, as torch_gpt.py memory
 // measures it).
-StepFigures run_training_steps(const Config& cfg, Device device, int64_t warmup, int64_t steps, bool peak_from_start) {
+// With a communicator of W > 1 ranks, each rank trains on its own batch and the gradients are
+// reduced as in training (buckets overlapped with the backward, ZeRO-0 or 1 from the config).
+StepFigures run_training_steps(const Config& cfg, Device device, int64_t warmup, int64_t steps, bool peak_from_start,
+                               dist::Communicator* comm = nullptr) {
   TG_CHECK(cfg.train.precision == "fp32" || device.is_cuda(), "train.precision bf16 needs a GPU");
   TG_CHECK(steps > 0 && warmup >= 0, "tilegrad bench: --steps must be > 0 and --warmup ≥ 0");
   const DType compute = cfg.train.precision == "bf16" ? DType::bf16 : DType::f32;
@@ -46,29 +51,54 @@ StepFigures run_training_steps(const Config& cfg, Device device, int64_t warmup,
   nn::GPT model(gpt_config_from(cfg.model), uint64_t(cfg.train.seed), DType::f32, device, compute);
   model.set_lm_head_chunk(cfg.train.lm_head_chunk);
   model.set_recompute(cfg.train.recompute);
-  optim::AdamW opt(model.params(), {cfg.train.beta1, cfg.train.beta2, cfg.train.eps, cfg.train.weight_decay});
+  const int W = comm ? comm->world_size() : 1;
+  std::unique_ptr<dist::GradientSync> sync;
+  if (W > 1)
+    sync = std::make_unique<dist::GradientSync>(*comm, model.params(), cfg.train.zero,
+                                                int64_t(cfg.train.bucket_mb * double(1 << 20)));
+  optim::AdamW opt(model.params(), {cfg.train.beta1, cfg.train.beta2, cfg.train.eps, cfg.train.weight_decay},
+                   sync ? sync->owned() : std::vector<nn::FlatRange>{});
   const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len, V = cfg.model.vocab_size;
   std::vector<int32_t> x(static_cast<size_t>(B * T)), y(static_cast<size_t>(B * T));
   for (size_t i = 0; i < x.size(); ++i) {
-    x[i] = int32_t(nn::normal_from(1, 1, i) * 1e6 + 1e9) % int32_t(V);
-    y[i] = int32_t(nn::normal_from(1, 2, i) * 1e6 + 1e9) % int32_t(V);
+    const uint64_t stream = comm ? 2 * uint64_t(comm->rank()) : 0;  // each rank its own tokens
+    x[i] = int32_t(nn::normal_from(1, 1 + stream, i) * 1e6 + 1e9) % int32_t(V);
+    y[i] = int32_t(nn::normal_from(1, 2 + stream, i) * 1e6 + 1e9) % int32_t(V);
   }
   const Tensor ids = Tensor::from_ints(x, {B, T}).to(device), tgt = Tensor::from_ints(y, {B, T}).to(device);
   StepFigures f;
   auto step = [&] {
     model.params().zero_grad();
     Tensor l = model.loss(ids, tgt);
-    l.backward();
-    opt.step(cfg.train.lr, optim::clip_factor(optim::grad_norm(model.params()), cfg.train.grad_clip));
+    if (!sync) {
+      l.backward();
+      opt.step(cfg.train.lr, optim::clip_factor(optim::grad_norm(model.params()), cfg.train.grad_clip));
+      f.loss = l.item();
+      return;
+    }
+    {
+      LeafGradReadyScope overlap(sync->overlap_hook());
+      ops::scale(l, 1.0 / W).backward();
+    }
+    sync->finish();
+    const double norm = sync->zero_stage() == 1
+                            ? std::sqrt(comm->all_reduce_values({optim::grad_sum_squares(model.params(), sync->norm_ranges())},
+                                                                dist::ReduceOp::sum, "gradient norm")[0])
+                            : optim::grad_norm(model.params());
+    opt.step(cfg.train.lr, optim::clip_factor(norm, cfg.train.grad_clip));
+    sync->gather_parameters();
     f.loss = l.item();
   };
   for (int64_t i = 0; i < warmup; ++i) step();
   device_synchronize(device);
+  if (comm) comm->barrier("bench: timed steps start");
   if (!peak_from_start) reset_peak_memory(device);
+  const double comm_before = sync ? sync->exposed_seconds() : 0.0;
   auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < steps; ++i) step();
   device_synchronize(device);
   f.seconds_per_step = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / double(steps);
+  if (sync) f.exposed_comm_seconds_per_step = (sync->exposed_seconds() - comm_before) / double(steps);
   // nanoGPT / llm.c convention: 6·N (N without the position table) + 12·L·d·T FLOPs per token.
   f.params = model.params().numel();
   int64_t n = f.params;
@@ -82,15 +112,36 @@ double gib(int64_t bytes) { return double(bytes) / double(1ll << 30); }
 }  // namespace
 
 // Training-step throughput of a config's model on random tokens (data loading excluded), the
-// figure compared with ../shared/bench/torch_gpt.py throughput.
+// figure compared with bench/torch_gpt.py throughput (and, under mpirun, torch_gpt.py ddp).
 int bench_train(const cli::Args& a) {
   Config cfg = load_config(a.positional[1], a.all("set"), false);
   validate_config(cfg);
-  const Device device = resolve_device(cfg.run.device);
-  const StepFigures f = run_training_steps(cfg, device, a.get_int("warmup", 5), a.get_int("steps", 20), false);
+  // Under mpirun or srun every rank trains its own batch; rank 0 reports.
+  const dist::Placement placement = dist::placement_from_environment();
+  const Device device = resolve_device(cfg.run.device, placement.local_rank);
+  set_current_device(device);
+  std::unique_ptr<dist::Communicator> comm = dist::make_communicator(placement, device, cfg.run.comm_timeout_s);
+  const int W = comm->world_size();
+  const StepFigures f =
+      run_training_steps(cfg, device, a.get_int("warmup", 5), a.get_int("steps", 20), false, comm.get());
   const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len;
   const double tps = double(B * T) / f.seconds_per_step;
   const MemoryStats& m = f.memory;
+  if (W > 1 || !placement.launcher.empty()) {
+    // Per rank and in total; the slowest rank and the largest peak bound the job.
+    const std::vector<double> worst = comm->all_reduce_values(
+        {f.seconds_per_step, double(m.peak_total), f.exposed_comm_seconds_per_step}, dist::ReduceOp::max,
+        "bench: slowest rank");
+    if (comm->rank() == 0)
+      std::printf(
+          "{\"bench\":\"train_data_parallel\",\"config\":\"%s\",\"backend\":\"%s\",\"world_size\":%d,\"zero\":%d,"
+          "\"bucket_mb\":%g,\"B\":%lld,\"T\":%lld,\"ms_per_step\":%.2f,\"tokens_per_s_per_rank\":%.0f,"
+          "\"tokens_per_s_total\":%.0f,\"comm_exposed_ms\":%.2f,\"peak_gib_per_rank\":%.3f}\n",
+          a.positional[1].c_str(), comm->backend().c_str(), W, cfg.train.zero, cfg.train.bucket_mb, (long long)B,
+          (long long)T, worst[0] * 1e3, double(B * T) / worst[0], double(W * B * T) / worst[0], worst[2] * 1e3,
+          gib(int64_t(worst[1])));
+    if (comm->rank() != 0) return 0;
+  }
   std::printf(
       "{\"bench\":\"train\",\"config\":\"%s\",\"device\":\"%s\",\"precision\":\"%s\",\"attention\":\"%s\","
       "\"deterministic\":%s,\"lm_head_chunk\":%d,\"recompute\":%s,"
@@ -117,7 +168,7 @@ int bench_train(const cli::Args& a) {
 }
 
 // Peak memory of one training step against the sequence length, the figure compared with
-// ../shared/bench/torch_gpt.py memory: T = --min-t, 2·--min-t, … up to --max-t, the config's model
+// bench/torch_gpt.py memory: T = --min-t, 2·--min-t, … up to --max-t, the config's model
 // built afresh for each with train.seq_len = T (and, with learned positions, a table of at least T
 // rows, as torch_gpt.py sizes its own), --warmup untimed and --steps timed steps (1 and 1 unless
 // given). The series stops at the first T that runs out of memory, as torch_gpt.py's does.

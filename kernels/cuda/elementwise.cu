@@ -128,10 +128,10 @@ struct GeluBackwardOp {  // (x, dout) → dx
   }
 };
 struct DropoutOp {
-  uint64_t seed;
+  uint64_t seed, first;
   float p, scale;
   __device__ float operator()(float x, int64_t i) const {
-    return cpu::uniform_from(seed, uint64_t(i)) >= p ? x * scale : 0.0f;
+    return cpu::uniform_from(seed, first + uint64_t(i)) >= p ? x * scale : 0.0f;
   }
 };
 
@@ -417,12 +417,12 @@ void cast(const Src* x, Dst* out, int64_t n, cudaStream_t stream) {
 }
 
 template <typename T>
-void dropout_apply(const T* x, T* out, int64_t n, float p, uint64_t seed, cudaStream_t stream) {
+void dropout_apply(const T* x, T* out, int64_t n, float p, uint64_t seed, uint64_t first, cudaStream_t stream) {
   require(n >= 0, "dropout_apply", "negative size");
   require(p >= 0.0f && p <= 1.0f, "dropout_apply", "probability outside [0, 1]");
   // The same fp32 expression as the CPU's T(1) / T(1 − p), so kept values match bitwise.
   const float scale = 1.0f / (1.0f - p);
-  launch_map1(x, out, n, DropoutOp{seed, p, scale}, stream);
+  launch_map1(x, out, n, DropoutOp{seed, first, p, scale}, stream);
 }
 
 template <typename T>
@@ -447,7 +447,7 @@ void fill(T* x, float value, int64_t n, cudaStream_t stream) {
   template void gelu_forward<T>(const T*, T*, int64_t, cudaStream_t);                            \
   template void gelu_backward<T>(const T*, const T*, T*, int64_t, cudaStream_t);                 \
   template void gelu_backward_sum_rows<T>(const T*, const T*, T*, T*, int64_t, int64_t, float*, cudaStream_t); \
-  template void dropout_apply<T>(const T*, T*, int64_t, float, uint64_t, cudaStream_t);          \
+  template void dropout_apply<T>(const T*, T*, int64_t, float, uint64_t, uint64_t, cudaStream_t);       \
   template void fill<T>(T*, float, int64_t, cudaStream_t);
 TG_INSTANTIATE(float)
 TG_INSTANTIATE(tg::bf16)

@@ -72,9 +72,9 @@ template <typename Src, typename Dst>
 void cast(const Src* x, Dst* out, int64_t n, cudaStream_t stream);
 
 // out (n) = x (n) · keep / (1 − p), keep = uniform_from(seed, i) ≥ p: the same mask as
-// tg::cpu::dropout_apply for the same (seed, i). Used for both directions. Requires 0 ≤ p ≤ 1.
+// tg::cpu::dropout_apply for the same (seed, first + i). Used for both directions. Requires 0 ≤ p ≤ 1.
 template <typename T>
-void dropout_apply(const T* x, T* out, int64_t n, float p, uint64_t seed, cudaStream_t stream);
+void dropout_apply(const T* x, T* out, int64_t n, float p, uint64_t seed, uint64_t first, cudaStream_t stream);
 
 // x (n) = value (rounded to T).
 template <typename T>

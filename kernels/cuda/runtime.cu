@@ -69,6 +69,8 @@ void cuda_convert(const void* src, DType from, void* dst, DType to, int64_t n) {
   else TG_CHECK(false, "dtype conversion ", dtype_name(from), " → ", dtype_name(to), " is not supported on the GPU");
 }
 
+void cuda_set_device(int device) { TG_CUDA_CHECK(cudaSetDevice(device)); }
+
 void cuda_synchronize() { TG_CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread)); }
 
 void cuda_mem_get_info(size_t* free_bytes, size_t* total_bytes) { TG_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes)); }

@@ -28,15 +28,42 @@ struct DeferredFold {
 };
 thread_local std::vector<DeferredFold> t_deferred_folds;
 
+// The hook of the innermost LeafGradReadyScope, and the final leaves whose report waits for
+// their deferred folds to be launched.
+thread_local LeafGradReadyHook* t_leaf_ready = nullptr;
+thread_local std::vector<Tensor> t_ready_after_flush;
+
 void flush_deferred_folds() {
 #ifdef TILEGRAD_HAVE_CUDA
-  if (t_deferred_folds.empty()) return;
-  std::vector<cuda::AddConvertedJob> jobs;
-  for (const DeferredFold& f : t_deferred_folds)
-    jobs.push_back({f.dst.data<float>(), f.src.data<bf16>(), f.src.numel()});
-  cuda::add_converted_batched(jobs.data(), int(jobs.size()), detail::cuda_stream());
+  if (!t_deferred_folds.empty()) {
+    std::vector<cuda::AddConvertedJob> jobs;
+    for (const DeferredFold& f : t_deferred_folds)
+      jobs.push_back({f.dst.data<float>(), f.src.data<bf16>(), f.src.numel()});
+    cuda::add_converted_batched(jobs.data(), int(jobs.size()), detail::cuda_stream());
+  }
 #endif
   t_deferred_folds.clear();  // the sources may be freed now: the stream orders the kernel first
+  std::vector<Tensor> ready;
+  ready.swap(t_ready_after_flush);
+  if (t_leaf_ready)
+    for (const Tensor& leaf : ready) (*t_leaf_ready)(leaf);
+}
+
+// Whether a deferred fold still waits to add into `leaf`'s gradient.
+bool fold_pending_for(const Tensor& leaf) {
+  const Tensor g = leaf.grad();
+  if (!g.defined()) return false;
+  const char* lo = static_cast<const char*>(g.raw());
+  for (const DeferredFold& f : t_deferred_folds) {
+    const char* d = static_cast<const char*>(f.dst.raw());
+    if (d >= lo && d < lo + g.nbytes()) return true;
+  }
+  return false;
+}
+
+void report_final(const Tensor& leaf) {
+  if (fold_pending_for(leaf)) t_ready_after_flush.push_back(leaf);
+  else (*t_leaf_ready)(leaf);
 }
 }  // namespace
 
@@ -46,6 +73,11 @@ Tensor take_pending_gradient(size_t input) {
   if (g.defined()) t_hand_over->taken[input] = true;
   return g;
 }
+
+LeafGradReadyScope::LeafGradReadyScope(LeafGradReadyHook hook) : hook_(std::move(hook)), previous_(t_leaf_ready) {
+  t_leaf_ready = &hook_;
+}
+LeafGradReadyScope::~LeafGradReadyScope() { t_leaf_ready = previous_; }
 
 bool grad_enabled() { return t_grad_enabled; }
 NoGradGuard::NoGradGuard() : previous_(t_grad_enabled) { t_grad_enabled = false; }
@@ -106,7 +138,7 @@ void backward(const Tensor& root, const Tensor& seed) {
   // Deferred leaf-gradient additions are flushed at the end; if a closure throws they are
   // dropped, never carried into the next backward().
   struct DropDeferredFolds {
-    ~DropDeferredFolds() { t_deferred_folds.clear(); }
+    ~DropDeferredFolds() { t_deferred_folds.clear(), t_ready_after_flush.clear(); }
   } drop_deferred_folds;
 
   if (root.is_leaf()) {
@@ -134,6 +166,18 @@ void backward(const Tensor& root, const Tensor& seed) {
     }
   }
 
+  // With a LeafGradReadyHook: how many nodes still to walk read each leaf.
+  std::unordered_map<TensorImpl*, int> leaf_readers;
+  if (t_leaf_ready)
+    for (Node* node : order)
+      for (const Tensor& in : node->inputs)
+        if (in.defined() && !in.grad_fn() && in.requires_grad()) ++leaf_readers[in.impl()];
+  auto walked = [&](Node* node) {
+    if (!t_leaf_ready) return;
+    for (const Tensor& in : node->inputs)
+      if (in.defined() && !in.grad_fn() && in.requires_grad() && --leaf_readers[in.impl()] == 0) report_final(in);
+  };
+
   std::unordered_map<Node*, Tensor> pending;  // gradient of each node's output
   pending[root.grad_fn().get()] = seed;
   // Keep nodes alive while we walk even if tensors holding them are released mid-walk.
@@ -142,7 +186,10 @@ void backward(const Tensor& root, const Tensor& seed) {
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     Node* node = *it;
     auto found = pending.find(node);
-    if (found == pending.end()) continue;  // no gradient flows here
+    if (found == pending.end()) {  // no gradient flows here
+      walked(node);
+      continue;
+    }
     Tensor grad_out = found->second;
     pending.erase(found);
     for (const Tensor& in : node->inputs)
@@ -194,6 +241,7 @@ void backward(const Tensor& root, const Tensor& seed) {
         in.impl()->grad = g.clone().impl_ptr();  // own copy: g may alias a saved buffer
       }
     }
+    walked(node);
     // Free the graph as we go: saved tensors and closures die here.
     node->backward = nullptr;
     node->inputs.clear();

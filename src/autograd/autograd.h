@@ -64,6 +64,25 @@ Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, c
 // backward adds the residual gradient as it writes dx: one pass over the tensor fewer).
 Tensor take_pending_gradient(size_t input);
 
+// Called during backward() when a leaf's gradient is final: every node of the graph that reads
+// the leaf has run and its contribution is added (deferred conversions included; on the GPU,
+// queued on the compute stream). Data-parallel training starts reducing a bucket of gradients
+// as soon as all of its parameters are final, while the backward goes on (src/dist/grad_sync.h).
+// A leaf no node of the graph reads is never reported.
+using LeafGradReadyHook = std::function<void(const Tensor& leaf)>;
+// Installs `hook` for the backward passes this thread runs while the scope lives.
+class LeafGradReadyScope {
+ public:
+  explicit LeafGradReadyScope(LeafGradReadyHook hook);
+  ~LeafGradReadyScope();
+  LeafGradReadyScope(const LeafGradReadyScope&) = delete;
+  LeafGradReadyScope& operator=(const LeafGradReadyScope&) = delete;
+
+ private:
+  LeafGradReadyHook hook_;
+  LeafGradReadyHook* previous_;
+};
+
 // dst += src (same shape and dtype, no autograd). Used for gradient accumulation.
 void accumulate_into(Tensor& dst, const Tensor& src);
 

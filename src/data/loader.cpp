@@ -70,15 +70,19 @@ void DataLoader::copy_window(int64_t shard, int64_t offset, int64_t row, int32_t
 }
 
 void DataLoader::next_batch(int32_t* inputs, int32_t* targets) {
-  const uint64_t step_key = splitmix64(splitmix64(cursor_.seed) ^ cursor_.step);
+  batch_at(cursor_.step, int64_t(rank_) * B_, inputs, targets);  // global rows across ranks
+  ++cursor_.step;
+}
+
+void DataLoader::batch_at(uint64_t step, int64_t first_row, int32_t* inputs, int32_t* targets) const {
+  const uint64_t step_key = splitmix64(splitmix64(cursor_.seed) ^ step);
   const auto starts = static_cast<uint64_t>(start_prefix_.back());
   for (int64_t b = 0; b < B_; ++b) {
-    const uint64_t row = static_cast<uint64_t>(rank_) * B_ + b;  // global row across ranks
+    const uint64_t row = static_cast<uint64_t>(first_row + b);
     const auto u = static_cast<int64_t>(draw_below(splitmix64(step_key ^ row), starts));
     const int64_t shard = locate(start_prefix_, u);
     copy_window(shard, u - start_prefix_[shard], b, inputs, targets);
   }
-  ++cursor_.step;
 }
 
 int64_t DataLoader::num_sequential_batches() const {

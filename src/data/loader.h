@@ -32,6 +32,13 @@ class DataLoader {
 
   // Fills inputs and targets (each (B, T) int32, row-major) and advances the cursor one step.
   void next_batch(int32_t* inputs, int32_t* targets);
+  // Rows first_row … first_row + B − 1 of draw `step` (the cursor is neither read nor moved):
+  // the window of a row is a pure function of (seed, step, row). Training keys a draw by the
+  // optimizer step and numbers the rows of the whole global batch — micro-batch m of rank r
+  // starts at row (m·W + r)·B — so every layout of the same global batch (W ranks × B rows ×
+  // k micro-batches) reads the same tokens, and a resume at another world size continues the
+  // stream.
+  void batch_at(uint64_t step, int64_t first_row, int32_t* inputs, int32_t* targets) const;
   LoaderCursor cursor() const { return cursor_; }
   void set_cursor(const LoaderCursor& c) { cursor_ = c; }  // exact resume
 

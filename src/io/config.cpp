@@ -175,6 +175,15 @@ const std::vector<Field>& fields() {
                          "Keep only each transformer block's input and run the block again in the backward: "
                          "activations of one block instead of all (long context), for about a third more "
                          "compute; the same values and gradients."));
+    t.push_back(TG_FIELD(train, zero,
+                         "Data parallelism: 0 keeps AdamW's moments whole on every rank; 1 shards them (ZeRO-1): "
+                         "each rank updates 1/W of the parameters and all-gathers them.")
+                    .min(0)
+                    .max(1));
+    t.push_back(TG_FIELD(train, bucket_mb,
+                         "Data parallelism: MiB of fp32 gradients per bucket, each reduced as soon as its gradients "
+                         "are final, overlapped with the rest of the backward; 0 reduces them all after it.")
+                    .min(0));
     // run
     t.push_back(
         TG_FIELD(run, out_dir, "Run directory: log, metrics.jsonl, checkpoints, samples.").required());
@@ -182,11 +191,15 @@ const std::vector<Field>& fields() {
                     .one_of({"auto", "cpu", "cuda"}));
     t.push_back(TG_FIELD(run, log_every, "Steps between log lines.").min(1));
     t.push_back(TG_FIELD(run, eval_every, "Steps between validation evals; 0 = never.").min(0));
-    t.push_back(TG_FIELD(run, eval_steps, "Validation batches per eval.").min(1));
+    t.push_back(TG_FIELD(run, eval_steps, "Validation batches per eval (per rank in a data-parallel run).").min(1));
     t.push_back(TG_FIELD(run, sample_every, "Steps between generated samples; 0 = never.").min(0));
     t.push_back(TG_FIELD(run, sample_tokens, "Tokens per generated sample.").min(1));
     t.push_back(TG_FIELD(run, ckpt_every, "Steps between checkpoints; 0 = never.").min(0));
     t.push_back(TG_FIELD(run, keep_last, "Checkpoints kept on disk; 0 keeps all.").min(0));
+    t.push_back(TG_FIELD(run, comm_timeout_s,
+                         "Data parallelism: seconds a collective may wait for the other ranks before this rank "
+                         "gives up, naming the collective and the step, and exits non-zero.")
+                    .positive());
     return t;
   }();
   return table;

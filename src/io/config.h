@@ -48,8 +48,10 @@ struct TrainConfig {
   int max_bad_steps = 5;           // consecutive non-finite-loss steps tolerated (skipped) before aborting
   std::string precision = "fp32";  // "fp32" or "bf16" (bf16 compute, fp32 master weights; CUDA only)
   bool deterministic = true;       // false: GPU kernels may sum in a run-dependent order (faster attention backward)
-  int lm_head_chunk = 0;
-  bool recompute = false;          // true: each block recomputed in the backward from its input (long context)           // > 0: the LM head and loss make this many rows of logits at a time; 0: all at once
+  int lm_head_chunk = 0;           // > 0: the LM head and loss make this many rows of logits at a time; 0: all at once
+  bool recompute = false;          // true: each block recomputed in the backward from its input (long context)
+  int zero = 0;                    // data parallelism: 0 replicates AdamW's state, 1 shards it across ranks
+  double bucket_mb = 25.0;         // data parallelism: MiB of gradients per overlapped reduction; 0 = one after the backward
   bool operator==(const TrainConfig&) const = default;
 };
 
@@ -64,6 +66,7 @@ struct RunConfig {
   int sample_tokens = 200;               // tokens per generated sample
   std::int64_t ckpt_every = 500;         // steps between checkpoints; 0 = never
   int keep_last = 3;                     // checkpoints kept on disk; 0 keeps all
+  double comm_timeout_s = 600.0;         // data parallelism: seconds a collective may take before the rank gives up
   bool operator==(const RunConfig&) const = default;
 };
 

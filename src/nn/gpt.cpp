@@ -70,7 +70,9 @@ Tensor GPT::maybe(const std::string& name) const { return params_.has(name) ? p(
 
 Tensor GPT::dropout(const Tensor& x, uint64_t site) {
   if (!training_ || config_.dropout == 0.0) return x;
-  return ops::dropout(x, config_.dropout, cpu::hash64(seed_ ^ cpu::hash64(dropout_counter_ * 1024 + site)));
+  const uint64_t row_elements = uint64_t(x.numel() / x.size(0));  // x is (B, …)
+  return ops::dropout(x, config_.dropout, cpu::hash64(seed_ ^ cpu::hash64(dropout_counter_ * 1024 + site)), true,
+                      uint64_t(dropout_first_row_) * row_elements);
 }
 
 Tensor GPT::block(const Tensor& x, int64_t i) {
@@ -95,17 +97,22 @@ Tensor GPT::block(const Tensor& x, int64_t i) {
 
 Tensor GPT::recomputed_block(const Tensor& x, int64_t i) {
   // The backward's second run must see what the forward saw: the same compute copy of the
-  // parameters (forward() drops it when it returns) and the same dropout counter and mode.
+  // parameters (forward() drops it when it returns) and the same dropout counter, rows and mode.
   return checkpoint(
-      [this, i, compute = compute_values_, counter = dropout_counter_, training = training_](const std::vector<Tensor>& in) {
+      [this, i, compute = compute_values_, counter = dropout_counter_, first_row = dropout_first_row_,
+       training = training_](const std::vector<Tensor>& in) {
         struct Restore {
           GPT& m;
           Tensor compute;
           uint64_t counter;
+          int64_t first_row;
           bool training;
-          ~Restore() { m.compute_values_ = compute, m.dropout_counter_ = counter, m.training_ = training; }
-        } restore{*this, compute_values_, dropout_counter_, training_};
-        compute_values_ = compute, dropout_counter_ = counter, training_ = training;
+          ~Restore() {
+            m.compute_values_ = compute, m.dropout_counter_ = counter, m.dropout_first_row_ = first_row;
+            m.training_ = training;
+          }
+        } restore{*this, compute_values_, dropout_counter_, dropout_first_row_, training_};
+        compute_values_ = compute, dropout_counter_ = counter, dropout_first_row_ = first_row, training_ = training;
         return block(in[0], i);
       },
       {x});

@@ -59,9 +59,12 @@ class GPT {
   const ParameterStore& params() const { return params_; }
 
   // Dropout draws a fresh mask per forward from (seed, forward counter, site); the counter
-  // is part of the training state that checkpoints save.
+  // is part of the training state that checkpoints save. Row b of a batch draws the mask of row
+  // first_row + b of a larger batch: data-parallel ranks set their micro-batch's first global
+  // row, so a row's mask does not depend on how a global batch is split across ranks.
   uint64_t dropout_counter() const { return dropout_counter_; }
   void set_dropout_counter(uint64_t c) { dropout_counter_ = c; }
+  void set_dropout_first_row(int64_t row) { dropout_first_row_ = row; }
 
  private:
   // ids → (the final LayerNorm's output (B, T, C), wte in the compute dtype): all but the LM head.
@@ -79,6 +82,7 @@ class GPT {
   DType compute_;
   Tensor compute_values_;  // during forward(): the flat parameter buffer in the compute dtype
   uint64_t dropout_counter_ = 0;
+  int64_t dropout_first_row_ = 0;
   bool training_ = true;
   int64_t lm_head_chunk_ = 0;
   bool recompute_ = false;

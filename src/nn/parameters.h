@@ -10,6 +10,13 @@ namespace tg::nn {
 
 enum class Init { normal, zeros, ones };
 
+// A contiguous range of the flat parameter (and gradient) buffer: what one data-parallel rank
+// updates under ZeRO-1 is a list of these.
+struct FlatRange {
+  int64_t offset = 0;
+  int64_t length = 0;
+};
+
 struct Parameter {
   std::string name;  // Hugging Face GPT-2 name, e.g. "transformer.h.0.attn.c_attn.weight"
   Tensor value;      // a view into the flat parameter buffer, requires_grad

@@ -498,22 +498,24 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
 }
 
 namespace {
-Tensor dropout_raw(const Tensor& x, double p, uint64_t seed) {
+Tensor dropout_raw(const Tensor& x, double p, uint64_t seed, uint64_t first) {
   Tensor out = empty_like(x);
-  dispatch("dropout", x, [&]<typename T>() { cpu::dropout_apply(x.data<T>(), out.data<T>(), x.numel(), float(p), seed); },
+  dispatch("dropout", x,
+           [&]<typename T>() { cpu::dropout_apply(x.data<T>(), out.data<T>(), x.numel(), float(p), seed, first); },
            [&]<typename T>() {
-             cuda::dropout_apply(x.data<T>(), out.data<T>(), x.numel(), float(p), seed, cuda_stream());
+             cuda::dropout_apply(x.data<T>(), out.data<T>(), x.numel(), float(p), seed, first, cuda_stream());
            });
   return out;
 }
 }  // namespace
 
-Tensor dropout(const Tensor& x, double p, uint64_t seed, bool training) {
+Tensor dropout(const Tensor& x, double p, uint64_t seed, bool training, uint64_t first) {
   check_defined("dropout", x, "x");
   TG_CHECK(p >= 0.0 && p < 1.0, "dropout: probability ", p, " is outside [0, 1)");
   if (!training || p == 0.0) return x;
-  Tensor out = dropout_raw(x, p, seed);
-  record(out, "dropout", {x}, [p, seed](const Tensor& g) { return std::vector<Tensor>{dropout_raw(g, p, seed)}; });
+  Tensor out = dropout_raw(x, p, seed, first);
+  record(out, "dropout", {x},
+         [p, seed, first](const Tensor& g) { return std::vector<Tensor>{dropout_raw(g, p, seed, first)}; });
   return out;
 }
 

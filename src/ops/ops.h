@@ -46,8 +46,10 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
 // logit-sized elements exist at once. The tied LM head and loss of a long-context model.
 Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& targets, int64_t chunk_rows,
                             int32_t ignore_index = -1);
-// Deterministic from `seed`; identity (and no node) when p == 0 or !training.
-Tensor dropout(const Tensor& x, double p, uint64_t seed, bool training = true);
+// Deterministic from `seed`: element i's keep draw is the hash of (seed, first + i), so a slice of
+// rows of a larger tensor gets that tensor's mask when `first` is its first element there.
+// Identity (and no node) when p == 0 or !training.
+Tensor dropout(const Tensor& x, double p, uint64_t seed, bool training = true, uint64_t first = 0);
 // x (B, T, H, D), D even; rotates positions pos_offset..pos_offset+T−1 (inverse: back).
 Tensor rope(const Tensor& x, double base = 10000.0, int64_t pos_offset = 0, bool inverse = false);
 Tensor causal_mask(const Tensor& scores /*(..., T, T)*/);  // future keys → −inf

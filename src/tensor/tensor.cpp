@@ -17,9 +17,14 @@ void cuda_synchronize();
 void device_synchronize(Device d) {
   if (d.is_cuda()) cuda_synchronize();
 }
+void cuda_set_device(int device);
+void set_current_device(Device d) {
+  if (d.is_cuda()) cuda_set_device(d.index);
+}
 #else
 int cuda_device_count() { return 0; }
 void device_synchronize(Device) {}
+void set_current_device(Device) {}
 #endif
 
 std::string shape_str(const Shape& s) {

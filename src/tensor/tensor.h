@@ -31,6 +31,8 @@ struct TensorImpl {
 
 // Number of usable CUDA devices (0 in a build without CUDA or on a machine without a GPU).
 int cuda_device_count();
+// Makes `d` this thread's current GPU (a data-parallel rank's own; no-op for the CPU).
+void set_current_device(Device d);
 // Waits for the GPU work queued by this thread (no-op on CPU-only builds): for timing.
 void device_synchronize(Device d);
 

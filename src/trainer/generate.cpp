@@ -60,13 +60,14 @@ std::vector<int32_t> generate(nn::GPT& model, const std::vector<int32_t>& prompt
   return out;
 }
 
-double evaluate(nn::GPT& model, DataLoader& val, int64_t steps) {
+double evaluate(nn::GPT& model, DataLoader& val, int64_t steps, dist::Communicator* comm) {
   NoGradGuard no_grad;
   EvalMode eval(model);
   const int64_t B = val.batch_size(), T = val.seq_len();
   const int64_t available = val.num_sequential_batches();
   TG_CHECK(available > 0, "validation data (", val.files().size(), " file(s), ", val.total_tokens(),
            " tokens) is too small for one batch of ", B, " × ", T, " tokens; use more validation data or a smaller batch");
+  const int64_t W = comm ? comm->world_size() : 1;
   const int64_t n = steps > 0 ? std::min(steps, available) : available;
   std::vector<int32_t> x(static_cast<size_t>(B * T)), y(static_cast<size_t>(B * T));
   val.reset_sequential();
@@ -74,6 +75,10 @@ double evaluate(nn::GPT& model, DataLoader& val, int64_t steps) {
   for (int64_t i = 0; i < n; ++i) {
     val.next_sequential_batch(x.data(), y.data());
     total += model.loss(Tensor::from_ints(x, {B, T}), Tensor::from_ints(y, {B, T})).item();
+  }
+  if (W > 1) {
+    const std::vector<double> sum = comm->all_reduce_values({total, double(n)}, dist::ReduceOp::sum, "validation loss");
+    return sum[0] / sum[1];
   }
   return total / double(n);
 }

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "src/data/loader.h"
+#include "src/dist/communicator.h"
 #include "src/nn/gpt.h"
 
 namespace tg {
@@ -21,6 +22,9 @@ struct SampleOptions {
 std::vector<int32_t> generate(nn::GPT& model, const std::vector<int32_t>& prompt, const SampleOptions& opt);
 
 // Mean loss over `steps` sequential validation batches (all of them when steps <= 0).
-double evaluate(nn::GPT& model, DataLoader& val, int64_t steps);
+// In a data-parallel run (comm with world size W > 1) each rank evaluates `steps` batches of
+// its own (the loader deals batches to ranks in turn) and the mean is over all ranks' batches:
+// the same windows, and so the same loss, as one process whose batch is W times larger.
+double evaluate(nn::GPT& model, DataLoader& val, int64_t steps, dist::Communicator* comm = nullptr);
 
 }  // namespace tg

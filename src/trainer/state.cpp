@@ -58,19 +58,27 @@ nn::GPTConfig gpt_config_from(const ModelConfig& m) {
 
 CheckpointData make_checkpoint(const nn::GPT& model, const optim::AdamW* opt, const TrainState& s,
                                const std::string& config_yaml) {
+  TG_ASSERT(!opt || opt->owns_all());
+  return opt ? make_checkpoint(model, opt->first_moment(), opt->second_moment(), opt->steps_taken(), s, config_yaml)
+             : make_checkpoint(model, Tensor(), Tensor(), 0, s, config_yaml);
+}
+
+CheckpointData make_checkpoint(const nn::GPT& model, const Tensor& m, const Tensor& v, int64_t optimizer_steps,
+                               const TrainState& s, const std::string& config_yaml) {
   CheckpointData c;
   for (const nn::Parameter& p : model.params().all()) {
     c.arrays.push_back(to_array(kParams + p.name, p.value));
-    if (opt) {
-      c.arrays.push_back(to_array(kMoment1 + p.name, Tensor::view_of(opt->first_moment(), p.offset, p.value.shape())));
-      c.arrays.push_back(to_array(kMoment2 + p.name, Tensor::view_of(opt->second_moment(), p.offset, p.value.shape())));
+    if (m.defined()) {
+      c.arrays.push_back(to_array(kMoment1 + p.name, Tensor::view_of(m, p.offset, p.value.shape())));
+      c.arrays.push_back(to_array(kMoment2 + p.name, Tensor::view_of(v, p.offset, p.value.shape())));
     }
   }
   c.ints["step"] = s.step;
   c.ints["tokens_seen"] = s.tokens_seen;
   c.ints["bad_steps_in_row"] = s.bad_steps_in_row;
   c.ints["world_size"] = s.world_size;
-  c.ints["optimizer_steps"] = opt ? opt->steps_taken() : 0;
+  c.ints["global_batch_rows"] = s.global_batch_rows;
+  c.ints["optimizer_steps"] = optimizer_steps;
   c.u64_arrays["loader_cursor"] = {s.cursor.seed, s.cursor.step};
   c.u64_arrays["rng/dropout_counter"] = {s.dropout_counter};
   c.strings["config_yaml"] = config_yaml;
@@ -86,15 +94,21 @@ void restore_parameters(nn::GPT& model, const CheckpointData& ckpt, const std::s
 }
 
 void restore_optimizer(optim::AdamW& opt, const nn::GPT& model, const CheckpointData& ckpt, const std::string& path) {
+  TG_ASSERT(opt.owns_all());
+  opt.set_steps_taken(restore_moments(opt.first_moment(), opt.second_moment(), model, ckpt, path));
+}
+
+int64_t restore_moments(const Tensor& first_moment, const Tensor& second_moment, const nn::GPT& model,
+                        const CheckpointData& ckpt, const std::string& path) {
   for (const nn::Parameter& p : model.params().all()) {
     const CheckpointArray* m = find(ckpt, kMoment1 + p.name);
     const CheckpointArray* v = find(ckpt, kMoment2 + p.name);
     TG_CHECK(m && v, "checkpoint ", path, ": optimizer moments of '", p.name,
              "' are missing (was it saved for inference only?); cannot resume training from it");
-    copy_into(Tensor::view_of(opt.first_moment(), p.offset, p.value.shape()), *m, path);
-    copy_into(Tensor::view_of(opt.second_moment(), p.offset, p.value.shape()), *v, path);
+    copy_into(Tensor::view_of(first_moment, p.offset, p.value.shape()), *m, path);
+    copy_into(Tensor::view_of(second_moment, p.offset, p.value.shape()), *v, path);
   }
-  opt.set_steps_taken(get_int(ckpt, "optimizer_steps", path));
+  return get_int(ckpt, "optimizer_steps", path);
 }
 
 TrainState restore_state(const CheckpointData& ckpt, const std::string& path) {
@@ -103,6 +117,9 @@ TrainState restore_state(const CheckpointData& ckpt, const std::string& path) {
   s.tokens_seen = get_int(ckpt, "tokens_seen", path);
   s.bad_steps_in_row = get_int(ckpt, "bad_steps_in_row", path);
   s.world_size = get_int(ckpt, "world_size", path);
+  // Written since data parallelism exists; older checkpoints are single-process ones.
+  auto rows = ckpt.ints.find("global_batch_rows");
+  s.global_batch_rows = rows == ckpt.ints.end() ? 0 : rows->second;
   auto cur = ckpt.u64_arrays.find("loader_cursor");
   TG_CHECK(cur != ckpt.u64_arrays.end() && cur->second.size() == 2, "checkpoint ", path,
            ": missing or malformed 'loader_cursor'");

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -72,10 +73,10 @@ void install_stop_handlers() {
 bool stop_requested() { return g_stop_signal != 0; }
 void clear_stop_request() { g_stop_signal = 0; }
 
-Device resolve_device(const std::string& setting) {
+Device resolve_device(const std::string& setting, int local_rank) {
   const int gpus = cuda_device_count();
   if (setting == "cpu") return Device::cpu();
-  if (setting == "auto") return gpus > 0 ? Device::cuda(0) : Device::cpu();
+  if (setting == "auto") return gpus > 0 ? Device::cuda(local_rank % gpus) : Device::cpu();
   TG_CHECK(setting == "cuda", "run.device: '", setting, "': expected auto, cpu or cuda");
   TG_CHECK(gpus > 0, "run.device: cuda, but ",
 #ifdef TILEGRAD_HAVE_CUDA
@@ -84,10 +85,11 @@ Device resolve_device(const std::string& setting) {
            "this tilegrad was built without CUDA (no nvcc at configure time)",
 #endif
            "; use run.device: cpu or auto");
-  return Device::cuda(0);
+  return Device::cuda(local_rank % gpus);
 }
 
-Trainer::Trainer(const Config& config) : config_(config) {
+Trainer::Trainer(const Config& config, std::unique_ptr<dist::Communicator> comm)
+    : config_(config), comm_(std::move(comm)) {
   validate_config(config_);
   config_yaml_ = config_to_yaml(config_);
 }
@@ -95,22 +97,104 @@ Trainer::Trainer(const Config& config) : config_(config) {
 Trainer::~Trainer() = default;
 
 void Trainer::log_line(const std::string& s) {
+  if (!lead()) return;
   std::cout << s << std::endl;
   if (log_file_.is_open()) log_file_ << s << std::endl;
 }
 
 void Trainer::metrics(const std::string& json) {
+  if (!lead()) return;
   metrics_file_ << json << "\n";
   metrics_file_.flush();
 }
 
+void Trainer::on_rank0(const char* what, const std::function<void()>& fn) {
+  std::exception_ptr error;
+  if (lead()) {
+    try {
+      fn();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  if (comm_->all_agree(!error, what)) return;
+  if (error) std::rethrow_exception(error);
+  TG_CHECK(false, what, " failed on rank 0 (its output has the error); rank ", comm_->rank(), " stops too");
+}
+
 std::string Trainer::save(const char* why) {
   state_.dropout_counter = model_->dropout_counter();
-  state_.cursor = train_data_->cursor();
-  std::string path = save_checkpoint(config_.run.out_dir, state_.step,
-                                     make_checkpoint(*model_, opt_.get(), state_, config_yaml_), config_.run.keep_last);
+  state_.cursor = {uint64_t(config_.train.seed), uint64_t(state_.step)};
+  // Every rank takes part (a ZeRO-1 run gathers AdamW's moments); rank 0 writes the one file.
+  const Tensor m = sync_->gather_full(opt_->first_moment(), "AdamW first moments (checkpoint)");
+  const Tensor v = sync_->gather_full(opt_->second_moment(), "AdamW second moments (checkpoint)");
+  std::string path;
+  on_rank0("writing the checkpoint", [&] {
+    path = save_checkpoint(config_.run.out_dir, state_.step,
+                           make_checkpoint(*model_, m, v, opt_->steps_taken(), state_, config_yaml_),
+                           config_.run.keep_last);
+  });
   log_line("checkpoint " + path + " (" + why + ")");
   return path;
+}
+
+// Rank 0 reads the checkpoint; the parameters, AdamW's moments and the counters go to every
+// rank from there, so the ranks need no shared file system and the run may have another world
+// size than the one that wrote it (ZeRO-1 ranks keep their slices of the moments).
+void Trainer::resume_from(const std::string& resume) {
+  const TrainConfig& tc = config_.train;
+  nn::ParameterStore& params = model_->params();
+  Tensor m, v;
+  {
+    MemoryCategoryScope scope(MemCategory::optimizer);
+    m = Tensor::zeros({params.numel()}, DType::f32, model_->device());
+    v = Tensor::zeros({params.numel()}, DType::f32, model_->device());
+  }
+  std::string path;
+  int64_t optimizer_steps = 0;
+  on_rank0("reading the checkpoint", [&] {
+    auto [found, ckpt] = resolve_and_load(config_.run.out_dir, resume);
+    path = found;
+    check_model_compatible(config_.model, checkpoint_config(ckpt, path).model, path);
+    restore_parameters(*model_, ckpt, path);
+    optimizer_steps = restore_moments(m, v, *model_, ckpt, path);
+    state_ = restore_state(ckpt, path);
+    TG_CHECK(state_.cursor.seed == uint64_t(tc.seed), "checkpoint ", path, " was trained with train.seed ",
+             state_.cursor.seed, " but the config says ", tc.seed, "; an exact resume needs the same seed");
+  });
+  if (comm_->world_size() > 1) {
+    comm_->broadcast(params.flat_values(), 0, "parameters (resume)");
+    comm_->broadcast(m, 0, "AdamW first moments (resume)");
+    comm_->broadcast(v, 0, "AdamW second moments (resume)");
+    // The counters, bit for bit, in the payload of doubles.
+    const uint64_t fields[] = {uint64_t(state_.step), uint64_t(state_.tokens_seen), uint64_t(state_.bad_steps_in_row),
+                               state_.cursor.seed, state_.cursor.step, state_.dropout_counter,
+                               uint64_t(state_.world_size), uint64_t(state_.global_batch_rows),
+                               uint64_t(optimizer_steps)};
+    constexpr int64_t kFields = sizeof fields / sizeof fields[0];
+    Tensor packed = Tensor::empty({kFields}, DType::f64, Device::cpu());
+    std::memcpy(packed.raw(), fields, sizeof fields);
+    if (!model_->device().is_cpu()) packed = packed.to(model_->device());
+    comm_->broadcast(packed, 0, "training state (resume)");
+    uint64_t got[kFields];
+    std::memcpy(got, packed.to(Device::cpu()).raw(), sizeof got);
+    state_.step = int64_t(got[0]), state_.tokens_seen = int64_t(got[1]), state_.bad_steps_in_row = int64_t(got[2]);
+    state_.cursor = {got[3], got[4]}, state_.dropout_counter = got[5];
+    state_.world_size = int64_t(got[6]), state_.global_batch_rows = int64_t(got[7]);
+    optimizer_steps = int64_t(got[8]);
+  }
+  sync_->take_owned(m, opt_->first_moment());
+  sync_->take_owned(v, opt_->second_moment());
+  opt_->set_steps_taken(optimizer_steps);
+  model_->set_dropout_counter(state_.dropout_counter);
+  const int64_t rows = int64_t(comm_->world_size()) * tc.batch_size * tc.grad_accum;
+  log_line("resumed from " + path + " at step " + std::to_string(state_.step) + " (written by " +
+           std::to_string(state_.world_size) + (state_.world_size == 1 ? " rank" : " ranks") + ", this run has " +
+           std::to_string(comm_->world_size()) + ")");
+  if (state_.global_batch_rows > 0 && state_.global_batch_rows != rows)
+    log_line("note: the global batch is " + std::to_string(rows) + " rows per step (world size × batch_size × "
+             "grad_accum); the checkpoint's run took " + std::to_string(state_.global_batch_rows) +
+             ": the data stream continues, but each step now reads a different number of rows");
 }
 
 void Trainer::log_sample(int64_t step) {
@@ -128,23 +212,35 @@ void Trainer::log_sample(int64_t step) {
 TrainResult Trainer::run(const std::string& resume) {
   const TrainConfig& tc = config_.train;
   const RunConfig& rc = config_.run;
-  const Device device = resolve_device(rc.device);
+  const dist::Placement placement = dist::placement_from_environment();
+  const Device device = resolve_device(rc.device, comm_ ? comm_->local_rank() : placement.local_rank);
+  set_current_device(device);
+  if (!comm_) comm_ = dist::make_communicator(placement, device, rc.comm_timeout_s);
+  comm_->set_timeout(rc.comm_timeout_s);
+  const int W = comm_->world_size(), rank = comm_->rank();
   const std::string& out = rc.out_dir;
-  fs::create_directories(out);
-  if (resume.empty()) {
-    TG_CHECK(list_checkpoints(out).empty(), "run directory ", out,
-             " already has checkpoints; resume with --resume latest, or choose another run.out_dir");
-  }
-  log_file_.open(fs::path(out) / "train.log", std::ios::app);
-  metrics_file_.open(fs::path(out) / "metrics.jsonl", std::ios::app);
-  TG_CHECK(metrics_file_.good() && log_file_.good(), "cannot write to the run directory ", out);
-  {
+  on_rank0("preparing the run directory", [&] {
+    fs::create_directories(out);
+    if (resume.empty()) {
+      TG_CHECK(list_checkpoints(out).empty(), "run directory ", out,
+               " already has checkpoints; resume with --resume latest, or choose another run.out_dir");
+    }
+    log_file_.open(fs::path(out) / "train.log", std::ios::app);
+    metrics_file_.open(fs::path(out) / "metrics.jsonl", std::ios::app);
+    TG_CHECK(metrics_file_.good() && log_file_.good(), "cannot write to the run directory ", out);
     std::ofstream cfg(fs::path(out) / "config.yaml");
     cfg << config_yaml_;
-  }
+  });
   log_line("tilegrad train: resolved config (" + config_.source_path + ")\n" + config_yaml_);
   log_line("device: " + device.str() + " (run.device: " + rc.device + "), precision: " + tc.precision +
            ", cpu threads: " + std::to_string(omp_get_max_threads()));
+  if (W > 1) {
+    // Every rank says once where it runs (rank 0 also into train.log).
+    const std::string where = dist::describe_placement(placement, device);
+    if (lead()) log_line("data parallel: " + std::to_string(W) + " ranks over " + comm_->backend() + " (ZeRO-" +
+                         std::to_string(tc.zero) + ", buckets of " + fmt("%g", tc.bucket_mb) + " MiB); " + where);
+    else std::cout << where << std::endl;
+  }
 
   TG_CHECK(tc.precision == "fp32" || device.is_cuda(), "train.precision: bf16 needs a GPU, but this run is on ",
            device.str(), " (run.device: ", rc.device, "); use train.precision: fp32");
@@ -153,54 +249,71 @@ TrainResult Trainer::run(const std::string& resume) {
   model_ = std::make_unique<nn::GPT>(gpt_config_from(config_.model), uint64_t(tc.seed), DType::f32, device, compute);
   model_->set_lm_head_chunk(tc.lm_head_chunk);
   model_->set_recompute(tc.recompute);
-  opt_ = std::make_unique<optim::AdamW>(model_->params(), optim::AdamWConfig{tc.beta1, tc.beta2, tc.eps, tc.weight_decay});
+  sync_ = std::make_unique<dist::GradientSync>(*comm_, model_->params(), tc.zero,
+                                               int64_t(tc.bucket_mb * double(1 << 20)));
+  opt_ = std::make_unique<optim::AdamW>(model_->params(), optim::AdamWConfig{tc.beta1, tc.beta2, tc.eps, tc.weight_decay},
+                                        sync_->owned());
   train_data_ = std::make_unique<DataLoader>(config_.data.train, config_.model.vocab_size, tc.batch_size, tc.seq_len,
-                                             uint64_t(tc.seed));
+                                             uint64_t(tc.seed), rank, W);
   val_data_ = std::make_unique<DataLoader>(config_.data.val, config_.model.vocab_size, tc.batch_size, tc.seq_len,
-                                           uint64_t(tc.seed));
+                                           uint64_t(tc.seed), rank, W);
   log_line("model: " + std::to_string(model_->params().numel()) + " parameters; train data " +
            std::to_string(train_data_->total_tokens()) + " tokens, val data " + std::to_string(val_data_->total_tokens()) +
            " tokens");
 
-  if (!resume.empty()) {
-    auto [path, ckpt] = resolve_and_load(out, resume);
-    check_model_compatible(config_.model, checkpoint_config(ckpt, path).model, path);
-    restore_parameters(*model_, ckpt, path);
-    restore_optimizer(*opt_, *model_, ckpt, path);
-    state_ = restore_state(ckpt, path);
-    TG_CHECK(state_.world_size == 1, "checkpoint ", path, " was written by ", state_.world_size,
-             " ranks; this run has 1");
-    TG_CHECK(state_.cursor.seed == uint64_t(tc.seed), "checkpoint ", path, " was trained with train.seed ",
-             state_.cursor.seed, " but the config says ", tc.seed, "; an exact resume needs the same seed");
-    train_data_->set_cursor(state_.cursor);
-    model_->set_dropout_counter(state_.dropout_counter);
-    log_line("resumed from " + path + " at step " + std::to_string(state_.step));
-  }
+  if (!resume.empty()) resume_from(resume);
 
   optim::LRSchedule schedule{tc.lr_schedule == "constant" ? optim::Schedule::constant : optim::Schedule::cosine,
                              tc.lr, tc.min_lr, tc.warmup_steps, tc.max_steps};
   install_stop_handlers();
   TrainResult result;
-  const int64_t B = tc.batch_size, T = tc.seq_len, tokens_per_step = B * T * tc.grad_accum;
+  const int64_t B = tc.batch_size, T = tc.seq_len, k = tc.grad_accum;
+  const int64_t tokens_per_step = B * T * k * W;  // all ranks
+  state_.world_size = W;
+  state_.global_batch_rows = B * k * W;
   std::vector<int32_t> x(static_cast<size_t>(B * T)), y(static_cast<size_t>(B * T));
   auto run_start = std::chrono::steady_clock::now();
   const int64_t first_step = state_.step;
-  double window_ms = 0;
+  double window_ms = 0, window_comm_s = sync_->exposed_seconds();
   int64_t window_steps = 0;
 
   while (state_.step < tc.max_steps) {
     const int64_t step = state_.step;
+    comm_->set_step(step + 1);
     auto t0 = std::chrono::steady_clock::now();
     model_->params().zero_grad();
     double loss = 0;
-    for (int micro = 0; micro < tc.grad_accum; ++micro) {
-      train_data_->next_batch(x.data(), y.data());
+    for (int64_t micro = 0; micro < k; ++micro) {
+      // This rank's rows of the global batch, and their dropout masks: keyed by the optimizer
+      // step and the global row, whatever the world size and accumulation split.
+      const int64_t first_row = (micro * W + rank) * B;
+      train_data_->batch_at(uint64_t(step), first_row, x.data(), y.data());
+      model_->set_dropout_counter(uint64_t(step));
+      model_->set_dropout_first_row(first_row);
       Tensor l = model_->loss(Tensor::from_ints(x, {B, T}), Tensor::from_ints(y, {B, T}));
-      loss += l.item() / tc.grad_accum;
-      ops::scale(l, 1.0 / tc.grad_accum).backward();
+      loss += l.item() / double(k);
+      // Scaled so that the sum over ranks and micro-batches is the mean over the global batch.
+      Tensor scaled = ops::scale(l, 1.0 / double(k * W));
+      if (micro == k - 1 && W > 1) {
+        LeafGradReadyScope overlap(sync_->overlap_hook());  // buckets reduced as the backward goes
+        scaled.backward();
+      } else {
+        scaled.backward();
+      }
+    }
+    if (W > 1) {
+      sync_->finish();
+      loss = comm_->all_reduce_values({loss / W}, dist::ReduceOp::sum, "training loss")[0];
     }
     if (grad_hook_) grad_hook_(step, model_->params());
-    const double norm = optim::grad_norm(model_->params());  // clipping happens inside the update
+    // The norm of the reduced gradients, the same on every rank: the skip below is decided alike.
+    double norm = 0;
+    if (sync_->zero_stage() == 1 && W > 1) {
+      const double part = optim::grad_sum_squares(model_->params(), sync_->norm_ranges());
+      norm = std::sqrt(comm_->all_reduce_values({part}, dist::ReduceOp::sum, "gradient norm")[0]);
+    } else {
+      norm = optim::grad_norm(model_->params());  // clipping happens inside the update
+    }
     const double lr = schedule.at(step);
     losses_.push_back(loss);
     result.last_loss = loss;
@@ -223,6 +336,7 @@ TrainResult Trainer::run(const std::string& resume) {
     } else {
       state_.bad_steps_in_row = 0;
       opt_->step(lr, optim::clip_factor(norm, tc.grad_clip));
+      sync_->gather_parameters();
     }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     window_ms += ms;
@@ -234,28 +348,35 @@ TrainResult Trainer::run(const std::string& resume) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
       const double eta = elapsed / double(done - first_step) * double(tc.max_steps - done);
       const int64_t peak = memory_stats(device).peak_total;
+      const double comm_now = sync_->exposed_seconds();
+      const double comm_ms = (comm_now - window_comm_s) * 1e3 / double(window_steps);
       std::ostringstream line;
       line << "step " << done << "/" << tc.max_steps << " | loss " << fmt("%.4f", loss) << " | lr " << fmt("%.2e", lr)
            << " | norm " << fmt("%.3f", norm) << " | " << fmt("%.1f", avg_ms) << " ms | "
-           << fmt("%.0f", double(tokens_per_step) * 1000.0 / avg_ms) << " tok/s | peak " << format_bytes(peak)
-           << " | eta " << duration(eta);
+           << fmt("%.0f", double(tokens_per_step) * 1000.0 / avg_ms) << " tok/s";
+      if (W > 1) line << " (" << W << " ranks) | comm " << fmt("%.1f", comm_ms) << " ms exposed";
+      line << " | peak " << format_bytes(peak) << (W > 1 ? " per rank" : "") << " | eta " << duration(eta);
       log_line(line.str());
       metrics("{\"type\":\"train\",\"step\":" + std::to_string(done) + ",\"loss\":" + json_number(loss) +
               ",\"lr\":" + json_number(lr) + ",\"grad_norm\":" + json_number(norm) + ",\"ms_per_step\":" +
               json_number(avg_ms) + ",\"tokens_per_s\":" + json_number(double(tokens_per_step) * 1000.0 / avg_ms) +
+              ",\"world_size\":" + std::to_string(W) + ",\"comm_exposed_ms\":" + json_number(comm_ms) +
               ",\"peak_bytes\":" + std::to_string(peak) + ",\"tokens_seen\":" + std::to_string(state_.tokens_seen) + "}");
       window_ms = 0;
       window_steps = 0;
+      window_comm_s = comm_now;
     }
     if (rc.eval_every > 0 && (done % rc.eval_every == 0 || done == tc.max_steps)) {
-      result.last_val_loss = evaluate(*model_, *val_data_, rc.eval_steps);
+      result.last_val_loss = evaluate(*model_, *val_data_, rc.eval_steps, comm_.get());
       log_line("step " + std::to_string(done) + " | val loss " + fmt("%.4f", result.last_val_loss));
       metrics("{\"type\":\"eval\",\"step\":" + std::to_string(done) + ",\"val_loss\":" +
               json_number(result.last_val_loss) + "}");
     }
-    if (rc.sample_every > 0 && done % rc.sample_every == 0) log_sample(done);
+    if (rc.sample_every > 0 && done % rc.sample_every == 0 && lead()) log_sample(done);
     if (step_hook_) step_hook_(done);
-    const bool stopping = stop_requested();
+    // A signal may reach one rank only: all stop when any was asked to, after the same step.
+    bool stopping = stop_requested();
+    if (W > 1) stopping = comm_->all_reduce_values({stopping ? 1.0 : 0.0}, dist::ReduceOp::max, "stop flag")[0] > 0;
     if ((rc.ckpt_every > 0 && done % rc.ckpt_every == 0) || done == tc.max_steps || stopping)
       result.last_checkpoint = save(stopping ? "stop requested by signal" : done == tc.max_steps ? "final" : "periodic");
     if (stopping) {

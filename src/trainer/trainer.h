@@ -1,6 +1,8 @@
 // The training loop: data → forward → backward → clip → AdamW → schedule, with logging,
 // metrics.jsonl, evaluation, samples, atomic checkpoints, exact resume, signal handling and
-// skipping of non-finite steps.
+// skipping of non-finite steps — in one process, or as one rank of a data-parallel job
+// (src/dist/): each rank trains on its rows of every global batch, gradients are reduced across
+// ranks, and rank 0 alone writes logs, metrics and checkpoints.
 #pragma once
 #include <cstdint>
 #include <fstream>
@@ -9,6 +11,8 @@
 #include <string>
 
 #include "src/data/loader.h"
+#include "src/dist/communicator.h"
+#include "src/dist/grad_sync.h"
 #include "src/io/config.h"
 #include "src/nn/gpt.h"
 #include "src/optim/adamw.h"
@@ -26,7 +30,9 @@ struct TrainResult {
 
 class Trainer {
  public:
-  explicit Trainer(const Config& config);
+  // comm: the communicator of the ranks this run spans; null makes one from the launcher's
+  // environment when run() starts (world size 1 without a launcher).
+  explicit Trainer(const Config& config, std::unique_ptr<dist::Communicator> comm = nullptr);
   ~Trainer();
 
   // resume: "" (start fresh; refuses a run directory that already has checkpoints),
@@ -40,6 +46,9 @@ class Trainer {
   void set_step_hook(std::function<void(int64_t step)> hook) { step_hook_ = std::move(hook); }
 
   nn::GPT& model() { return *model_; }
+  dist::Communicator& communicator() { return *comm_; }
+  // Communication not hidden behind the backward, seconds summed over the steps of this run.
+  double exposed_comm_seconds() { return sync_ ? sync_->exposed_seconds() : 0.0; }
   // Every step's training loss, in order (skipped steps included as NaN/inf).
   const std::vector<double>& losses() const { return losses_; }
 
@@ -48,8 +57,15 @@ class Trainer {
   void metrics(const std::string& json);
   std::string save(const char* why);
   void log_sample(int64_t step);
+  // Runs fn on rank 0 only; every rank learns whether it threw and throws too (rank 0 its own
+  // error), so no rank is left waiting in a collective for a rank that failed alone.
+  void on_rank0(const char* what, const std::function<void()>& fn);
+  void resume_from(const std::string& resume);
+  bool lead() const { return comm_->rank() == 0; }
 
   Config config_;
+  std::unique_ptr<dist::Communicator> comm_;
+  std::unique_ptr<dist::GradientSync> sync_;
   std::string config_yaml_;
   std::unique_ptr<nn::GPT> model_;
   std::unique_ptr<optim::AdamW> opt_;
@@ -61,8 +77,9 @@ class Trainer {
   std::vector<double> losses_;
 };
 
-// The device a run.device setting resolves to on this machine ("auto" → cuda when usable).
-Device resolve_device(const std::string& setting);
+// The device a run.device setting resolves to on this machine ("auto" → cuda when usable); a
+// data-parallel rank takes the GPU local_rank mod the number it sees.
+Device resolve_device(const std::string& setting, int local_rank = 0);
 
 // Installed by Trainer::run: the first SIGINT/SIGTERM asks the loop to stop after the current
 // step (with a checkpoint); a second one exits at once.

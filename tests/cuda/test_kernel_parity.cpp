@@ -342,7 +342,7 @@ void case_dropout(int64_t n, float p, size_t off) {
   tg::cpu::dropout_apply(x.data(), ref.data(), n, p, seed);
   DevBuf<T> dx(n, off), dout(n, off);
   dx.upload(x);
-  tg::cuda::dropout_apply(dx.p, dout.p, n, p, seed, kStream);
+  tg::cuda::dropout_apply(dx.p, dout.p, n, p, seed, 0, kStream);
   auto got = dout.download();
   auto want = quantize<T>(ref);
   int64_t dropped = 0, mismatched = 0;

@@ -159,7 +159,7 @@ TEST(Config, RoundTripThroughYaml) {
 
 TEST(Config, ReferenceTableCoversEveryKey) {
   const std::vector<tg::ConfigKeyDoc> ref = tg::config_reference();
-  EXPECT_EQ(ref.size(), 10u + 2u + 19u + 9u);
+  EXPECT_EQ(ref.size(), 10u + 2u + 21u + 10u);
   bool saw_lr = false;
   for (const tg::ConfigKeyDoc& d : ref) {
     EXPECT_FALSE(d.description.empty()) << d.key;
