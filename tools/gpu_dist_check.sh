@@ -8,7 +8,7 @@
 #   3. `tilegrad bench train` of GPT-2 small (16 × 1024, bf16) without a launcher and under
 #      mpirun -np 1: the communicator must cost nothing at world size 1.
 # Logs go to $OUT (or ./gpu-out); a table prints last.
-# Usage: tools/gpu_dist_check.sh [tests|bench|all]
+# Usage: tools/gpu_dist_check.sh [tests|dist|bench|all]   (dist: the tests without the GPU suite)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHAT="${1:-all}"
@@ -31,7 +31,7 @@ fi
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
 grep "tilegrad:" "$OUT/cmake.log"
 targets="tilegrad test_dist"
-[ "$WHAT" = bench ] || targets="$targets test_cuda"
+[ "$WHAT" = tests ] || [ "$WHAT" = all ] && targets="$targets test_cuda"
 if ! cmake --build build-gpu -j 12 --target $targets > "$OUT/build.log" 2>&1; then
   grep -E "error" -A3 "$OUT/build.log" | head -60
   exit 1
@@ -39,16 +39,17 @@ fi
 stamp "tilegrad built"
 rows=()
 
-if [ "$WHAT" = tests ] || [ "$WHAT" = all ]; then
+if [ "$WHAT" = tests ] || [ "$WHAT" = dist ] || [ "$WHAT" = all ]; then
   TILEGRAD_TEST_DEVICE=cuda build-gpu/test_dist > "$OUT/dist_one_process.log" 2>&1
   rows+=("dist tests, one process, GPU | exit $? | $(grep -E '\[  (PASSED|FAILED)' "$OUT/dist_one_process.log" | tr '\n' ' ')")
   TILEGRAD_TEST_DEVICE=cuda "${MPI[@]}" -np 1 build-gpu/test_dist > "$OUT/dist_nccl_np1.log" 2>&1
   rows+=("dist tests, mpirun -np 1 (NCCL $(grep -m1 -oE 'NCCL version [0-9.]+' "$OUT/dist_nccl_np1.log" || echo system)) | exit $? | $(grep -E '\[  (PASSED|FAILED)' "$OUT/dist_nccl_np1.log" | tr '\n' ' ')")
   stamp "world-size-1 tests done"
-  # The GPU suite (kernels, ops, training on the GPU) while NCCL builds.
-  build-gpu/test_cuda > "$OUT/test_cuda.log" 2>&1
-  rows+=("test_cuda (the GPU suite) | exit $? | $(grep -E '\[  (PASSED|FAILED)|tests? ran' "$OUT/test_cuda.log" | tr '\n' ' ')")
-  stamp "GPU suite done"
+  if [ "$WHAT" != dist ]; then  # the GPU suite (kernels, ops, training on the GPU) while NCCL builds
+    build-gpu/test_cuda > "$OUT/test_cuda.log" 2>&1
+    rows+=("test_cuda (the GPU suite) | exit $? | $(grep -E '\[  (PASSED|FAILED)|tests? ran' "$OUT/test_cuda.log" | tr '\n' ' ')")
+    stamp "GPU suite done"
+  fi
   if [ -n "${nccl_job:-}" ]; then wait "$nccl_job"; fi
   if [ -f .nccl/build/lib/libnccl.so ]; then
     stamp "NCCL 2.30 built"

@@ -131,7 +131,12 @@ std::vector<cli::Command> commands() {
       {"train",
        "Train a GPT from a YAML config (see README: config reference). Writes config.yaml, train.log, metrics.jsonl "
        "and ckpt-<step>.h5 checkpoints into run.out_dir. SIGINT/SIGTERM finish the step, checkpoint and exit 0; a "
-       "second signal exits at once.",
+       "second signal exits at once. Data parallel: start one process per GPU (or per CPU rank) with a launcher, "
+       "`mpirun -np N tilegrad train CONFIG` on one node (as root add --allow-run-as-root), `mpirun -np N "
+       "--hostfile HOSTS …` or `srun --ntasks=N --kill-on-bad-exit=1 tilegrad train CONFIG` across nodes: each rank "
+       "trains batch_size × grad_accum rows of every step (a global batch W times larger), GPU gradients are reduced "
+       "by NCCL and CPU gradients by MPI, and rank 0 writes the logs and checkpoints; see train.zero, "
+       "train.bucket_mb and run.comm_timeout_s.",
        {{"CONFIG", "the YAML config file, e.g. configs/kjv-tiny.yaml"}},
        {{"--set", "KEY=VALUE", "override config keys, e.g. --set train.lr=3e-4 run.out_dir=runs/x", "", true},
         {"--resume", "latest|PATH", "resume from the run directory's latest complete checkpoint or a given file", ""}},
@@ -229,9 +234,11 @@ int main(int argc, char** argv) {
       return c.run(cli::parse(kProgram, c, rest));
     } catch (const Error& e) {
       std::cerr << "error: " << e.what() << std::endl;
+      dist::leave_job_on_error(1);  // a rank that fails alone ends its data-parallel job
       return 1;
     } catch (const std::exception& e) {
       std::cerr << "internal error: " << e.what() << std::endl;
+      dist::leave_job_on_error(3);
       return 3;
     }
   }

@@ -194,6 +194,28 @@ TEST(DataParallel, OverlappedBucketsMatchOneReductionAfterTheBackward) {
   EXPECT_LE(max_rel(a.losses, b.losses), 1e-6);
 }
 
+// bf16 on the GPU: small gradients (biases, LayerNorm weights) reach their fp32 buffer in one
+// batched launch after the backward, so a bucket holding them may be reduced only after it. A
+// bucket reduced too early would lose them; the sum of two ranks is one addition per element
+// whatever the bucketing, so on two ranks the runs are bitwise equal, and they track one process.
+TEST(DataParallel, Bf16BucketsWaitForTheLastGradients) {
+  if (test_device() != "cuda") GTEST_SKIP() << "bf16 training needs a GPU (TILEGRAD_TEST_DEVICE=cuda)";
+  auto bf16 = [](Config c) {
+    c.train.precision = "bf16";
+    c.model.n_head = 1;  // head dim 32: the fused attention kernels
+    return c;
+  };
+  const Outcome many = train(bf16(dp_config("dp_bf16_buckets", 2, 1)), false);
+  Config one_bucket = bf16(dp_config("dp_bf16_onebucket", 2, 1));
+  one_bucket.train.bucket_mb = 0;
+  const Outcome one = train(one_bucket, false);
+  if (W() <= 2) EXPECT_EQ(many.losses, one.losses);
+  EXPECT_LE(max_rel(many.losses, one.losses), 1e-3);
+  const Outcome alone = train(bf16(dp_config("dp_bf16_alone", 2, W())), true);
+  EXPECT_LE(max_rel(many.losses, alone.losses), 2e-2);
+  EXPECT_LE(rel_norm(many.first_grads, alone.first_grads), 2e-2);
+}
+
 // A checkpoint written by W ranks resumes in one process (with W micro-batches) and one written
 // by one process resumes on W ranks; the loss continues as in the straight run.
 TEST(DataParallel, ResumesAtAnotherWorldSize) {
