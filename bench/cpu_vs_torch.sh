@@ -3,12 +3,12 @@
 # byte vocabulary), tilegrad against PyTorch, in one command with the same thread count.
 # Usage: bench/cpu_vs_torch.sh [threads=2] [steps=300]
 # Needs Debian's python3-torch and libopenblas-dev (without OpenBLAS, Debian's torch falls
-# back to a reference BLAS about 20× slower) and ../shared/bench/torch_cpu_kjv.py.
+# back to a reference BLAS about 20× slower); the PyTorch side is bench/reference/torch_cpu_kjv.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 THREADS="${1:-2}"
 STEPS="${2:-300}"
-TORCH_SCRIPT="${TORCH_SCRIPT:-../shared/bench/torch_cpu_kjv.py}"
+TORCH_SCRIPT="${TORCH_SCRIPT:-bench/reference/torch_cpu_kjv.py}"
 BUILD_DIR="${BUILD_DIR:-build}"
 tools/install_deps.sh bible-kjv python3-torch
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release > /dev/null

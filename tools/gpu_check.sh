@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, run the whole test suite (GPU tests included), then the
 # benchmarks beside their PyTorch references. Logs go to $OUT (or ./gpu-out); a table prints last.
-# Usage: tools/gpu_check.sh [tests|sanitize|attn|profile|stalls|ramp|bench|memory|all]   (needs ../shared/bench copied to .bench/)
+# Usage: tools/gpu_check.sh [tests|sanitize|attn|profile|stalls|ramp|bench|memory|all]   (PyTorch references: bench/reference/)
 #   stalls: STALLS_D=64|128, STALLS_T=T, STALLS_CAUSAL=0 for the non-causal shapes, STALLS_FWD=1 /
 #   STALLS_DQ=1 to profile the forward / dQ kernel too
 #   ramp: RAMP_D="128 64" (head dims), every kernel at non-causal T 1k-8k at base clocks beside cuDNN's
@@ -54,8 +54,8 @@ if [ "$WHAT" = attn ] || [ "$WHAT" = all ]; then
     nvcc -std=c++17 -O3 -gencode=arch=compute_$arch,code=sm_$arch -Xptxas -v -I. -c "$f" -o /dev/null 2>&1 \
       | grep -E "Compiling entry|registers|spill" ; done > "$OUT/ptxas.txt"
   build-gpu/tilegrad bench attention --steps 20 --compare 1 2>&1 | tee "$OUT/bench_attention.log" | grep -v "^{"
-  if [ -f .bench/torch_attention.py ]; then
-    PYTHONUNBUFFERED=1 timeout 300 python3 .bench/torch_attention.py > "$OUT/torch_attention.log" 2>&1
+  if [ -f bench/reference/torch_attention.py ]; then
+    PYTHONUNBUFFERED=1 timeout 300 python3 bench/reference/torch_attention.py > "$OUT/torch_attention.log" 2>&1
     grep "^|" "$OUT/torch_attention.log"
   fi
 fi
@@ -159,8 +159,8 @@ if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
   # The materialised attention as the baseline of the fused kernel.
   build-gpu/tilegrad bench train configs/gpt2-124m.yaml --set train.batch_size=16 run.device=cuda model.attention=naive 2>&1 \
     | grep '^{' | tee -a "$OUT/bench_train.log"
-  if [ -f .bench/torch_gpt.py ]; then
-    PYTHONUNBUFFERED=1 timeout 400 python3 .bench/torch_gpt.py throughput 2>&1 | grep "{" | tee "$OUT/torch_gpt.log"
+  if [ -f bench/reference/torch_gpt.py ]; then
+    PYTHONUNBUFFERED=1 timeout 400 python3 bench/reference/torch_gpt.py throughput 2>&1 | grep "{" | tee "$OUT/torch_gpt.log"
   fi
 fi
 if [ "$WHAT" = memory ]; then
@@ -168,7 +168,7 @@ if [ "$WHAT" = memory ]; then
   # 131072), beside torch_gpt.py memory to 64k (about two minutes each).
   timeout 400 build-gpu/tilegrad bench memory configs/gpt2-124m.yaml --max-t "${MEMORY_MAX_T:-131072}" \
     --set train.batch_size=1 run.device=cuda train.lm_head_chunk=4096 train.recompute=true 2>&1 | tee "$OUT/bench_memory.log"
-  if [ -f .bench/torch_gpt.py ]; then
-    PYTHONUNBUFFERED=1 timeout 300 python3 .bench/torch_gpt.py memory 65536 2>&1 | grep "{" | tee "$OUT/torch_memory.log"
+  if [ -f bench/reference/torch_gpt.py ]; then
+    PYTHONUNBUFFERED=1 timeout 300 python3 bench/reference/torch_gpt.py memory 65536 2>&1 | grep "{" | tee "$OUT/torch_memory.log"
   fi
 fi

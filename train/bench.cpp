@@ -1,5 +1,5 @@
 // `tilegrad bench train`, `bench memory` and `bench attention`: timed on the device with the same
-// shapes and FLOP conventions as the PyTorch reference, bench/torch_gpt.py.
+// shapes and FLOP conventions as the PyTorch reference, bench/reference/torch_gpt.py.
 #include "train/bench.h"
 
 #include <algorithm>
@@ -112,7 +112,7 @@ double gib(int64_t bytes) { return double(bytes) / double(1ll << 30); }
 }  // namespace
 
 // Training-step throughput of a config's model on random tokens (data loading excluded), the
-// figure compared with bench/torch_gpt.py throughput (and, under mpirun, torch_gpt.py ddp).
+// figure compared with bench/reference/torch_gpt.py throughput (and, under mpirun, torch_gpt.py ddp).
 int bench_train(const cli::Args& a) {
   Config cfg = load_config(a.positional[1], a.all("set"), false);
   validate_config(cfg);
@@ -168,7 +168,7 @@ int bench_train(const cli::Args& a) {
 }
 
 // Peak memory of one training step against the sequence length, the figure compared with
-// bench/torch_gpt.py memory: T = --min-t, 2·--min-t, … up to --max-t, the config's model
+// bench/reference/torch_gpt.py memory: T = --min-t, 2·--min-t, … up to --max-t, the config's model
 // built afresh for each with train.seq_len = T (and, with learned positions, a table of at least T
 // rows, as torch_gpt.py sizes its own), --warmup untimed and --steps timed steps (1 and 1 unless
 // given). The series stops at the first T that runs out of memory, as torch_gpt.py's does.

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <sstream>
 
 #include "src/io/config.h"
 #include "src/util/error.h"
@@ -369,4 +370,35 @@ TEST(ConfigError, CrossFieldChecks) {
   c.train.beta2 = 1.0;
   EXPECT_THAT(error_of([&] { tg::validate_config(c); }),
               AllOf(HasSubstr("code.yaml"), HasSubstr("train.beta2")));
+}
+
+namespace {
+// The Markdown table of every config key, as docs/config.md holds it.
+std::string config_table() {
+  std::string t = "| key | type | default | meaning |\n|---|---|---|---|\n";
+  for (const tg::ConfigKeyDoc& d : tg::config_reference())
+    t += "| `" + d.key + "` | " + d.type + " | `" + d.default_value + "` | " + d.description + " |\n";
+  return t;
+}
+}  // namespace
+
+// docs/config.md's table is generated from the option table that parses configs: on a mismatch
+// the test writes the current table to the build folder and names the command that installs it.
+TEST(Config, DocumentedTableMatchesTheOptionTable) {
+  const std::string path = std::string(TILEGRAD_SOURCE_DIR) + "/docs/config.md";
+  std::ifstream in(path);
+  ASSERT_TRUE(in.good()) << path;
+  std::stringstream doc;
+  doc << in.rdbuf();
+  const std::string begin = "<!-- begin generated table -->\n", end = "<!-- end generated table -->";
+  const std::string text = doc.str();
+  const size_t a = text.find(begin), b = text.find(end);
+  ASSERT_TRUE(a != std::string::npos && b != std::string::npos && a < b) << path << " lacks the table markers";
+  const std::string table = text.substr(a + begin.size(), b - a - begin.size());
+  if (table != config_table()) {
+    const std::string fresh = std::string(TILEGRAD_BINARY_DIR) + "/config.md";
+    std::ofstream(fresh) << text.substr(0, a + begin.size()) << config_table() << text.substr(b);
+    FAIL() << path << "'s table differs from the option table (src/io/config.cpp); the current one is in "
+           << fresh << ": cp " << fresh << " " << path;
+  }
 }

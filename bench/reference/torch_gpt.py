@@ -8,13 +8,13 @@ F.scaled_dot_product_attention), trained on random tokens with bf16 autocast, fu
 clipped at 1.0. TF32 matmuls are on. Each subcommand prints one JSON line per measurement;
 "tflops" counts nanoGPT's 6·N + 12·L·d·T FLOPs per token (N: parameters without the position table).
 
-  python3 bench/torch_gpt.py throughput [--batch 16] [--seq 1024] [--steps 20] [--warmup 5] [--compile both]
+  python3 bench/reference/torch_gpt.py throughput [--batch 16] [--seq 1024] [--steps 20] [--warmup 5] [--compile both]
       training ms/step, tokens/s and peak memory (torch.cuda.max_memory_allocated), eager and torch.compile
-  python3 bench/torch_gpt.py memory MAX_T [--min-t 1024] [--csv FILE]
+  python3 bench/reference/torch_gpt.py memory MAX_T [--min-t 1024] [--csv FILE]
       peak memory and time of one batch-1 training step for T = min-t, 2·min-t, ... up to MAX_T, three
       series: materialised softmax(QK^T) attention, SDPA restricted to its flash backend, and flash
       with torch.utils.checkpoint per block; a series ends at its first out-of-memory
-  NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node N bench/torch_gpt.py ddp [--batch 16] [--seq 1024] \\
+  NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node N bench/reference/torch_gpt.py ddp [--batch 16] [--seq 1024] \\
       [--grad-accum 1] [--compile 0] [--bucket-mb 25]
       DistributedDataParallel over NCCL on N GPUs: total and per-GPU tokens/s ("tflops" is per GPU)
 

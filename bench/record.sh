@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Every GPU figure of docs/performance.md in one call on a GPU machine: builds tilegrad, runs each
+# benchmark beside its PyTorch reference (bench/reference/), and prints the tables with the
+# machine, date and commit (bench/record_tables.py). Logs (JSON lines) go to $OUT (or ./gpu-out).
+# About 12 minutes on an H200; RECORD="train attention memory" picks a subset.
+# Usage: bench/record.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-gpu-out}"
+RECORD="${RECORD:-train attention memory}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/cmake.log" 2>&1 ||
+  { tail -30 "$OUT/cmake.log"; exit 1; }
+cmake --build build-gpu -j "$(nproc)" --target tilegrad > "$OUT/build.log" 2>&1 || { grep -A3 error "$OUT/build.log" | head -40; exit 1; }
+tg=build-gpu/tilegrad
+for what in $RECORD; do
+  case "$what" in
+    train)
+      $tg bench train configs/gpt2-124m.yaml --steps 30 --warmup 5 > "$OUT/record_train.jsonl" 2>&1
+      $tg bench train configs/gpt2-124m.yaml --steps 30 --warmup 5 --set train.lm_head_chunk=4096 \
+        > "$OUT/record_train_chunked.jsonl" 2>&1
+      timeout 600 python3 bench/reference/torch_gpt.py throughput --vocab 50304 > "$OUT/record_torch_train.jsonl" 2>&1 ;;
+    attention)
+      $tg bench attention --steps 20 > "$OUT/record_attention.jsonl" 2>&1
+      timeout 600 python3 bench/reference/torch_attention.py > "$OUT/record_torch_attention.jsonl" 2>&1 ;;
+    memory)
+      $tg bench memory configs/gpt2-124m.yaml --set train.batch_size=1 train.lm_head_chunk=4096 \
+        train.recompute=true --min-t 32768 --max-t 524288 > "$OUT/record_memory.jsonl" 2>&1
+      timeout 600 python3 bench/reference/torch_gpt.py memory 65536 --min-t 32768 > "$OUT/record_torch_memory.jsonl" 2>&1 ;;
+  esac
+done
+python3 bench/record_tables.py "$OUT" "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
+  "$(date -u +%F)" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" | tee "$OUT/performance_tables.md"

@@ -1,0 +1,119 @@
+"""Turns bench/record.sh's JSON-line logs into docs/performance.md's tables.
+
+    python3 bench/record_tables.py LOG_DIR MACHINE DATE COMMIT
+
+Reads record_*.jsonl from LOG_DIR (lines that are not JSON are skipped) and prints Markdown:
+GPT-2 small throughput beside torch.compile and eager, attention TFLOP/s ranges beside
+PyTorch's FlashAttention-2 and cuDNN backends, and peak memory against T beside SDPA flash.
+"""
+import json
+import os
+import sys
+
+
+def rows(log_dir, name):
+    path = os.path.join(log_dir, name)
+    if not os.path.exists(path):
+        return []
+    out = []
+    for line in open(path, errors="replace"):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
+
+
+def span(values, fmt="{:.2f}"):
+    values = [v for v in values if v is not None]
+    if not values:
+        return "—"
+    lo, hi = min(values), max(values)
+    return fmt.format(lo) if abs(hi - lo) < 1e-9 else (fmt + "–" + fmt).format(lo, hi)
+
+
+def times(ratios):
+    return span(ratios) + "×" if ratios else "—"
+
+
+def train_table(d):
+    tg = [r for r in rows(d, "record_train.jsonl") if r.get("bench") == "train"]
+    chunked = [r for r in rows(d, "record_train_chunked.jsonl") if r.get("bench") == "train"]
+    torch = {r.get("variant"): r for r in rows(d, "record_torch_train.jsonl") if r.get("bench") == "torch_train"}
+    if not tg:
+        return ""
+    t = tg[0]
+    lines = ["| run | tokens/s | peak memory | ratio |", "|---|---|---|---|",
+             f"| tilegrad | {t['tokens_per_s']:,.0f} | {t['peak_gib']:.2f} GiB | |"]
+    for variant, label in (("compile", "PyTorch, torch.compile"), ("eager", "PyTorch, eager")):
+        if variant in torch:
+            r = torch[variant]
+            lines.append(f"| {label} | {r['tokens_per_s']:,.0f} | {r['peak_gib']:.2f} GiB | "
+                         f"{t['tokens_per_s'] / r['tokens_per_s']:.3f}× |")
+    if chunked:
+        c = chunked[0]
+        lines.append(f"| tilegrad, `train.lm_head_chunk=4096` | {c['tokens_per_s']:,.0f} | {c['peak_gib']:.2f} GiB | |")
+    return "\n".join(lines)
+
+
+def attention_table(d):
+    tg = [r for r in rows(d, "record_attention.jsonl") if r.get("bench") == "attention"]
+    ref = {(r["d"], r["T"], r["causal"], r["backend"]): r
+           for r in rows(d, "record_torch_attention.jsonl") if "backend" in r and "error" not in r}
+    if not tg:
+        return ""
+    lines = ["| what | tilegrad TFLOP/s | vs FlashAttention-2 | vs cuDNN |", "|---|---|---|---|"]
+    for causal in (False, True):
+        for key, label in (("fwd_tflops", "forward"), ("bwd_tflops", "backward")):
+            for hd in (64, 128):
+                mine = [r for r in tg if r["d"] == hd and r["causal"] == causal]
+                ratios = {}
+                for backend in ("flash", "cudnn"):
+                    ratios[backend] = [r[key] / ref[(hd, r["T"], causal, backend)][key] for r in mine
+                                       if (hd, r["T"], causal, backend) in ref and ref[(hd, r["T"], causal, backend)].get(key)]
+                lines.append(f"| {label}, d {hd}, {'causal' if causal else 'non-causal'}, T "
+                             f"{min(r['T'] for r in mine)}–{max(r['T'] for r in mine)} | "
+                             f"{span([r[key] for r in mine], '{:.0f}')} | {times(ratios['flash'])} | "
+                             f"{times(ratios['cudnn'])} |")
+    return "\n".join(lines)
+
+
+def memory_table(d):
+    tg = {r["T"]: r for r in rows(d, "record_memory.jsonl") if r.get("bench") == "memory"}
+    torch = {}
+    for r in rows(d, "record_torch_memory.jsonl"):
+        if r.get("bench") == "torch_memory":
+            torch[(r["series"], r["T"])] = r
+    if not tg:
+        return ""
+    lines = ["| T | tilegrad (chunked head + recompute) | PyTorch SDPA flash | PyTorch SDPA flash + checkpointing |",
+             "|---|---|---|---|"]
+
+    def cell(r):
+        if r is None:
+            return ""
+        if r.get("oom"):
+            return "out of memory"
+        return f"{r['peak_gib']:.2f} GiB, {r['ms_per_step']:,.0f} ms"
+
+    for T in sorted(tg):
+        lines.append(f"| {T:,} | {cell(tg[T])} | {cell(torch.get(('sdpa_flash', T)))} | "
+                     f"{cell(torch.get(('sdpa_flash_ckpt', T)))} |")
+    return "\n".join(lines)
+
+
+def main():
+    if len(sys.argv) != 5:
+        sys.exit(__doc__)
+    log_dir, machine, date, commit = sys.argv[1:]
+    header = f"{machine}, {date}, commit {commit}."
+    for title, table in (("GPT-2 small training", train_table(log_dir)), ("Attention", attention_table(log_dir)),
+                         ("Peak memory against sequence length", memory_table(log_dir))):
+        if table:
+            print(f"## {title}\n\n{header}\n\n{table}\n")
+
+
+if __name__ == "__main__":
+    main()
