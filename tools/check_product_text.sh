@@ -1,25 +1,25 @@
 #!/usr/bin/env bash
 # The repository describes the software, not how it was made, and is self-contained: fails when a
 # tracked file mentions a path outside the repository or words about how the work was organised.
-# Each pattern with its reason; git history is where the making of the software is recorded.
+# Git history is where the making of the software is recorded.
 # Usage: tools/check_product_text.sh   (from anywhere inside the repository)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-patterns=(
-  '\.\./shared|\.bench/'                               # paths outside the repository: a clone lacks them
-  '\b(twenty|thirty)?-?(first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|thirteenth|fourteenth|fifteenth|sixteenth|seventeenth|eighteenth|nineteenth|twentieth) session\b'
-                                                       # numbered work periods
-  '\b[Ss]ession [0-9]+|\bcalls? [0-9]+( and [0-9]+)?\b[^.]*\b(of|in) (the|this) session'
-                                                       # numbered calls to a machine
-  '\b[Ii]ssue #?[0-9]+\b'                              # issue numbers belong to the tracker
-  '\bANCHORS\.md|\bDESIGN\.md'                         # documents outside the repository
+# pattern | why it does not belong in the product
+checks=(
+  '\.\./shared|\.bench/|\bANCHORS\.md|\bDESIGN\.md|paths and documents outside the repository: a clone lacks them'
+  '\b(session|sessions)\b|work periods: a document says what is true now'
+  '\bcalls? [0-9]+\b|numbered calls to a machine: say what was run, with its command'
+  '\b[Ii]ssue #?[0-9]+\b|issue numbers belong to the tracker'
 )
 status=0
-for p in "${patterns[@]}"; do
-  hits=$(git ls-files -z | grep -zv '^tools/check_product_text.sh$' | xargs -0 grep -nIE "$p" -- 2>/dev/null | head -20)
+for check in "${checks[@]}"; do
+  pattern=${check%|*}
+  why=${check##*|}
+  hits=$(git ls-files -z -- . ':!tools/check_product_text.sh' ':!*.diff' | xargs -0 grep -nIiE "$pattern" -- 2>/dev/null | head -10)
   if [ -n "$hits" ]; then
-    echo "process words or outside paths (pattern: $p):"
-    echo "$hits"
+    echo "$why:"
+    echo "$hits" | cut -c1-160
     status=1
   fi
 done

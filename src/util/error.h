@@ -1,4 +1,4 @@
-// Two kinds of errors (DESIGN.md convention 6): a user's mistake throws tg::Error with a
+// Two kinds of errors (docs/architecture.md, "Conventions"): a user's mistake throws tg::Error with a
 // message that says what, where and what to do; an internal library call that fails goes
 // through a checking macro that names the call, file and line.
 #pragma once
