@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, run the whole test suite (GPU tests included), then the
 # benchmarks beside their PyTorch references. Logs go to $OUT (or ./gpu-out); a table prints last.
-# Usage: tools/gpu_check.sh [tests|sanitize|attn|profile|stalls|ramp|bench|memory|all]   (needs ../shared/bench copied to .bench/)
+# Usage: tools/gpu_check.sh [tests|sanitize|attn|profile|stalls|ramp|bench|memory|all]
+#   (the PyTorch reference scripts torch_attention.py and torch_gpt.py run where present in .bench/,
+#   which is not part of the repository)
 #   stalls: STALLS_D=64|128, STALLS_T=T, STALLS_CAUSAL=0 for the non-causal shapes, STALLS_FWD=1 /
 #   STALLS_DQ=1 to profile the forward / dQ kernel too
 #   ramp: RAMP_D="128 64" (head dims), every kernel at non-causal T 1k-8k at base clocks beside cuDNN's
@@ -136,7 +138,7 @@ if [ "$WHAT" = ramp ]; then
   # dims, default "128 64"), tilegrad's and cuDNN's (tools/torch_sdpa_once.py). Non-causal the work
   # items' count is the same at every T (B·T fixed) and an item's work grows with T, so a kernel's
   # time is about a + b·T: how b and a compare with cuDNN's says whether a gap is the tiles' cost
-  # or what items cost beyond them (docs/BENCHMARKS.md, twenty-first session, call 8).
+  # or what items cost beyond them (docs/kernels.md §8).
   for D in ${RAMP_D:-128 64}; do
     $NCU_TIME build-gpu/tilegrad bench attention --head-dim "$D" --min-t 1024 --max-t 8192 --warmup 1 --steps 1 --causal 0 \
       --atomic 0 > "$OUT/ramp_tilegrad_d$D.csv" 2> "$OUT/ramp_tilegrad_d$D.err"
