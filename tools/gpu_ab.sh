@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# A/B of kernel variants in one call on the GPU machine, the way every A/B in docs/BENCHMARKS.md
-# was run: a temporary environment switch in a launcher selects the variant (removed again before
+# A/B of kernel variants in one call on the GPU machine, the way the A/Bs in docs/kernels.md are
+# run: a temporary environment switch in a launcher selects the variant (removed again before
 # the commit that keeps one). For each value: the flash-attention GPU tests of the wgmma family
 # (with a timeout: a broken mbarrier protocol hangs rather than fails), then ROUNDS runs of
 # `tilegrad bench attention` per value, interleaved, and a table of the chosen TF/s column with

@@ -5,13 +5,13 @@
 # protocol hangs rather than fails; the error-vs-materialised and 200-step training tests among
 # them, the worst error ratios printed) and compute-sanitizer memcheck, racecheck and synccheck on
 # small wgmma cases, then `tilegrad bench attention --steps 20 [bench args]` of base and patched,
-# interleaved ROUNDS times (the power cap makes back-to-back runs drift: docs/BENCHMARKS.md), and
+# interleaved ROUNDS times (the power cap makes back-to-back runs drift: docs/kernels.md §3), and
 # a table of the best of the rounds per shape with the geometric mean of patched / base per
 # column and head dim. Where tools/gpu_ab.sh compares variants behind a temporary environment
-# switch, this compares a diff as it would land; docs/experiments/ keeps the diffs measured so.
+# switch, this compares a diff as it would land (the variants measured so and rejected: docs/kernels.md §9).
 #
 # Usage: [AB_SANITIZE=0] [AB_DIR=…] tools/gpu_ab_patch.sh PATCH [ROUNDS] [bench attention arguments]
-#   e.g.  tools/gpu_ab_patch.sh docs/experiments/atomic_k_in_registers.diff 3 --head-dim 128
+#   e.g.  tools/gpu_ab_patch.sh variant.diff 3 --head-dim 128
 # Logs under $OUT (default gpu-out): ab_base_R.log, ab_new_R.log (the benchmark's JSON lines).
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prepared experiments of docs/experiments/, measured in turn in one call on the GPU machine:
+# Kernel-variant diffs prepared for measuring, measured in turn in one call on the GPU machine:
 # each diff's header names its measuring command on a line "To measure (…): git apply DIFF &&
 # tools/gpu_ab.sh VAR …" (a temporary environment switch in the patched tree selects the variant);
 # for each DIFF this applies it, runs that gpu_ab.sh command (its tests, then the interleaved

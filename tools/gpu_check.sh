@@ -136,7 +136,7 @@ if [ "$WHAT" = ramp ]; then
   # dims, default "128 64"), tilegrad's and cuDNN's (tools/torch_sdpa_once.py). Non-causal the work
   # items' count is the same at every T (B·T fixed) and an item's work grows with T, so a kernel's
   # time is about a + b·T: how b and a compare with cuDNN's says whether a gap is the tiles' cost
-  # or what items cost beyond them (docs/BENCHMARKS.md, twenty-first session, call 8).
+  # or what items cost beyond them (docs/kernels.md §8).
   for D in ${RAMP_D:-128 64}; do
     $NCU_TIME build-gpu/tilegrad bench attention --head-dim "$D" --min-t 1024 --max-t 8192 --warmup 1 --steps 1 --causal 0 \
       --atomic 0 > "$OUT/ramp_tilegrad_d$D.csv" 2> "$OUT/ramp_tilegrad_d$D.err"

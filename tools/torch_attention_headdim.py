@@ -1,5 +1,5 @@
-"""PyTorch's SDPA backends at a head dim ../shared/bench/torch_attention.py does not cover (it runs
-64 and 128), with that script's protocol: the FlashAttention shape convention (B·T = 16384,
+"""PyTorch's SDPA backends at a head dim the reference benchmark, torch_attention.py, does not
+cover (it runs 64 and 128), with that script's protocol: the FlashAttention shape convention (B·T = 16384,
 hidden 2048, so 64 heads at d 32), T 1k–32k, causal and not; forward = median of 20 timed calls
 after 5 warm-ups, backward = median of 10 forward+backward calls after 3 warm-ups minus the
 forward; FLOPs 4·B·H·T²·d (halved when causal), backward 2.5× that. Prints one JSON line per
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
-def bench(fn, iters=20, warm=5):  # as ../shared/bench/torch_attention.py times
+def bench(fn, iters=20, warm=5):  # as the reference benchmark times
     for _ in range(warm):
         fn()
     torch.cuda.synchronize()

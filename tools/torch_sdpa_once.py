@@ -1,7 +1,7 @@
 """One forward and one backward of PyTorch's SDPA per backend, inside a profiler range.
 
 For timing PyTorch's attention kernels with ncu under the same conditions as tilegrad's (the same
-clocks, the same call): ../shared/bench/torch_attention.py times whole calls with CUDA events in a
+clocks, the same call): the reference benchmark, torch_attention.py, times whole calls with CUDA events in a
 long run, where the H200's power cap lowers the clocks by an amount that depends on what ran
 before; ncu times each kernel alone. Each backend runs warm-up passes first, then one forward and
 one backward between cudaProfilerStart and cudaProfilerStop, so that
@@ -9,7 +9,7 @@ one backward between cudaProfilerStart and cudaProfilerStop, so that
     ncu --profile-from-start off --metrics gpu__time_duration.sum python3 tools/torch_sdpa_once.py
 
 profiles exactly those kernels (the order printed on stdout says which backend's they are).
-The shape convention is the FlashAttention papers' (../shared/bench/torch_attention.py): B·T =
+The shape convention is the FlashAttention papers' (the reference benchmark's): B·T =
 16384, hidden 2048.
 
 Usage (GPU machine): python3 tools/torch_sdpa_once.py [--T 8192] [--d 128] [--causal 1]

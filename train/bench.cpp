@@ -238,7 +238,7 @@ Tensor random_bf16(const Shape& shape, uint64_t seed, Device device) {
 }
 
 #ifdef TILEGRAD_HAVE_CUDA
-// ../shared/bench/torch_attention.py's timing: `warm` untimed calls, then per timed call CUDA
+// The reference attention benchmark's timing (PyTorch's torch_attention.py): `warm` untimed calls, then per timed call CUDA
 // events recorded around it on the stream and a synchronisation, the median of `runs`.
 template <typename F>
 double median_event_seconds(int64_t runs, int64_t warm, F&& f) {
@@ -289,7 +289,7 @@ int bench_attention(const cli::Args& a) {
   // the backward the difference of the medians, CUDA events around each call. The sustained
   // one keeps the board at its power cap through a shape's three modes, which the reference's
   // shorter passes might not; measured side by side in one call the two agree (geometric means
-  // 0.987–1.005 per column, docs/BENCHMARKS.md, thirteenth session), and the sustained one
+  // 0.987–1.005 per column, docs/kernels.md §3), and the sustained one
   // times the backward directly, without the difference's noise, so it stays the default.
   const std::string protocol = a.get("protocol", "sustained");
   const bool sustained = protocol == "sustained";
@@ -323,7 +323,7 @@ int bench_attention(const cli::Args& a) {
   const cuda::FlashDq atomic_mode = atomic_arg == 2 ? cuda::FlashDq::kAtomicKernel : cuda::FlashDq::kAtomic;
   std::printf("%-4s %-6s %-7s %-9s %-9s %-9s %-9s %-10s%s\n", "d", "T", "causal", "fwd ms", "bwd ms", "fwd TF/s",
               "bwd TF/s", "atomic TF/s", compare ? " mma.sync fwd / bwd TF/s" : "");
-  // Head dims 32 and 96 only when asked for: the shapes of ../shared/bench/torch_attention.py are
+  // Head dims 32 and 96 only when asked for: the reference benchmark's shapes (torch_attention.py) are
   // 64 and 128 (hidden 2048: 2048 / 96 is not whole, so d 96 runs 21 heads, hidden 2016).
   for (int64_t D : {32, 64, 96, 128}) {
     if (only_d == 0 ? D == 32 || D == 96 : D != only_d) continue;

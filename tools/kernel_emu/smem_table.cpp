@@ -1,6 +1,6 @@
 // Prints every sm_90a FlashAttention kernel shape the launchers run, with its threads and its
 // dynamic shared memory (the traits' kSmemBytes), for the registers-and-spills table in
-// docs/BENCHMARKS.md: ptxas -v gives the registers and spills of each kernel, but not the
+// docs/kernels.md §4.2: ptxas -v gives the registers and spills of each kernel, but not the
 // dynamic shared memory, which the traits compute. Reads the kernels' source through the
 // emulator's generated headers, so it needs no GPU and no CUDA headers:
 //

@@ -29,8 +29,8 @@ namespace tg::cuda {
 //              T = 4096 (flash_bwd_sm90a.cu, sm90a_runs_atomic_dq), and at d 96.
 //   kAtomicKernel  kAtomic's kernel wherever one is built (every head dim but 96), even where
 //              the deterministic pair is the faster: for tests and benchmarks.
-// (A fourth way, the same adds admitted in key-block order by per-tile semaphores, was built and
-// measured slower than kRecompute: docs/BENCHMARKS.md.)
+// (A fourth way, the same adds admitted in key-block order by per-tile semaphores, is slower than
+// kRecompute: each key block waits for every lower one at its first tile; docs/kernels.md §9.)
 enum class FlashDq { kRecompute, kAtomic, kAtomicKernel };
 
 // Which kernels run. kAuto (default) picks the fastest this GPU has: on compute capability 9.0

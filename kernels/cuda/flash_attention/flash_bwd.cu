@@ -417,10 +417,9 @@ void launch_bwd(const FlashAttentionParams& p_in, cudaStream_t stream) {
   }
 }
 
-// Why these block sizes (reasoned first, then measured on the H200 with `tilegrad bench attention`
-// at commit 21f9f53, before per-tensor row strides: T = 8192, d64 233.9 TF/s full / 222.5 causal,
-// d128 225.1 / 211.5; the previous configurations, named at the end of each comment, measured
-// 200-219 TF/s at d64 and 190-208 at d128). As in the forward, a
+// Why these block sizes (reasoned, then measured on the H200 with `tilegrad bench attention`:
+// docs/kernels.md §4.1; the alternatives named at the end of each comment ran slower). As in
+// the forward, a
 // warp owning 2 row blocks (R = 2) reads each streamed fragment once for 2 mmas; the owned rows'
 // A fragments (K, V in dK/dV; Q, dO in dQ) are re-read from smem per k-step, R x4 per k-step.
 // ldmatrix.x4 per mma, per streamed tile: dK/dV (S, dV, dP, dK) and dQ (S, dP, dQ).
@@ -428,26 +427,25 @@ void launch_bwd(const FlashAttentionParams& p_in, cudaStream_t stream) {
 // D = 32 (no wgmma kernels: these run on every GPU). dK/dV: 4 warps × 2 row blocks own 128
 // keys, as at d 64 — kAtomic's dQ product gives each warp D / 4 = 8 columns, the last n-tile
 // loaded with ldmatrix.x2.trans —, query tiles of 32; dK, dV 2 × 32 registers, Sᵀ and dPᵀ
-// 2 × 32; ptxas 159 registers (atomic 164), 0 spills. Measured against 2 warps (64 keys, half
-// the keys per streamed Q/dO tile): deterministic backward 1.020× (forward control 1.015×),
-// atomic 1.283× (docs/experiments/d32_dkdv_4warps.diff, 2026-11-30). dQ: 4 warps × 2 row
-// blocks own 128 queries, key tiles of 32, as at d 64.
+// 2 × 32; ptxas 159 registers (atomic 164), 0 spills. Twice the keys per streamed Q/dO tile of
+// 2 warps (64 keys), which pays most in the atomic mode, whose dQ reductions are per streamed tile
+// (docs/kernels.md §4.1). dQ: 4 warps × 2 row blocks own 128 queries, key tiles of 32, as at d 64.
 void flash_bwd_hdim32(const FlashAttentionParams& p, cudaStream_t stream) { launch_bwd<32>(p, stream); }
 
 // D = 64. dK/dV: 4 warps × 2 row blocks own 128 keys, query tiles of 32 stream through smem:
-// 48 x4 per 128 mmas (0.375; was 72 per 128 with 64 keys × 64 queries). dK, dV 2 × 64 regs, Sᵀ
+// 48 x4 per 128 mmas (0.375; 72 per 128 with 64 keys × 64 queries). dK, dV 2 × 64 regs, Sᵀ
 // and dPᵀ 2 × 32; Pᵀ is kept only as bf16 fragments across the dPᵀ mma (dS reads it back) to
 // fit: ptxas 255 regs (234 before row strides), 0 spills, 2 blocks (8 warps) per SM; smem
 // 2 × 18 KiB owned + 2 stages × 2 × 4.5 KiB streamed + 0.5 KiB lse/delta = 55 KiB. dQ: 4 warps × 2 row blocks own 128
-// queries, key tiles of 32: 40 x4 per 96 mmas (0.42; was 0.58); 198 regs, 0 spills, 2 blocks
-// per SM; 54 KiB smem. Was: both 4 warps × 16 rows, 64-row tiles, 168 regs, 3 blocks/SM.
+// queries, key tiles of 32: 40 x4 per 96 mmas (0.42; 0.58 at 16 rows per warp); 198 regs, 0 spills, 2 blocks
+// per SM; 54 KiB smem. The 16-rows-per-warp alternative: both 4 warps × 16 rows, 64-row tiles, 168 regs, 3 blocks/SM.
 void flash_bwd_hdim64(const FlashAttentionParams& p, cudaStream_t stream) { launch_bwd<64>(p, stream); }
 
 // D = 96 (on GPUs other than the H100/H200, which run the d 128 wgmma kernels zero-padded:
 // flash_bwd_sm90a). dK/dV: 6 warps × 1 row block own 96 keys, query tiles of 32; dK, dV 2 × 48
 // registers, Sᵀ and dPᵀ 2 × 16; ptxas 167 registers, 2 blocks per SM. FA2's shape (8 warps, 128
-// keys, 64-query tiles; 255 registers, one block per SM) measured 0.956× (2026-11-30,
-// docs/experiments/d96_dkdv_8warps.diff). dQ: 4 warps × 2 row blocks own 128 queries, key tiles
+// keys, 64-query tiles; 255 registers, one block per SM) hides less latency with one block per SM
+// than two of 6 warps (docs/kernels.md §9). dQ: 4 warps × 2 row blocks own 128 queries, key tiles
 // of 32, dQ 2 × 48 registers. kAtomic runs this pair too (kMmaSyncAtomicDq).
 void flash_bwd_hdim96(const FlashAttentionParams& p, cudaStream_t stream) { launch_bwd<96>(p, stream); }
 
@@ -455,15 +453,15 @@ void flash_bwd_hdim96(const FlashAttentionParams& p, cudaStream_t stream) { laun
 // per row block, so R = 2 cannot fit 255), query tiles of 32 (Sᵀ, dPᵀ 16 regs each); ptxas 251
 // regs, 0 spills, 2 blocks per SM; smem 2 × 17 KiB + 2 × 2 × 8.5 KiB + 0.5 KiB = 69 KiB.
 // dQ: 4 warps × 2 row blocks own 128 queries (dQ 2 × 64 regs), key tiles of 32 (S, dP 2 × 16
-// each): 80 x4 per 192 mmas (0.42; was 0.58 at 16 rows × 64 keys); ptxas 255 regs, 0 spills,
+// each): 80 x4 per 192 mmas (0.42; 0.58 at 16 rows × 64 keys); ptxas 255 regs, 0 spills,
 // 2 blocks per SM; smem 2 × 34 + 2 × 2 × 8.5 = 102 KiB.
 //
 // kAtomic adds the dSᵀ tile to smem (own × (32 + 8) bf16: 10 KiB at d64, 5 KiB at d128; 254 and
 // 255 regs, 0 spills) and the dQ mma, warp w the columns [w·D/4, (w+1)·D/4) of the 32 query rows.
-// Measured (2026-11-29, docs/BENCHMARKS.md), T = 8192 causal: d64 247.9 TF/s vs 223.0 for the
-// default; d128 199.0 vs 206.9 — at d128 the 64-key tiles double the atomic traffic per FLOP.
-// The FA2-like d128 alternative, 8 warps owning 128 keys (1 block/SM: 115 KiB smem), measured
-// 204.1 atomic but 191.6 for the default's dK/dV kernel, so d128 keeps 4 warps × 64 keys.
+// Faster than the default at d64, slower at d128, where the 64-key tiles double the atomic traffic
+// per FLOP (docs/kernels.md §4.1). The FA2-like d128 alternative, 8 warps owning 128 keys (1
+// block/SM: 115 KiB smem), is faster atomic but slower for the default's dK/dV kernel, so d128
+// keeps 4 warps × 64 keys (docs/kernels.md §4.1, §9).
 void flash_bwd_hdim128(const FlashAttentionParams& p, cudaStream_t stream) { launch_bwd<128>(p, stream); }
 
 }  // namespace

@@ -95,62 +95,39 @@ struct DqSm90aTraits {
                 "the hand-over must fit the registers the block is launched with (wgmma.cuh, setmaxnreg)");
   static_assert(kSmemBytes <= 227 * 1024, "one block's shared memory");
 };
-// Block shapes per head dim, measured on the H200 with `tilegrad bench attention --atomic 0`
-// (2026-11-30, sixth session, docs/BENCHMARKS.md; backward TF/s at T = 8192 causal, the dK/dV
-// kernel unchanged; the run-to-run spread is ±5 %):
-//   d 128: 2 consumers × 64-key tiles, 3 stages (168 registers, 0 spills, 161 KiB): 378–421,
-//          against 330–349 with the fifth session's dQ kernel (1 warpgroup × 2 blocks per SM,
-//          cp.async by all threads); 2 stages: 323 — K_j stays in its stage until
-//          dQ += dS_j K_j has run, in the next turn, so with two stages the next tile's load
-//          only starts then and its latency shows; 4 stages: as 3. 128-key tiles spill.
-//   d 64:  2 consumers × 128-key tiles, 3 stages (168 registers, 0 spills, 97 KiB): 346,
-//          against 322–348 (the old kernel; 0.99–1.12× of it from 8k, as fast below); 3
-//          consumers × 64 keys, 3 stages: 364 (as fast elsewhere); 2 × 64, 3 or 4 stages:
-//          314–349; 2 stages (2 × 128 or 3 × 64): 278–285. Eleventh session, 3 × 64 again on
-//          the pipelined loop (best of 3 interleaved runs): 0.971× over the 12 d 64 shapes.
-//   d 128, sixteenth session: 2 consumers × 96-key tiles, 3 stages (m64n96 S and dP; 168
-//          registers, no consumer spills, 209 KiB): deterministic backward 1.035× the 64-key
-//          tiles over the 12 d 128 shapes (best of 3 interleaved runs, every shape faster;
-//          T 8k causal 466 → 500): a third fewer turns, waits and stage hand-overs per FLOP.
-//          d 96 on the same tiles: 1.037× (T 8k causal 398 → 433).
-//   d 64, twenty-fourth session: dQ stored by the copy engine (kStoreByTma, both d 64 shapes;
-//          best of 3 interleaved rounds, docs/BENCHMARKS.md call 4): causal 1k 268 → 275 TF/s,
-//          non-causal 2k 373 → 396, the 12 d 64 shapes 1.012×, none below 1.00. d 128 and d 96
-//          have no shared memory left for a staging tile per consumer (209 of 227 KiB).
-//   d 64, twenty-fifth session: Q and dO in two buffers (kQBuffers = 2, 144 → 176 KiB; the
-//          consumers waited 1.5 % of their samples at an item's start for its Q/dO tiles). Best
-//          of 3 interleaved rounds (docs/BENCHMARKS.md, twenty-fifth session, call 2): causal 1k
-//          272 → 280 TF/s, non-causal 1k 361 → 372, in every round. On the long shape below
-//          (145 → 193 KiB) it measured causal 2k 1.02×, non-causal 2k 0.97×, 0.99× from 8k:
-//          not there.
+// Block shapes per head dim (docs/kernels.md §4.2 has the measurements that chose them):
+//   d 128: 2 consumers × 96-key tiles, 3 stages (m64n96 S and dP; 168 registers, no consumer
+//          spills, 209 KiB). K_j stays in its stage until dQ += dS_j K_j has run, in the next
+//          turn, so with two stages the next tile's load only starts then and its latency shows;
+//          four gain nothing over three. 96-key tiles take a third fewer turns, waits and stage
+//          hand-overs per FLOP than 64-key ones; 128-key tiles spill. d 96 runs the same tiles.
+//   d 64:  2 consumers × 128-key tiles, 3 stages, below T = 2048 (the long shape below from
+//          there). dQ leaves through shared memory and the copy engine (kStoreByTma, both d 64
+//          shapes); d 128 and d 96 have no shared memory left for a staging tile per consumer
+//          (209 of 227 KiB). Q and dO in two buffers (kQBuffers = 2, 144 → 176 KiB), so that an
+//          item's Q/dO tiles load while the item before is still multiplied, which pays where
+//          items are short; on the long shape (145 → 193 KiB) it does not, and one is kept.
 template <int D> struct DqSm90aConfig;
 template <> struct DqSm90aConfig<64> { using type = DqSm90aTraits<64, 2, 128, 3, 64, true, false, true, 2>; };
-//   d 128, twenty-third session: kSkipIdle on the pipelined loop — when causal, the first
-//          consumer's rows end a key tile before the second's in about half the items and it
-//          stops there (with the dK/dV kernels' skipped diagonal tiles, below: 5.9 % of the
-//          consumer-tiles at 1k, 2.9 % at 2k). Best of 3 interleaved rounds, both kernels
-//          together: causal backward 1k 291 → 295, 2k 393 → 398, 4k 472 → 476 TF/s, level from 8k.
+//   d 128: kSkipIdle on the pipelined loop — when causal, the first consumer's rows end a key
+//          tile before the second's in about half the items and it stops there (docs/kernels.md
+//          §2.3).
 template <> struct DqSm90aConfig<128> { using type = DqSm90aTraits<128, 2, 96, 3, 128, true, true>; };
 template <> struct DqSm90aConfig<96> { using type = DqSm90aTraits<128, 2, 96, 3, 96, true, true>; };
 // From T = 2048 at d 64 (kBwdSm90aLongT, as the dK/dV kernel's long shape): three consumers (192
 // query rows per block, 160 registers each) on 96-key tiles, each tile's three products issued
 // and retired in turn (kPipelined = false: the pipelined loop's dS of the tile before would not
 // fit beside the next S and dP in 160 registers). A third consumer keeps the tensor cores busy
-// while two compute exponentials and dS, as in the dK/dV kernel's long shape. Twentieth session,
-// `tools/gpu_ab.sh`, best of 3 interleaved rounds against the 2 × 128 shape: 1.00–1.06× from 2k
-// (every shape ≥ 1.00; causal 8k 384 → 407 TF/s), 0.96–0.97× at 1k (kept there); on 64-key tiles
-// 0.93–0.99× everywhere (the eleventh session's 3 × 64 on the pipelined loop: 0.971×).
-// Both backward kernels take their long shapes (DqSm90aLongConfig, DkdvWsSm90aLongConfig) from here.
+// while two compute exponentials and dS, as in the dK/dV kernel's long shape; the tiles are wide
+// enough that a turn's products outlast two consumers' exponentials (on 64-key tiles the shape
+// is slower). At 1k the two-consumer shape is the faster (docs/kernels.md §4.2).
 constexpr int64_t kBwdSm90aLongT = 2048;
 template <int D> struct DqSm90aLongConfig { using type = typename DqSm90aConfig<D>::type; };
 // Each of its consumers multiplies only the key tiles its own rows need (kSkipIdle; the same in
 // DkdvWsSm90aLongConfig<64>, from the query tile of its first key on): a 192-row block is a
 // coarse unit, and when causal its first consumer's rows stop a tile or more before its last
-// one's, as do rows past T. Twenty-second session (docs/BENCHMARKS.md, call 2; best of 3
-// interleaved rounds, both kernels together, warp-uniform warpgroup index in both builds): the
-// deterministic backward causal 2k 333 → 348, 4k 394 → 408 TF/s, non-causal 2k 389 → 402, the
-// 12 d 64 shapes 1.00–1.07×. (Without the uniform index the skipping loops compiled longer and
-// measured 0.87–0.98×: call 1.)
+// one's, as do rows past T. Its per-consumer trip counts compile as short as the plain loops only
+// with the warp-uniform warpgroup index (sm90::warpgroup_index; docs/kernels.md §2.3).
 template <> struct DqSm90aLongConfig<64> { using type = DqSm90aTraits<64, 3, 96, 3, 64, false, true, true>; };
 
 // The tensor maps of both backward kernels (tma.h): q, dout in boxes of Tr::kBr rows, k, v of
@@ -460,9 +437,9 @@ struct DkdvWsSm90aTraits {
   static constexpr int kPanelOwn = kBc * sm90::kSwizzleRowBytes, kPanelStream = kBr * sm90::kSwizzleRowBytes;
   static constexpr int kTileOwn = kPanels * kPanelOwn, kTileStream = kPanels * kPanelStream;  // bytes
   // 24 + 2 × 240 for the deterministic kernel, whose pipelined loop holds Sᵀ, dPᵀ of one tile
-  // with dSᵀ of the one before beside dK and dV (at 232, d 128 spilled and ptxas serialised the
-  // wgmmas); 40 + 2 × 232 with FormDq, whose producer has a third busy warp. The first version's
-  // 32 + 2 × 240 exceeded the launch allocation and hung on the H200 (wgmma.cuh).
+  // with dSᵀ of the one before beside dK and dV (at 232, d 128 spills and ptxas serialises the
+  // wgmmas); 40 + 2 × 232 with FormDq, whose producer has a third busy warp. 32 + 2 × 240 would
+  // exceed the launch allocation, and setmaxnreg.inc would wait forever (wgmma.cuh).
   static constexpr int kProducerRegs = Consumers == 2 ? (FormDq ? 40 : 24) : 32;
   static constexpr int kConsumerRegs = Consumers == 2 ? (FormDq ? 232 : 240) : 160;
   static constexpr int kStatsBytes = 2 * kStages * kBr * int(sizeof(float));  // lse, delta per stage
@@ -480,8 +457,8 @@ struct DkdvWsSm90aTraits {
   // mbarrier wait tells phases apart by parity only, so it would pass, one phase short. Each
   // consumer waiting on its own staging tile sees every phase of it. Two dSᵀ buffers, at d 64 as
   // at d 128: both consumers store into, and wait on, every use of every buffer, so neither can
-  // be two phases behind one. (The d 64 kernel first ran 4; 2 measured 1.001× that over its 12
-  // shapes, nineteenth session, and give 32 KB back.)
+  // be two phases behind one. (Four buffers measured the same as two at d 64 and cost 32 KB
+  // more: docs/kernels.md §9.)
   static constexpr int kDsBuffers = 2;
   // Causal items in groups of heads (sm90::item_tile's grouped): every kernel but the d 128
   // atomic one (DkdvAtomicSm90aConfig).
@@ -515,26 +492,21 @@ struct DkdvWsSm90aTraits {
   static_assert(!SkipIdle || !FormDq, "skipping tiles: the deterministic loops");
 };
 
-// Block shapes (measured on the H200; the measurements, session by session, are in
-// docs/flash-attention.md "How the backward's block shapes were chosen"): two consumers of 64
+// Block shapes (measured on the H200; docs/kernels.md §4.2 has the figures): two consumers of 64
 // keys each and 3 Q/dO stages of 64 queries — Q_i, dO_i stay in their stage until dK += dSᵀ Q_i
-// has run, a tile later, so of three stages two are held and one loads ahead (3 stages,
-// ping-pong: 1.08× the cp.async kernel over the 24 shapes; 2 stages were slower). The pipelined loop (dK_{j−1} issued with Sᵀ_j,
-// dPᵀ_j) paid with ping-pong turns at d 64 (+3–9 %) and without them at d 128 (+2–20 %), so the
-// turns are per head dim. d 64 keeps K and V in registers (1.025×), released at the item's start
-// (1.021× at T ≤ 4k, where items are short); d 128 has no registers for them.
+// has run, a tile later, so of three stages two are held and one loads ahead (2 stages were
+// slower). The pipelined loop (dK_{j−1} issued with Sᵀ_j, dPᵀ_j) pays with ping-pong turns at
+// d 64 and without them at d 128 (where turns make it spill), so the turns are per head dim.
+// d 64 keeps K and V in registers, released at the item's start so that the next item's tiles
+// load under this one where items are short; d 128 has no registers for them (dK, dV and the
+// pipelined tile fill 240).
 // Both skip, causal, the diagonal tile wholly before their second consumer's keys (kSkipIdle on the
 // pipelined loop: an item's first query tile, rows k0 … k0 + 63, precedes keys k0 + 64 …; 5.6 % of
-// the consumer-tiles at 1k, 2.9 % at 2k). Twenty-third session (docs/BENCHMARKS.md, call 1; best
-// of 3 interleaved rounds, with the d 128 dQ kernel's skipping): d 64 causal 1k 253 → 256 TF/s
-// (GPT-2's shape), d 128 1k 291 → 295, 2k 393 → 398, 4k 472 → 476; level from 8k. d 96 (call 5,
-// with the forward's half diagonal): causal 1k 253 → 257, 2k 346 → 351, the 6 causal shapes 1.015×.
-// Their dK and dV leave through shared memory and the tensor copy engine (kStoreByTma): an item's
-// register stores cost its consumers ~4 % of their time at d 64 non-causal 2k (twenty-third
-// session, call 7). Twenty-fourth session (docs/BENCHMARKS.md, calls 1–2; best of 3 interleaved
-// rounds): d 64 causal 1k 256 → 267 TF/s, 2k 348 → 361, non-causal 1k 348 → 358; d 128 causal 1k
-// 294 → 313, 2k 398 → 418, 4k 478 → 495, non-causal 1k 416 → 456; d 96 causal 1k 257 → 273, 2k
-// 352 → 373, 4k 432 → 448; level from 8k. (d 64's long-T shape: see DkdvWsSm90aLongConfig.)
+// the consumer-tiles at 1k, 2.9 % at 2k; docs/kernels.md §2.3).
+// Their dK and dV leave through shared memory and the tensor copy engine (kStoreByTma): register
+// stores from every thread are held up by the full memory queue and keep the consumers from the
+// next item, which shows where items are short (docs/kernels.md §5.2). (d 64's long-T shape: see
+// DkdvWsSm90aLongConfig.)
 template <int D> struct DkdvWsSm90aConfig;
 template <> struct DkdvWsSm90aConfig<64> {
   using type = DkdvWsSm90aTraits<64, 2, 3, true, false, true, 64, 64, true, true, true, true>;
@@ -547,19 +519,14 @@ template <> struct DkdvWsSm90aConfig<96> {
 };
 // From T = 2048 at d 64: three consumers (192 keys per block, 160 registers each) taking turns,
 // K and V read from shared memory, each tile's four products issued and retired in turn (the
-// pipelined loop's dSᵀ of the tile before would not fit: it spilled 148 bytes). At d 64 a tile's
+// pipelined loop's dSᵀ of the tile before would not fit: it spills 148 bytes). At d 64 a tile's
 // exponentials and dS take about as long as its products, and with two consumers the tensor
-// cores idled while both computed them (the pair ran 63–68 % of their peak); a third keeps them
-// busy, as in the d 64 forward. Nineteenth session, `tools/gpu_ab.sh`, best of 3 interleaved
-// rounds against the two-consumer shapes: 1.023× over the 12 d 64 shapes, 1.02–1.11× from 2k
-// (causal 4k 363 → 381, 8k 375 → 414 TF/s), but 0.97–0.99× at 1k, where items are a few tiles
-// long and the 64-query shape's early release of K and V (which needs them in registers) pays.
-// It replaced the sixteenth session's 96-query two-consumer shape from 4k (docs/flash-attention.md).
-// Causal, it stores dK and dV by the copy engine (launch_dkdv_sm90a: ::WithStoreByTma; causal 2k
-// 348 → 361 TF/s, 4k 407 → 415, level beyond); not causal, from registers: there the staged
-// stores measured 0.98–0.99× from 4k in every round (32k 430 → 422), with the shared memory
-// for the staging 101 → 149 KB (twenty-fourth session, call 1); at 2k alone (twenty-fifth
-// session, call 6) 1.01×, within the runs' spread (391–406 against 402–408 TF/s).
+// cores idle while both compute them; a third keeps them busy, as in the d 64 forward. Below
+// 2048 items are a few tiles long and the 64-query shape's early release of K and V (which needs
+// them in registers) pays more (docs/kernels.md §4.2).
+// Causal, it stores dK and dV by the copy engine (launch_dkdv_sm90a: ::WithStoreByTma); not
+// causal, from registers: there the staged stores, whose shared memory (101 → 149 KB) the
+// non-causal items' long loops do not repay, are level or slower (docs/kernels.md §5.2).
 template <int D> struct DkdvWsSm90aLongConfig { using type = typename DkdvWsSm90aConfig<D>::type; };
 template <> struct DkdvWsSm90aLongConfig<64> {  // (kSkipIdle: see DqSm90aLongConfig<64>)
   using type = DkdvWsSm90aTraits<64, 3, 3, true, false, false, 64, 64, true, false, true>;
@@ -568,12 +535,12 @@ template <> struct DkdvWsSm90aLongConfig<64> {  // (kSkipIdle: see DqSm90aLongCo
 // block adds a (64 queries, D) fp32 dQ tile per streamed query tile; the L2 performs the
 // reductions. Two consumers of 64 keys (128 keys per block: half the reduced bytes per FLOP of
 // one), 3 Q/dO stages, no ping-pong turns (the per-tile dSᵀ exchange already paces the
-// consumers), tile j's dQ product issued with dK_{j+1}; at d 64 one consumer forms a whole tile's
-// dQ by turns (an m64n32 half would read more shared memory per FLOP than the tensor cores'
-// operand rate allows), and the causal items go in groups of heads as in every other kernel
-// (1.023×), which at d 128 measured 3–5 % slower, so d 128 keeps one group. Where it is the faster
-// than the deterministic pair: sm90a_runs_atomic_dq. The measurements, session by session:
-// docs/flash-attention.md "How the backward's block shapes were chosen".
+// consumers), tile j's dQ product issued with dK_{j+1} so that the consumers need not meet at
+// every tile; at d 64 one consumer forms a whole tile's dQ by turns (an m64n32 half would read
+// more shared memory per FLOP than the tensor cores' operand rate allows), and the causal items
+// go in groups of heads as in every other kernel, which at d 128 is slower, so d 128 keeps one
+// group. Where it is the faster than the deterministic pair: sm90a_runs_atomic_dq. The figures,
+// and the variants rejected: docs/kernels.md §6 and §9.
 template <int D> constexpr bool kSm90aAtomicDq = D == 128 || D == 64;
 template <int D> struct DkdvAtomicSm90aConfig;
 template <> struct DkdvAtomicSm90aConfig<64> { using type = DkdvWsSm90aTraits<64, 2, 3, false, true, true, 64, 64, true>; };
@@ -1015,13 +982,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 namespace {
 
 // The grid: one block per SM, each taking several work items, the next one claimed from a
-// counter (launch.cuh, item_counter), as the forward's. Measured on the H200 (2026-11-30, eighth
-// session, docs/BENCHMARKS.md; `bench attention`, deterministic backward TF/s, best of two runs,
-// all in one call, one block per work item → persistent): mean 1.031× over the 24 shapes; causal
-// short T gains most, a block's start and epilogue overlapping the next item's loads (d 64 1k
-// 196 → 225, 2k 262 → 286; d 128 1k 236 → 257, 2k 323 → 344), long T is level (d 128 causal 32k
-// 450 → 453). The seventh session's static round-robin split had lost 3–7 % from 8k causal, so it
-// ran for causal T ≤ 2048 only (1.012× on the same shapes).
+// counter (launch.cuh, item_counter), as the forward's: a block's start and epilogue overlap the
+// next item's loads, which pays most at short causal T, and the dynamic claiming keeps the
+// heaviest-first order at long T, where a static split loses (docs/kernels.md §5.3).
 // Work items of tiles of `rows` rows (the kernels decode them: sm90::item_tile).
 int item_count(const FlashAttentionParams& p, int rows) { return int(p.H * p.B * ((p.T + rows - 1) / rows)); }
 
@@ -1031,12 +994,8 @@ int item_count(const FlashAttentionParams& p, int rows) { return int(p.H * p.B *
 // the dK/dV kernel's last wave of items leaves SMs idle, at non-causal T a fixed fraction (its
 // items are alike: 2048 at d 128, 2736–2816 at d 64 from 2k, for 132 SMs) — and the launch's gap
 // closes. It reads only what the delta pass and the forward wrote, and takes its own item counter
-// (slot 1: the dK/dV kernel's last blocks may still be claiming from slot 0). Twentieth session,
-// `tools/gpu_ab.sh`, best of 3 interleaved rounds against the plain launch: 1.004× over the 24
-// shapes (1k 1.02–1.05×; non-causal from 4k 1.00–1.02×), and again from T = 4096: 1.006× (16
-// shapes, 0.99–1.03×). Causal 8k read 0.90–0.95× in both calls, against plain-launch runs of
-// 419–424 (d 64) and 509–518 TF/s (d 128) that the shape's other plain runs this session did not
-// reach (d 64 379–386, d 128 467–485); overlapped it ran 375–395 and 464–492.
+// (slot 1: the dK/dV kernel's last blocks may still be claiming from slot 0). It pays most at
+// short T, where the last wave is a larger share of the kernel (docs/kernels.md §5.3).
 template <class Tr>
 void launch_dq_sm90a_with(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
   flash::launch_item_kernel<Tr>(flash::Overlap::kPrevious, flash::flash_bwd_dq_sm90a_kernel<Tr>, Tr::kSmemBytes,
@@ -1071,7 +1030,7 @@ void launch_dkdv_sm90a(const FlashAttentionParams& p, const float* delta, cudaSt
 }
 
 // Block shapes: DkdvWsSm90aConfig, DkdvWsSm90aLongConfig, DqSm90aConfig, DkdvAtomicSm90aConfig
-// (above), with the reasons for them (their measurements: docs/flash-attention.md).
+// (above), with the reasons for them (their measurements: docs/kernels.md §4.2).
 template <int D>
 void launch_bwd_sm90a(const FlashAttentionParams& p, const float* delta, float* dq_accum, int accum_rows,
                       cudaStream_t stream) {
@@ -1093,16 +1052,11 @@ void launch_bwd_sm90a(const FlashAttentionParams& p, const float* delta, float* 
 namespace flash {
 
 // kAtomic permits a run-dependent dQ; it does not require one, and runs the atomic kernel only
-// where it is the faster (kAtomicKernel wherever it is built). At d 128 from T = 16384: the
-// deterministic pair, with its causal items in groups of heads since the eighteenth session, is
-// the faster below (that session, calls 1 and 4, atomic / deterministic TF/s: causal 4k
-// 392–408 / 453–478, 8k 443–454 / 479–494, 16k 482–495 / 479–491; non-causal 1k–4k 0.87–0.99×,
-// 8k 0.99–1.01×, 16k–32k 1.01–1.05×; causal T ≤ 2048 was 0.80× already in the ninth session: the
-// accumulator's zeroing and conversion are passes of their own). At d 64 non-causal from 4k,
-// where it was ahead (eighteenth session, calls 1 and 4: 1.03–1.065×, level at 1k–2k; causal
-// 0.90–0.94× at 4k–8k and level from 16k); since the pair's kernels run three consumers there
-// (nineteenth and twentieth sessions) it is level with the pair (twentieth, call 3, one run:
-// 0.95–1.02×), and kept as the mode that does 5 products, not 7.
+// where it is the faster (kAtomicKernel wherever it is built). At d 128 from T = 16384: below,
+// the deterministic pair, with its causal items in groups of heads, is the faster, and at causal
+// T ≤ 2048 the accumulator's zeroing and conversion, passes of their own, weigh most. At d 64
+// non-causal from 4096, where it is level with the pair, kept as the mode that does 5 products,
+// not 7 (docs/kernels.md §6).
 bool sm90a_runs_atomic_dq(const FlashAttentionParams& p) {
   // (At d 96 the d 128 atomic kernel would add 128-column rows into a 96-column accumulator.)
   const bool built = p.D == 128 ? kSm90aAtomicDq<128> : p.D == 64 ? kSm90aAtomicDq<64> : false;

@@ -159,9 +159,8 @@ void launch_fwd(const FlashAttentionParams& p, cudaStream_t stream) {
   TG_CUDA_CHECK(cudaGetLastError());
 }
 
-// Why these block sizes (reasoned first, then measured on the H200 with `tilegrad bench attention`
-// at commit 21f9f53, before per-tensor row strides; docs/BENCHMARKS.md; the previous
-// 16-rows-per-warp configurations and their figures are in the last line of each comment):
+// Why these block sizes (reasoned, then measured on the H200 with `tilegrad bench attention`:
+// docs/kernels.md §4.1; the 16-rows-per-warp alternatives are in the last line of each comment):
 // A warp owns 2 row blocks (32 query rows), so every K or V fragment it loads with ldmatrix
 // feeds 2 mmas. Shared memory delivers 128 B/clk per SM and an m16n8k16 B fragment is 256 B,
 // so with one row block per warp the ldmatrix traffic alone capped the mmas at 0.5 per clock
@@ -177,27 +176,27 @@ void launch_fwd(const FlashAttentionParams& p, cudaStream_t stream) {
 void flash_fwd_hdim32(const FlashAttentionParams& p, cudaStream_t stream) { launch_fwd<32>(p, stream); }
 
 // D = 64 (measured 294.8 TF/s at T = 8192 full, 276.0 causal): 4 warps (Br = 128), Bc = 64 keys, Q fragments in registers. Per tile and warp: 32
-// ldmatrix.x4 for 128 mmas (0.25 x4/mma, was 0.5). O and S are 64 registers each, Q 32: ptxas
-// 244 regs (251 before the warp-uniform rescale skip), 0 spills under __launch_bounds__(128, 2); smem
-// 18 KiB Q + 2 stages × 2 × 9 KiB K/V = 54 KiB, 2 blocks (8 warps) per SM. Was: 8 warps × 16 rows, Bc 64, 128 regs, 2 blocks/SM
+// ldmatrix.x4 for 128 mmas (0.25 x4/mma, against 0.5 at 16 rows per warp). O and S are 64 registers each, Q 32: ptxas
+// 244 regs (251 without the warp-uniform rescale skip), 0 spills under __launch_bounds__(128, 2); smem
+// 18 KiB Q + 2 stages × 2 × 9 KiB K/V = 54 KiB, 2 blocks (8 warps) per SM. The 16-rows-per-warp alternative: 8 warps × 16 rows, Bc 64, 128 regs, 2 blocks/SM
 // (measured 265.7 TF/s at T = 8192 full, 254.7 causal).
 void flash_fwd_hdim64(const FlashAttentionParams& p, cudaStream_t stream) { launch_fwd<64>(p, stream); }
 
 // D = 96: 4 warps × 2 row blocks (Br = 128), Bc = 64 keys (FlashAttention-2's d 96 tile), Q
 // re-read from smem: O 2 × 48 registers, S 2 × 32; ptxas 255 registers, 0 spills; smem 26 KiB Q
-// + 2 × 2 × 13 KiB K/V = 78 KiB, 2 blocks per SM. Measured 1.109× the 32-key tiles (geometric
-// mean over T 1k–32k, causal and not; docs/experiments/d96_fwd_64key_tiles.diff, 2026-11-30).
+// + 2 × 2 × 13 KiB K/V = 78 KiB, 2 blocks per SM. Faster than 32-key tiles at every benchmark
+// shape taken together (docs/kernels.md §4.1).
 void flash_fwd_hdim96(const FlashAttentionParams& p, cudaStream_t stream) { launch_fwd<96>(p, stream); }
 
 // D = 128 (measured 317.1 TF/s at T = 8192 full, 284.1 causal): 4 warps (Br = 128), Bc = 32 keys,
 // Q re-read from smem at every k-step. O alone is
 // 2 × 64 registers; Q in registers would add 64 and Bc = 64 another 64, past 255. Per tile and
-// warp: Q Kᵀ 8 k-steps × (2 Q + 2 K) x4, P V 2 × 8 x4 = 48 x4 for 128 mmas (0.375 x4/mma; was
-// 0.625 with 16 rows per warp). ptxas: 245 regs (255 before the rescale skip), 0 spills under
-// __launch_bounds__(128, 2); smem 34 KiB Q + 2 × 2 × 8.5 KiB K/V = 68 KiB, 2 blocks (8 warps) per SM. Was: 8 warps × 16
+// warp: Q Kᵀ 8 k-steps × (2 Q + 2 K) x4, P V 2 × 8 x4 = 48 x4 for 128 mmas (0.375 x4/mma, against
+// 0.625 with 16 rows per warp). ptxas: 245 regs (255 without the rescale skip), 0 spills under
+// __launch_bounds__(128, 2); smem 34 KiB Q + 2 × 2 × 8.5 KiB K/V = 68 KiB, 2 blocks (8 warps) per SM. The 16-rows-per-warp alternative: 8 warps × 16
 // rows, Bc 32, Q from smem, 128 regs, 2 blocks/SM (measured 275.0 TF/s at T = 8192 full, 247.1
-// causal). Skipping the O rescale when no row of a warp moved its max (tile.cuh, rescale):
-// 0.85× → 0.91× FA2 at T = 8192 causal (d 64, little rescale work, unchanged at 0.96×), 2026-11-29.
+// causal). Skipping the O rescale when no row of a warp moved its max (tile.cuh, rescale) pays at
+// d 128, whose O rescale is twice d 64's work (docs/kernels.md §2.1).
 void flash_fwd_hdim128(const FlashAttentionParams& p, cudaStream_t stream) { launch_fwd<128>(p, stream); }
 
 }  // namespace

@@ -133,59 +133,37 @@ FwdTmaMaps fwd_tma_maps(const FlashAttentionParams& p) {  // p's row strides res
   return maps;
 }
 
-// Block shapes per head dim, measured on the H200 with `tilegrad bench attention --backward 0`
-// (2026-11-30, sixth session, docs/BENCHMARKS.md; TF/s at T = 8192 causal / non-causal):
+// Block shapes per head dim (docs/kernels.md §4.2 has the measurements that chose them):
 //   d 128: 2 consumers × 128-key tiles, 2 stages (168 registers at launch, 240 per consumer
-//          thread after the hand-over, 0 spills, 161 KiB): 611 / 622, against 475–483 / 481–489
-//          for the fifth session's kernel (all threads loading with cp.async, 64-key tiles, two
-//          blocks of 2 warpgroups per SM in lockstep). 3 stages: the same within the run-to-run
-//          spread (±5 %). 64-key tiles (4 stages): 536 / 551 (S as two m64n64 products per Q read).
-//   d 64:  3 consumers (192 query rows) × 128-key tiles, 2 stages (160 registers per consumer,
-//          89 KiB): 500 / 538, against 397–398 / 400–401 for the fifth session's kernel; 2
-//          consumers: 436–437 / 448–458; 2 consumers × 64-key tiles: 357 / 369; 3 stages: the
-//          same as 2. At d 64 the softmax is as long as a tile's products, so a third consumer
-//          keeps the tensor cores busy while two of them exponentiate. At T = 1024 causal (16 × 1024 tokens,
-//          1 block per SM, most blocks a few tiles long) it is 232 against the old kernel's 265:
-//          a block's start (barriers, Q's load, the first tile) is not hidden under another
-//          block's tail. The persistent grid (launch_fwd_sm90a) took it to 268 (seventh session).
-// Q in registers (ninth session, best of 3 interleaved runs in one call): d 128 1.017× over its
-// 12 shapes (non-causal 8k 559 → 615, 32k 560 → 577; causal 8k 613 → 619), with 0 consumer
-// spills at 240; at d 64 (3 × 160 registers) it spills 96 bytes and ptxas serialises the
-// wgmmas, so d 64 reads Q from shared memory.
+//          thread after the hand-over, 0 consumer spills, 193 KiB). 64-key tiles form S as two
+//          m64n64 products per Q read and ran slower; a third stage gained nothing.
+//   d 64:  3 consumers (192 query rows) × 128-key tiles, 2 stages (160 registers per consumer).
+//          At d 64 the softmax is as long as a tile's products, so a third consumer keeps the
+//          tensor cores busy while two of them exponentiate; a third stage gained nothing.
+// Q in registers at d 128 (S register-A, no consumer spills at 240); at d 64 (3 × 160 registers)
+// it would spill 96 bytes and ptxas would serialise the wgmmas, so d 64 reads Q from shared memory.
 // d 64's three consumers each multiply only the K/V tiles their own rows need (kSkipIdle): when
 // causal, a 192-row item's first consumer's rows stop a tile or more before its last one's, and
 // rows past T need none. d 128 (causal only: the non-causal shape is FwdSm90aNonCausalConfig)
 // halves its diagonal tile for the first consumer, whose rows reach only its first 64 keys
-// (kHalfDiagonal). Twenty-second session (docs/BENCHMARKS.md, calls 1–2; best of 3 interleaved
-// rounds, warp-uniform warpgroup index in both builds): d 64 causal 2k 383 → 396, 4k 452 → 468,
-// 16k 522 → 552 TF/s, non-causal 1k 420 → 432, the 12 shapes 0.98–1.06×; d 128 causal 1k
-// 350 → 359 and 351 → 360, 2k 481 → 485 and 482 → 488 (two calls), level beyond. The half
-// diagonal at d 64's short causal shape measured level (287 → 287) and was left out.
+// (kHalfDiagonal; at d 64's short causal shape it gains nothing and is left out). Figures:
+// docs/kernels.md §2.3.
 // O leaves through shared memory and the tensor copy engine (kStoreByTma) in every shape but d 128's
 // non-causal 176-key one (no shared memory left for the staging) and d 96's non-causal one (not
-// measured). Twenty-fourth session (docs/BENCHMARKS.md, calls 1–2; best of 3 interleaved rounds):
-// d 64 causal 1k 286 → 300 TF/s, 2k 393 → 408, non-causal 1k 430 → 448; d 128 causal 1k 358 → 384,
-// 2k 483 → 510, 4k 574 → 591; d 96 causal 1k 328 → 355, 2k 435 → 463; level from 8k.
+// measured): the consumers go on to the next item at once, which pays where items are short
+// (docs/kernels.md §5.2).
 template <int D> struct FwdSm90aConfig;
 template <> struct FwdSm90aConfig<64> { using type = FwdSm90aTraits<64, 3, 128, 2, false, 64, 128, true, false, true>; };
 template <> struct FwdSm90aConfig<128> { using type = FwdSm90aTraits<128, 2, 128, 2, true, 128, 128, false, true, true>; };
-// d 96 runs d 128's shape (fourteenth session: 1.109× the 64-key tiles); its products stop at the
-// head's 96 columns, both those that sum over them (fifteenth session: forward 1.059×, backward
-// 1.079×) and those whose N they are — P V here, Pᵀ dO, dSᵀ Q, dS K in the backward (sixteenth
-// session, `tools/gpu_ab_patch.sh … --head-dim 96`, best of 3: forward 1.029×, deterministic
-// backward 1.006×, atomic 1.012× over the 12 shapes).
-// Causal, its diagonal tile halved as d 128's (kHalfDiagonal; twenty-third session, call 5, best of 3
-// interleaved rounds with the backward's skipped diagonal tiles: causal 1k 321 → 323, 2k 426 → 430,
-// 4k 503 → 506 TF/s, the 6 causal shapes 1.007×).
+// d 96 runs d 128's shape; its products stop at the head's 96 columns, both those that sum over
+// them and those whose N they are — P V here, Pᵀ dO, dSᵀ Q, dS K in the backward (docs/kernels.md
+// §4.3; the figures in §4.2). Causal, its diagonal tile is halved as d 128's (kHalfDiagonal).
 template <> struct FwdSm90aConfig<96> { using type = FwdSm90aTraits<128, 2, 128, 2, true, 96, 128, false, true, true>; };
 // Not causal, d 128: FlashAttention-3's 176-key tiles (S m64n176: one softmax reduction, one
 // turn and one K/V stage hand-over per 176 keys rather than 128; S, P and O fill the consumers'
 // 240 registers, so Q is read from shared memory: 168 registers at launch, no consumer spills,
-// 209 KiB). Measured on the H200 (fifteenth session, docs/BENCHMARKS.md; two A/B calls of
-// `tools/gpu_ab_patch.sh … --head-dim 128 --backward 0`, best of 3 and 4 interleaved rounds):
-// the non-causal forward 1.024× and 1.026× over its 6 shapes (1k–4k −0.6 to +1.1 %, 32k 624 → 639–642),
-// the untouched causal shapes 0.994× and 1.002× (the controls). Causal keeps 128 keys with Q in
-// registers (its diagonal tiles' masked work would grow with the tile).
+// 209 KiB; docs/kernels.md §4.2). Causal keeps 128 keys with Q in registers (its diagonal
+// tiles' masked work would grow with the tile).
 template <int D> struct FwdSm90aNonCausalConfig { using type = typename FwdSm90aConfig<D>::type; };
 // Its products over an item's last tile stop where T does, rounded up to 64 or 128 keys
 // (fwd_last_tile_keys, launch_fwd_sm90a_last_tile).
@@ -196,9 +174,8 @@ template <> struct FwdSm90aNonCausalConfig<96> { using type = FwdSm90aTraits<128
 // T = 1024, 6 tiles per head (the last with 64 rows in 192) over 2–8 K/V tiles, 786,432 scores
 // per head against 589,824 with 128-row tiles and 524,800 under the mask — 1.33× the 128-row
 // tiles' work, more than the third consumer's speed-up (1.15× at causal 8k) makes up.
-// Twentieth session, `tools/gpu_ab.sh TG_FWD64 "0 1 2" fwd_tflops 3 -- --head-dim 64 --backward
-// 0`, best of 3 interleaved rounds against the three-consumer shape: causal 1k 267 → 290 TF/s
-// (1.09×; Q from shared memory 1.07×), 2k 0.96× and 0.82–0.92× beyond; non-causal 0.79–0.94×.
+// The bound: at causal 1k this shape is 1.09× the three-consumer one, from 2k slower
+// (docs/kernels.md §4.2).
 template <int D> struct FwdSm90aShortCausalConfig { using type = typename FwdSm90aConfig<D>::type; };
 template <> struct FwdSm90aShortCausalConfig<64> { using type = FwdSm90aTraits<64, 2, 128, 2, true, 64, 128, false, false, true>; };
 constexpr int64_t kFwdShortCausalMaxT = 1024;
@@ -527,16 +504,10 @@ namespace {
 // time not measured).
 //
 // The grid: one block per SM, each taking several work items, the next one claimed from a
-// counter (launch.cuh, item_counter). Measured on the H200 (docs/BENCHMARKS.md; `bench
-// attention --backward 0`, forward TF/s, best of two runs each, one block per work item →
-// persistent): the seventh session's static round-robin version gained at short T, a block's
-// start and epilogue now overlapping the next item's loads (d 64 causal 1k 226 → 268, 2k
-// 336 → 376), but from 8k on causal it lost, its split of the heaviest-first items less even than
-// the hardware's handing out of blocks as SMs free up (d 128 causal 8k 623 → 592, 32k 604 → 545),
-// so it ran up to T = 4096 only. Claiming items dynamically (eighth session, 2026-11-30, 24
-// shapes, all four grids in one call) keeps the short-T gains and loses nothing at long T: mean
-// 1.045× one block per item (static round-robin 1.009×, the T ≤ 4096 rule 1.025×); d 64 causal
-// 1k 226 → 273, 8k 491 → 510; d 128 causal 4k 540 → 571, 8k 620 → 636, 32k 604 → 595.
+// counter (launch.cuh, item_counter): a block's start and epilogue overlap the next item's loads,
+// which pays at short T, and claiming dynamically keeps the heaviest-first order at long causal
+// T too, where a static round-robin split of the items is less even than the hardware's handing
+// out of blocks as SMs free up (docs/kernels.md §5.3).
 template <class Tr>
 void launch_fwd_sm90a(const FlashAttentionParams& p, cudaStream_t stream) {
   flash::launch_item_kernel<Tr>(flash::Overlap::kNone, flash::flash_fwd_sm90a_kernel<Tr>, Tr::kSmemBytes,
@@ -544,10 +515,8 @@ void launch_fwd_sm90a(const FlashAttentionParams& p, cudaStream_t stream) {
                                 stream, flash::fwd_tma_maps<Tr>(p), flash::item_counter(stream));
 }
 // Not causal: the products over every item's last K/V tile as wide as T's last tile needs
-// (fwd_last_tile_keys). Twenty-first session, `tools/gpu_ab.sh` against 176 keys, best of 4
-// interleaved rounds of the d 128 non-causal forward (every round alike): 2k 613 → 620 TF/s
-// (last tile 112 keys, products over 128), 4k 655 → 666 (48, over 64), 8k 692 → 697 (96, over
-// 128); 1k (144 keys: the same kernel), 16k and 32k (16 and 32 keys, over 64) level.
+// (fwd_last_tile_keys), rounded up to 64 or 128 keys: products over keys past T multiply zeros
+// at full cost (docs/kernels.md §2.3).
 template <class Tr>
 void launch_fwd_sm90a_last_tile(const FlashAttentionParams& p, cudaStream_t stream) {
   flash::with_last_tile_traits<Tr>(p.T, [&](auto tr) { launch_fwd_sm90a<typename decltype(tr)::type>(p, stream); });

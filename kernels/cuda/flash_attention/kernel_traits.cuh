@@ -176,9 +176,8 @@ template <> struct DkdvConfig<128> { using type = BwdTraits<128, 4, 32, 1>; };
 
 // FlashDq::kAtomic permits a run-dependent dQ; it does not require one. On the mma.sync kernels
 // it runs the dK/dV kernel forming dQ too (5 products per tile pair) except at d 96, where that
-// kernel (6 warps, 16 dQ columns each) measured 0.77–0.88× the deterministic pair at all 12
-// benchmark shapes on the H200 (fourteenth session, docs/BENCHMARKS.md "Head dim 96"), so the
-// pair serves both modes there. (At d 32 the atomic kernel is the faster at 11 of 12 shapes.)
+// kernel (6 warps, 16 dQ columns each) is slower than the deterministic pair at every benchmark
+// shape (docs/kernels.md §4.1), so the pair serves both modes there. (At d 32 the atomic kernel is the faster at 11 of 12 shapes.)
 template <int D> constexpr bool kMmaSyncAtomicDq = D != 96;
 
 template <int D> struct DqConfig;  // own = queries, stream = keys

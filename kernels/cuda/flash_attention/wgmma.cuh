@@ -1,5 +1,5 @@
-// Hopper (sm_90a) warpgroup matrix multiply: the primitives the next generation of the attention
-// kernels is built from (docs/flash-attention.md, "The sm_90a plan"). A warpgroup (4 warps, 128
+// Hopper (sm_90a) warpgroup matrix multiply: the primitives the sm_90a attention kernels are
+// built from (docs/kernels.md §5.1). A warpgroup (4 warps, 128
 // threads) issues wgmma.mma_async on operands in shared memory, described by 64-bit matrix
 // descriptors, or with A from registers; the fp32 accumulator stays in registers.
 //
@@ -211,10 +211,9 @@ __device__ __forceinline__ ItemSlot read_item_slot(const int* slot, int lane) {
 // lane of the warp holds the same value: what is derived from it (the consumer index, its rows'
 // shared-memory addresses in the wgmma descriptors, its loop bounds) then lives in uniform
 // registers and branches on it are uniform. With plain threadIdx.x / 128 the consumers' main
-// loops re-derived descriptors each tile (R2UR) under WARPSYNCs, 4-10 % more instructions
-// (twenty-second session, docs/BENCHMARKS.md: the deterministic backward 1.014x, forward
-// 1.008x over the 24 shapes; it also made the d 64 kernels' SkipIdle loops as short as the
-// plain ones).
+// loops re-derived descriptors each tile (R2UR) under WARPSYNCs, 4-10 % more instructions, and
+// the d 64 kernels' SkipIdle loops, whose trip counts depend on the consumer, compiled longer
+// than the plain ones (docs/kernels.md §2.3).
 __device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0); }
 // Moves registers between warpgroups (all 128 threads of a warpgroup execute it): the producer
 // gives most of its registers back, the consumers take them. The block keeps the registers it was
@@ -540,20 +539,14 @@ __device__ __forceinline__ void load_a_frags_swizzled(uint32_t (&a)[D / 16][4], 
 //     tile, and the atomic mode's dQ rows, are reused while in L2 —, and a group's last, lightest
 //     items still overlap the next group's heaviest (the dynamic scheduler keeps the order
 //     whatever the items' lengths; only the last group's tail is not filled, and it is its
-//     lightest items). With every head in one group (the order before the eighteenth session) the
-//     blocks running at once at T 4k worked on 128 different heads.
-//     Measured on the H200 (eighteenth session, docs/BENCHMARKS.md: 3 interleaved rounds in one
-//     call, best of each against one group, geometric mean over the 12 causal shapes):
-//     deterministic backward 1.030× with 8 waves (d 64 +2.5–6 % at every T, in every round; d 128
-//     +3.5–6 % at 1k–4k, level from 8k), 1.031× with 2, 1.037× with 4; the non-causal shapes (the
-//     same code both ways, the control) 1.005–1.007×. The forward's 1.006–1.024× and the atomic
-//     kernel's 1.004–1.017× are within that call's drift (non-causal forward 1.025–1.035×).
+//     lightest items). With every head in one group the blocks running at once at T 4k would
+//     work on 128 different heads. The groups pay in the deterministic kernels and the d 64
+//     atomic one; the d 128 atomic kernel runs slower grouped and keeps one group (8 waves kept
+//     of 2, 4 and 8, which measured alike, as the safer tail; docs/kernels.md §5.3).
 //   non-causal — every item equally long, so head-major: tile w % n_tiles, head (w / n_tiles) % H,
 //     batch w / (n_tiles · H). The blocks running at once then work on few heads, and each K/V (or
-//     Q/dO) tile they stream is read by many of them while it is in L2. Measured on the H200
-//     (ninth session, docs/BENCHMARKS.md): over the 12 non-causal shapes 1.049× the tile-major
-//     order for the forward, 1.062× for the deterministic backward, 1.113× for the atomic one
-//     (d 128 forward 1k 448 → 526 TF/s).
+//     Q/dO) tile they stream is read by many of them while it is in L2 (docs/kernels.md §5.3:
+//     1.05–1.11× the tile-major order).
 // row0: the tile's first row.
 struct ItemTile {
   int h, b, row0;
