@@ -1,4 +1,4 @@
-"""PyTorch's SDPA backends at a head dim the reference benchmark, torch_attention.py, does not
+"""PyTorch's SDPA backends at a head dim bench/reference/torch_attention.py does not
 cover (it runs 64 and 128), with that script's protocol: the FlashAttention shape convention (B·T = 16384,
 hidden 2048, so 64 heads at d 32), T 1k–32k, causal and not; forward = median of 20 timed calls
 after 5 warm-ups, backward = median of 10 forward+backward calls after 3 warm-ups minus the

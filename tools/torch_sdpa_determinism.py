@@ -1,7 +1,7 @@
 """Is PyTorch's SDPA backward bitwise reproducible on this GPU, per backend?
 
 tilegrad's default flash backward is deterministic (dQ formed by a separate pass); its opt-in
-atomic mode is not. To compare like with like against the reference benchmark (torch_attention.py), this
+atomic mode is not. To compare like with like against bench/reference/torch_attention.py, this
 runs each backend's backward N times on identical inputs (the benchmark's shape convention,
 bf16) and reports, per gradient, how many runs differ bitwise from the first and by how much.
 

@@ -1,7 +1,7 @@
 """One forward and one backward of PyTorch's SDPA per backend, inside a profiler range.
 
 For timing PyTorch's attention kernels with ncu under the same conditions as tilegrad's (the same
-clocks, the same call): the reference benchmark, torch_attention.py, times whole calls with CUDA events in a
+clocks, the same call): bench/reference/torch_attention.py times whole calls with CUDA events in a
 long run, where the H200's power cap lowers the clocks by an amount that depends on what ran
 before; ncu times each kernel alone. Each backend runs warm-up passes first, then one forward and
 one backward between cudaProfilerStart and cudaProfilerStop, so that

@@ -31,7 +31,7 @@
 #include "kernels/cuda/gemm.h"
 #include "src/util/error.h"
 
-// An internal cuBLASLt failure names the status, the call, file and line (DESIGN.md convention 6).
+// An internal cuBLASLt failure names the status, the call, file and line (docs/architecture.md, "Conventions").
 #define TG_CUBLAS_CHECK(call)                                                                              \
   do {                                                                                                     \
     cublasStatus_t st_ = (call);                                                                           \

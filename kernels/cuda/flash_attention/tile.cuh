@@ -523,9 +523,15 @@ __device__ __forceinline__ void softmax_grad_col_bf16p(float (&dp)[N / 8][4], co
 
 // ── Global fp32 accumulation (the backward's opt-in atomic dQ) ──
 
-// p[0], p[1] += a, b: one vector reduction, performed at L2 (sm_90), no value returned.
+// p[0], p[1] += a, b: one vector reduction performed at L2, no value returned (vector reductions
+// exist from sm_90; before it, two scalar ones).
 __device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+#else
+  atomicAdd(p, a);
+  atomicAdd(p + 1, b);
+#endif
 }
 
 // The fp32 dQ accumulator's layout: rows of ld floats whose 8-float (32-byte) chunks are permuted
