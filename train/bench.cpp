@@ -81,11 +81,7 @@ StepFigures run_training_steps(const Config& cfg, Device device, int64_t warmup,
       ops::scale(l, 1.0 / W).backward();
     }
     sync->finish();
-    const double norm = sync->zero_stage() == 1
-                            ? std::sqrt(comm->all_reduce_values({optim::grad_sum_squares(model.params(), sync->norm_ranges())},
-                                                                dist::ReduceOp::sum, "gradient norm")[0])
-                            : optim::grad_norm(model.params());
-    opt.step(cfg.train.lr, optim::clip_factor(norm, cfg.train.grad_clip));
+    opt.step(cfg.train.lr, optim::clip_factor(sync->grad_norm(), cfg.train.grad_clip));
     sync->gather_parameters();
     f.loss = l.item();
   };

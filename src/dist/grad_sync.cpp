@@ -3,7 +3,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <unordered_map>
+
+#include "src/optim/adamw.h"
 
 #ifdef TILEGRAD_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -154,6 +157,12 @@ std::vector<nn::FlatRange> GradientSync::norm_ranges() const {
     if (b.split < b.range.length && comm_.rank() == 0) ranges.push_back({b.range.offset + b.split, b.range.length - b.split});
   }
   return ranges;
+}
+
+double GradientSync::grad_norm() {
+  if (zero_stage_ == 0 || comm_.world_size() == 1) return optim::grad_norm(params_);
+  const double mine = optim::grad_sum_squares(params_, norm_ranges());
+  return std::sqrt(comm_.all_reduce_values({mine}, ReduceOp::sum, "gradient norm")[0]);
 }
 
 void GradientSync::gather_parameters() {

@@ -34,9 +34,6 @@ class GradientSync {
   int num_buckets() const { return int(buckets_.size()); }
   // The ranges of the flat buffers this rank's optimizer updates: everything under ZeRO-0.
   const std::vector<nn::FlatRange>& owned() const { return owned_; }
-  // ZeRO-1: the ranges whose squared gradients this rank adds to the global norm (its slices, and
-  // on rank 0 also the elements every rank updates), so that each element counts once.
-  std::vector<nn::FlatRange> norm_ranges() const;
 
   // For a LeafGradReadyScope around the backward of a step's last micro-batch: reduces each
   // bucket as soon as its gradients are final.
@@ -44,6 +41,9 @@ class GradientSync {
   // After that backward: starts the buckets not started yet, in bucket order, and orders every
   // reduction before the work that follows (the GPU's compute stream waits; the CPU host waits).
   void finish();
+  // After finish(): the global L2 norm of the reduced gradients, the same on every rank (ZeRO-1
+  // ranks add their slices' squares and all-reduce them).
+  double grad_norm();
   // ZeRO-1, after the optimizer step: each rank's updated slices to every rank.
   void gather_parameters();
 
@@ -66,6 +66,9 @@ class GradientSync {
     int readers = 0;    // parameters that overlap the bucket
     bool started = false;
   };
+  // ZeRO-1: the ranges whose squared gradients this rank adds to the global norm (its slices, and
+  // on rank 0 also the elements every rank updates), so that each element counts once.
+  std::vector<nn::FlatRange> norm_ranges() const;
   void on_final(const Tensor& leaf);
   void start(size_t bucket);
 

@@ -307,13 +307,7 @@ TrainResult Trainer::run(const std::string& resume) {
     }
     if (grad_hook_) grad_hook_(step, model_->params());
     // The norm of the reduced gradients, the same on every rank: the skip below is decided alike.
-    double norm = 0;
-    if (sync_->zero_stage() == 1 && W > 1) {
-      const double part = optim::grad_sum_squares(model_->params(), sync_->norm_ranges());
-      norm = std::sqrt(comm_->all_reduce_values({part}, dist::ReduceOp::sum, "gradient norm")[0]);
-    } else {
-      norm = optim::grad_norm(model_->params());  // clipping happens inside the update
-    }
+    const double norm = sync_->grad_norm();  // clipping happens inside the update
     const double lr = schedule.at(step);
     losses_.push_back(loss);
     result.last_loss = loss;
