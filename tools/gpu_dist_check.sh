@@ -70,10 +70,13 @@ fi
 
 if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
   B="bench train configs/gpt2-124m.yaml --steps 30 --warmup 5"
-  build-gpu/tilegrad $B > "$OUT/bench_train_plain.log" 2>&1
-  "${MPI[@]}" -np 1 build-gpu/tilegrad $B > "$OUT/bench_train_np1.log" 2>&1
-  build-gpu/tilegrad $B > "$OUT/bench_train_plain2.log" 2>&1
-  for f in plain np1 plain2; do
+  for f in ${BENCH_RUNS:-plain np1 plain2}; do  # plain2: the first run again, for the spread
+    case $f in
+      np1) "${MPI[@]}" -np 1 build-gpu/tilegrad $B > "$OUT/bench_train_$f.log" 2>&1 ;;
+      *) build-gpu/tilegrad $B > "$OUT/bench_train_$f.log" 2>&1 ;;
+    esac
+  done
+  for f in ${BENCH_RUNS:-plain np1 plain2}; do
     rows+=("bench train GPT-2 small ($f) | $(grep -m1 -oE '"ms_per_step":[0-9.]+,"tokens_per_s":[0-9]+' "$OUT/bench_train_$f.log") $(grep -m1 -oE '"peak_gib":[0-9.]+' "$OUT/bench_train_$f.log") $(grep -m1 -oE '"comm_exposed_ms":[0-9.]+|"backend":"[a-z]+"' "$OUT/bench_train_$f.log" | tr '\n' ' ')")
   done
   stamp "benchmarks done"
