@@ -320,6 +320,42 @@ std::vector<int32_t> BpeTokenizer::encode(const std::string& text, Cache* cache)
   return out;
 }
 
+std::vector<int32_t> BpeTokenizer::encode_parallel(const std::string& text, int64_t chunk_bytes) const {
+  TG_CHECK(chunk_bytes > 0, "tokenizer: chunk_bytes must be positive");
+  // A cut at i (text[i] == '\n', text[i-1] printable ASCII other than space): every piece of
+  // GPT-2's pattern that holds a non-space character ends before white space, and white space
+  // is matched from its start, so both sides split as the whole text does. A special token never
+  // contains a newline, so none is cut either.
+  std::vector<size_t> cuts = {0};
+  for (size_t next = size_t(chunk_bytes); next < text.size();) {
+    size_t i = text.find('\n', next);
+    while (i != std::string::npos && !(text[i - 1] > ' ' && text[i - 1] < 0x7f)) i = text.find('\n', i + 1);
+    if (i == std::string::npos) break;
+    cuts.push_back(i);
+    next = i + size_t(chunk_bytes);
+  }
+  cuts.push_back(text.size());
+  const int64_t n = int64_t(cuts.size()) - 1;
+  std::vector<std::vector<int32_t>> parts(static_cast<size_t>(n));
+  std::vector<std::string> errors(static_cast<size_t>(n));
+#pragma omp parallel if (n > 1)
+  {
+    Cache cache;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t c = 0; c < n; ++c) {
+      try {
+        parts[size_t(c)] = encode(text.substr(cuts[size_t(c)], cuts[size_t(c) + 1] - cuts[size_t(c)]), &cache);
+      } catch (const std::exception& e) {
+        errors[size_t(c)] = e.what();
+      }
+    }
+  }
+  for (const std::string& e : errors) TG_CHECK(e.empty(), e);
+  std::vector<int32_t> out;
+  for (auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
 std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
   std::string out;
   for (int32_t id : ids) {

@@ -32,6 +32,10 @@ class BpeTokenizer {
   // pieces already encoded.
   using Cache = std::unordered_map<std::string, std::vector<int32_t>>;
   std::vector<int32_t> encode(const std::string& text, Cache* cache = nullptr) const;
+  // The same ids, the text cut into pieces of about `chunk_bytes` encoded by OpenMP threads. Cuts
+  // fall only before a newline that follows a printable ASCII character, where no pre-tokenized
+  // piece can span them, so the result equals encode()'s.
+  std::vector<int32_t> encode_parallel(const std::string& text, int64_t chunk_bytes = int64_t(1) << 20) const;
   // Ids to text (bytes; a piece of a multi-byte character may be cut at the ends). Ids outside
   // the vocabulary throw tg::Error.
   std::string decode(const std::vector<int32_t>& ids) const;

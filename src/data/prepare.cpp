@@ -1,6 +1,7 @@
 // Streams text files through the byte tokenizer into llm.c train/val shards.
 #include "src/data/prepare.h"
 
+#include <omp.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -129,9 +130,14 @@ PrepareResult prepare_bpe(const std::vector<std::string>& inputs, const std::str
   TG_CHECK(inputs.size() == 1 || tok.end_of_text() >= 0,
            "prepare: several input files are joined by <|endoftext|>, which the tokenizer's vocabulary lacks");
   ensure_writable_dir(out_dir);
-  // Documents in parallel, each thread with its own cache of encoded pieces.
+  // Documents in parallel, each thread with its own cache of encoded pieces; fewer documents
+  // than threads: one after the other, each cut into pieces encoded in parallel.
   std::vector<std::vector<uint16_t>> docs(inputs.size());
   std::vector<std::string> errors(inputs.size());
+  if (int64_t(inputs.size()) < int64_t(omp_get_max_threads())) {
+    for (size_t f = 0; f < inputs.size(); ++f)
+      for (int32_t id : tok.encode_parallel(read_whole(inputs[f]))) docs[f].push_back(uint16_t(id));
+  } else
 #pragma omp parallel
   {
     BpeTokenizer::Cache cache;

@@ -31,7 +31,8 @@ struct PrepareResult {
 // Throws tg::Error for a missing or empty input, val_fraction outside (0, 1), an input too
 // small to give both splits a token, or an out_dir that cannot be created or written.
 // With `tokenizer` (a GPT-2 byte-level BPE), the same with its ids instead of bytes: each input
-// file is one document, encoded whole (files in parallel, OpenMP threads), documents joined by
+// file is one document (files in parallel on OpenMP threads, or, when there are fewer files than
+// threads, each file cut into pieces encoded in parallel: the same ids), documents joined by
 // its "<|endoftext|>"; the tokens are held in memory (2 bytes each) before the shards are written.
 // The tokenizer's vocab.json and merges.txt are written into out_dir beside the shards, where
 // training finds them (a byte-level preparation removes them).

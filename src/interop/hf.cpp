@@ -371,6 +371,11 @@ std::string load_initial_parameters(nn::GPT& model, const ModelConfig& m, const 
   TG_CHECK(fs::exists(path), "train.init_from: ", path, " does not exist");
   fs::path dir = fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path();
   const bool hf = fs::is_directory(path) ? fs::exists(dir / "model.safetensors") : ends_with(path, ".safetensors");
+  if (fs::is_directory(path) && !hf)
+    for (const char* other : {"pytorch_model.bin", "model.safetensors.index.json", "config.json"})
+      TG_CHECK(!fs::exists(dir / other), "train.init_from: ", path, " holds ", other,
+               " but no model.safetensors; tilegrad reads a Hugging Face model from one model.safetensors file "
+               "(save it with model.save_pretrained(DIR, safe_serialization=True, max_shard_size=\"100GB\"))");
   std::vector<std::string> problems;
   std::map<std::string, const CheckpointArray*> by_name;
   CheckpointData ckpt;

@@ -103,6 +103,8 @@ TEST(Bpe, TrainEncodeDecode) {
   EXPECT_EQ(back.encode(corpus()), t.encode(corpus()));
   BpeTokenizer::Cache cache;
   EXPECT_EQ(back.encode(corpus(), &cache), t.encode(corpus()));
+  // Cut into pieces of a few bytes and encoded in parallel: the same ids.
+  for (int64_t chunk : {1, 7, 64, 1000}) EXPECT_EQ(t.encode_parallel(corpus(), chunk), t.encode(corpus())) << chunk;
   nlohmann::json vocab = nlohmann::json::parse(read_file(dir.path / "tok/vocab.json"));
   EXPECT_EQ(vocab.size(), 420u);
   EXPECT_EQ(vocab["\xc4\xa0"], 32);  // "Ġ", GPT-2's stand-in for the space byte, is id 32 (the byte)

@@ -285,6 +285,10 @@ TEST(HfImport, EveryMismatchIsListed) {
   write_safetensors((dir.path / "hub/model.safetensors").string(), hub);
   EXPECT_THAT(error_of([&] { load_initial_parameters(from_hub, c.model, (dir.path / "hub").string()); }),
               HasSubstr("lm_head.weight differs from transformer.wte.weight"));
+  fs::create_directories(dir.path / "bin");
+  std::ofstream(dir.path / "bin/pytorch_model.bin") << "x";
+  EXPECT_THAT(error_of([&] { load_initial_parameters(small, fewer.model, (dir.path / "bin").string()); }),
+              HasSubstr("holds pytorch_model.bin but no model.safetensors"));
   EXPECT_THAT(error_of([&] { load_initial_parameters(small, fewer.model, (dir.path / "nowhere").string()); }),
               HasSubstr("does not exist"));
 }
