@@ -6,6 +6,9 @@ cd "$(dirname "$0")"
 # gnuplot draws loss.png (tested); python3-h5py proves checkpoints open without tilegrad (tested);
 # Open MPI starts and connects the ranks of the data-parallel tests.
 tools/install_deps.sh gnuplot-nox python3-h5py openmpi-bin libopenmpi-dev
+# torch (Debian) and transformers (PyPI) in build/pyenv: the Hugging Face parity tests run the
+# exported models and the tokenizer in transformers (they skip, saying why, without it).
+tools/python_env.sh > /dev/null || echo "tilegrad: warning: no Python environment with transformers; the Hugging Face parity tests will skip" >&2
 BUILD_DIR="${BUILD_DIR:-build}"
 JOBS="${JOBS:-$(nproc)}"
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-}

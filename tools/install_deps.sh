@@ -2,7 +2,7 @@
 # Installs the Debian packages tilegrad needs when they are missing, saying what it installs.
 # Usage: tools/install_deps.sh [extra-package …]
 set -euo pipefail
-packages=(cmake g++ make libopenblas-dev libyaml-cpp-dev libhdf5-dev libgtest-dev libomp-dev "$@")
+packages=(cmake g++ make libopenblas-dev libyaml-cpp-dev libhdf5-dev libgtest-dev libomp-dev nlohmann-json3-dev libicu-dev "$@")
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -4,11 +4,14 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <regex>
 #include <sstream>
 
+#include "src/data/bpe.h"
 #include "src/data/prepare.h"
 #include "src/data/tokenizer.h"
+#include "src/interop/hf.h"
 #include "src/trainer/generate.h"
 #include "src/trainer/trainer.h"
 #include "train/bench.h"
@@ -22,20 +25,31 @@ namespace {
 const char* kProgram = "tilegrad";
 
 // Loads a model for inference from a checkpoint file or a run directory (its latest).
-std::pair<std::unique_ptr<nn::GPT>, Config> load_model(const std::string& where) {
+struct Loaded {
+  std::unique_ptr<nn::GPT> model;
+  Config cfg;
+  TextCodec codec;  // the run's tokenizer, recorded in the checkpoint (bytes when none is)
+};
+
+Loaded load_model(const std::string& where) {
   auto [path, ckpt] = resolve_and_load(where, "latest");
   Config cfg = checkpoint_config(ckpt, path);
   auto model = std::make_unique<nn::GPT>(gpt_config_from(cfg.model), uint64_t(cfg.train.seed));
   model->set_lm_head_chunk(cfg.train.lm_head_chunk);
   restore_parameters(*model, ckpt, path);
-  std::cerr << "loaded " << path << " (step " << ckpt.ints["step"] << ")\n";
-  return {std::move(model), cfg};
+  TextCodec codec = codec_from_strings(ckpt.strings);
+  std::cerr << "loaded " << path << " (step " << ckpt.ints["step"] << ", tokenizer: " << codec.describe() << ")\n";
+  return {std::move(model), cfg, codec};
 }
 
 int cmd_prepare(const cli::Args& a) {
   TG_CHECK(a.has("text") && !a.all("text").empty(), "tilegrad prepare: --text FILE… is required");
   TG_CHECK(a.has("out"), "tilegrad prepare: --out DIR is required");
-  PrepareResult r = prepare_text(a.all("text"), a.get("out", ""), a.get_double("val-fraction", 0.01), true);
+  std::optional<BpeTokenizer> tok;
+  if (a.has("tokenizer")) tok = BpeTokenizer::load(a.get("tokenizer", ""));
+  PrepareResult r = prepare_text(a.all("text"), a.get("out", ""), a.get_double("val-fraction", 0.01), true,
+                                 kMaxShardTokens, tok ? &*tok : nullptr);
+  if (tok) std::cout << "tokenizer: " << a.get("tokenizer", "") << " (" << tok->vocab_size() << " ids; vocab.json and merges.txt copied to " << a.get("out", "") << ")\n";
   std::cout << "prepared " << r.train_tokens << " train and " << r.val_tokens << " val tokens:\n";
   for (const std::string& f : r.files) std::cout << "  " << f << "\n";
   return 0;
@@ -52,7 +66,7 @@ int cmd_train(const cli::Args& a) {
 }
 
 int cmd_sample(const cli::Args& a) {
-  auto [model, cfg] = load_model(a.positional[0]);
+  auto [model, cfg, codec] = load_model(a.positional[0]);
   SampleOptions so;
   so.tokens = a.get_int("tokens", 200);
   so.temperature = a.get_double("temperature", 1.0);
@@ -60,15 +74,13 @@ int cmd_sample(const cli::Args& a) {
   so.seed = uint64_t(a.get_int("seed", 1337));
   TG_CHECK(so.tokens >= 0, "tilegrad sample: --tokens must be ≥ 0");
   std::string prompt = a.get("prompt", "");
-  std::vector<int32_t> ids;
-  for (uint16_t t : ByteTokenizer::encode(prompt)) ids.push_back(t);
-  std::vector<int32_t> out = generate(*model, ids, so);
-  std::cout << prompt << ByteTokenizer::decode(out) << std::endl;
+  std::vector<int32_t> out = generate(*model, codec.encode(prompt), so);
+  std::cout << prompt << codec.decode(out) << std::endl;
   return 0;
 }
 
 int cmd_eval(const cli::Args& a) {
-  auto [model, cfg] = load_model(a.positional[0]);
+  auto [model, cfg, codec] = load_model(a.positional[0]);
   std::string glob = a.get("data", cfg.data.val);
   TG_CHECK(!glob.empty(), "tilegrad eval: the checkpoint's config names no validation data; pass --data GLOB");
   DataLoader val(glob, cfg.model.vocab_size, cfg.train.batch_size, cfg.train.seq_len, uint64_t(cfg.train.seed));
@@ -77,6 +89,26 @@ int cmd_eval(const cli::Args& a) {
   double loss = evaluate(*model, val, steps);
   std::printf("val loss %.4f (%lld batches of %d × %d tokens from %s)\n", loss, (long long)used, cfg.train.batch_size,
               cfg.train.seq_len, glob.c_str());
+  return 0;
+}
+
+int cmd_tokenizer(const cli::Args& a) {
+  TG_CHECK(a.positional[0] == "train", "tilegrad tokenizer: unknown action '", a.positional[0], "'; available: train");
+  TG_CHECK(a.has("text") && !a.all("text").empty(), "tilegrad tokenizer train: --text FILE… is required");
+  TG_CHECK(a.has("out"), "tilegrad tokenizer train: --out DIR is required");
+  TG_CHECK(a.has("vocab-size"), "tilegrad tokenizer train: --vocab-size N is required");
+  BpeTokenizer tok = train_bpe(a.all("text"), a.get_int("vocab-size", 0));
+  for (const std::string& f : tok.save(a.get("out", ""))) std::cout << "wrote " << f << "\n";
+  std::cout << tok.vocab_size() << " ids (256 bytes, merges, <|endoftext|> = " << tok.end_of_text() << ")\n";
+  return 0;
+}
+
+int cmd_export(const cli::Args& a) {
+  const std::string format = a.get("format", "hf");
+  TG_CHECK(format == "hf", "tilegrad export: unknown --format '", format, "'; available: hf (Hugging Face transformers)");
+  TG_CHECK(a.has("out"), "tilegrad export: --out DIR is required");
+  auto [path, ckpt] = resolve_and_load(a.positional[0], "latest");
+  for (const std::string& f : export_hf(ckpt, path, a.get("out", ""), a.has("force"))) std::cout << "wrote " << f << "\n";
   return 0;
 }
 
@@ -121,11 +153,15 @@ int cmd_plot(const cli::Args& a) {
 std::vector<cli::Command> commands() {
   return {
       {"prepare",
-       "Tokenize text files (bytes, vocabulary 256 plus end-of-text 256 between files) into llm.c token shards "
-       "train_NNNNNN.bin and val_NNNNNN.bin; the validation split is the last fraction of the text.",
+       "Tokenize text files (bytes, vocabulary 256 plus end-of-text 256 between files; or a GPT-2 BPE with "
+       "--tokenizer) into llm.c token shards train_NNNNNN.bin and val_NNNNNN.bin; the validation split is the last "
+       "fraction of the text. With --tokenizer its vocab.json and merges.txt are copied beside the shards: a run "
+       "on them records the tokenizer in its checkpoints, and sample and eval use it.",
        {},
        {{"--text", "FILE", "input text files", "", true},
         {"--out", "DIR", "output directory for the shards", ""},
+        {"--tokenizer", "DIR", "a byte-level BPE: a folder with vocab.json and merges.txt (or tokenizer.json), e.g. "
+                               "GPT-2's; each file is one document, joined by <|endoftext|>", "bytes"},
         {"--val-fraction", "F", "fraction of tokens, taken from the end, used for validation", "0.01"}},
        cmd_prepare},
       {"train",
@@ -163,6 +199,26 @@ std::vector<cli::Command> commands() {
        {{"--data", "GLOB", "token shards to evaluate", "the checkpoint config's data.val"},
         {"--steps", "N", "number of batches; 0 = the whole data", "0"}},
        cmd_eval},
+      {"tokenizer",
+       "`tokenizer train`: learn a byte-level BPE (GPT-2's pre-tokenization, 256 byte tokens, merges, then "
+       "<|endoftext|>) from text files and write vocab.json and merges.txt, the files of Hugging Face's "
+       "GPT2Tokenizer, for prepare --tokenizer.",
+       {{"ACTION", "train"}},
+       {{"--text", "FILE", "text files to learn from", "", true},
+        {"--vocab-size", "N", "ids in the vocabulary, 257 to 65536", ""},
+        {"--out", "DIR", "folder for vocab.json and merges.txt", ""}},
+       cmd_tokenizer},
+      {"export",
+       "Write a checkpoint's model in another framework's format. hf: a folder that transformers loads with "
+       "GPT2LMHeadModel.from_pretrained(DIR): model.safetensors, config.json and generation_config.json (and the "
+       "BPE tokenizer's vocab.json, merges.txt and tokenizer_config.json when the run used one). A RoPE model "
+       "becomes transformers' GPT-NeoX (GPTNeoXForCausalLM; rotary_pct 1, sequential residual), which computes "
+       "the same block; AutoModelForCausalLM loads either.",
+       {{"CHECKPOINT", "a checkpoint file or a run directory (its latest checkpoint)"}},
+       {{"--format", "FORMAT", "output format: hf", "hf"},
+        {"--out", "DIR", "output folder; must be new or empty unless --force", ""},
+        {"--force", "", "write into a non-empty --out folder, replacing files of the same names", ""}},
+       cmd_export},
       {"bench",
        "Benchmarks. `bench train CONFIG`: training steps of the config's model on random tokens: ms/step, "
        "tokens/s, TFLOP/s, MFU (6·N + 12·L·d·T FLOPs per token against the H200's 989 TFLOP/s bf16 peak) and peak "

@@ -1,6 +1,7 @@
 // Streams text files through the byte tokenizer into llm.c train/val shards.
 #include "src/data/prepare.h"
 
+#include <omp.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -8,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <system_error>
 
 #include "src/data/shards.h"
@@ -112,10 +114,78 @@ void remove_stale_shards(const std::string& out_dir, const std::vector<std::stri
   }
 }
 
+std::string read_whole(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  TG_CHECK(in, "prepare: cannot open input file '", path, "'");
+  std::ostringstream os;
+  os << in.rdbuf();
+  TG_CHECK(!in.bad(), "prepare: error reading input file '", path, "'");
+  return os.str();
+}
+
+PrepareResult prepare_bpe(const std::vector<std::string>& inputs, const std::string& out_dir, double val_fraction,
+                          int64_t max_shard_tokens, const BpeTokenizer& tok) {
+  TG_CHECK(tok.vocab_size() <= 65536, "prepare: the tokenizer has ", tok.vocab_size(),
+           " ids, but shards store uint16 ids (at most 65536)");
+  TG_CHECK(inputs.size() == 1 || tok.end_of_text() >= 0,
+           "prepare: several input files are joined by <|endoftext|>, which the tokenizer's vocabulary lacks");
+  ensure_writable_dir(out_dir);
+  // Documents in parallel, each thread with its own cache of encoded pieces; fewer documents
+  // than threads: one after the other, each cut into pieces encoded in parallel.
+  std::vector<std::vector<uint16_t>> docs(inputs.size());
+  std::vector<std::string> errors(inputs.size());
+  if (int64_t(inputs.size()) < int64_t(omp_get_max_threads())) {
+    for (size_t f = 0; f < inputs.size(); ++f)
+      for (int32_t id : tok.encode_parallel(read_whole(inputs[f]))) docs[f].push_back(uint16_t(id));
+  } else
+#pragma omp parallel
+  {
+    BpeTokenizer::Cache cache;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t f = 0; f < int64_t(inputs.size()); ++f) {
+      try {
+        for (int32_t id : tok.encode(read_whole(inputs[size_t(f)]), &cache)) docs[size_t(f)].push_back(uint16_t(id));
+      } catch (const std::exception& e) {
+        errors[size_t(f)] = e.what();
+      }
+    }
+  }
+  for (const std::string& e : errors) TG_CHECK(e.empty(), e);
+  int64_t total = 0;
+  for (const auto& d : docs) total += int64_t(d.size());
+  total += int64_t(inputs.size()) - 1;
+  const auto n_train = static_cast<int64_t>((1.0 - val_fraction) * static_cast<double>(total));
+  TG_CHECK(n_train > 0 && n_train < total, "prepare: ", total, " tokens with val_fraction ", val_fraction, " give ",
+           n_train, " train and ", total - n_train,
+           " validation tokens; both need at least one (use more text or another val_fraction)");
+  PrepareResult result;
+  ShardSink train(out_dir, "train", max_shard_tokens, result.files);
+  std::vector<std::string> val_files;
+  ShardSink val(out_dir, "val", max_shard_tokens, val_files);
+  int64_t pos = 0;
+  auto emit = [&](uint16_t t) {
+    if (pos++ < n_train) train.push(t); else val.push(t);
+  };
+  for (size_t f = 0; f < docs.size(); ++f) {
+    if (f > 0) emit(uint16_t(tok.end_of_text()));
+    for (uint16_t t : docs[f]) emit(t);
+    std::vector<uint16_t>().swap(docs[f]);
+  }
+  train.finish();
+  val.finish();
+  result.files.insert(result.files.end(), val_files.begin(), val_files.end());
+  result.train_tokens = train.count();
+  result.val_tokens = val.count();
+  remove_stale_shards(out_dir, result.files);
+  tok.save(out_dir);
+  return result;
+}
+
 }  // namespace
 
 PrepareResult prepare_text(const std::vector<std::string>& inputs, const std::string& out_dir,
-                           double val_fraction, bool progress, int64_t max_shard_tokens) {
+                           double val_fraction, bool progress, int64_t max_shard_tokens,
+                           const BpeTokenizer* tokenizer) {
   TG_CHECK(!inputs.empty(), "prepare: no input text files given");
   TG_CHECK(std::isfinite(val_fraction) && val_fraction > 0.0 && val_fraction < 1.0,
            "prepare: val_fraction must be in (0, 1), got ", val_fraction, " (e.g. 0.01 = last 1%)");
@@ -131,6 +201,7 @@ PrepareResult prepare_text(const std::vector<std::string>& inputs, const std::st
     TG_CHECK(size > 0, "prepare: input file '", in, "' is empty");
     total_bytes += size;
   }
+  if (tokenizer) return prepare_bpe(inputs, out_dir, val_fraction, max_shard_tokens, *tokenizer);
   const bool with_eot = inputs.size() > 1;
   const int64_t total = total_bytes + (with_eot ? static_cast<int64_t>(inputs.size()) - 1 : 0);
   // Same expression as the reference script: n = int(0.99 * len(data)) for val_fraction 0.01
@@ -176,6 +247,7 @@ PrepareResult prepare_text(const std::vector<std::string>& inputs, const std::st
   result.train_tokens = train.count();
   result.val_tokens = val.count();
   remove_stale_shards(out_dir, result.files);
+  for (const char* f : {"vocab.json", "merges.txt"}) fs::remove(fs::path(out_dir) / f);  // not this data's tokenizer
   return result;
 }
 

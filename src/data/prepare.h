@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "src/data/bpe.h"
+
 namespace tg {
 
 // Shards are split so that none holds more than this many tokens (llm.c uses 100M too).
@@ -28,8 +30,14 @@ struct PrepareResult {
 // The input is streamed; memory use is bounded by one shard (2 bytes x max_shard_tokens).
 // Throws tg::Error for a missing or empty input, val_fraction outside (0, 1), an input too
 // small to give both splits a token, or an out_dir that cannot be created or written.
+// With `tokenizer` (a GPT-2 byte-level BPE), the same with its ids instead of bytes: each input
+// file is one document (files in parallel on OpenMP threads, or, when there are fewer files than
+// threads, each file cut into pieces encoded in parallel: the same ids), documents joined by
+// its "<|endoftext|>"; the tokens are held in memory (2 bytes each) before the shards are written.
+// The tokenizer's vocab.json and merges.txt are written into out_dir beside the shards, where
+// training finds them (a byte-level preparation removes them).
 PrepareResult prepare_text(const std::vector<std::string>& inputs, const std::string& out_dir,
                            double val_fraction, bool progress,
-                           int64_t max_shard_tokens = kMaxShardTokens);
+                           int64_t max_shard_tokens = kMaxShardTokens, const BpeTokenizer* tokenizer = nullptr);
 
 }  // namespace tg

@@ -184,6 +184,11 @@ const std::vector<Field>& fields() {
                          "Data parallelism: MiB of fp32 gradients per bucket, each reduced as soon as its gradients "
                          "are final, overlapped with the rest of the backward; 0 reduces them all after it.")
                     .min(0));
+    t.push_back(TG_FIELD(train, init_from,
+                         "A new run's initial parameters instead of random ones: a tilegrad checkpoint (a ckpt-*.h5 "
+                         "file or a run directory; its weights only: step 0, fresh AdamW) or a Hugging Face GPT-2 "
+                         "folder with model.safetensors (and config.json); every shape must fit model.*. Empty: "
+                         "random initialisation. Ignored by --resume."));
     // run
     t.push_back(
         TG_FIELD(run, out_dir, "Run directory: log, metrics.jsonl, checkpoints, samples.").required());

@@ -52,6 +52,7 @@ struct TrainConfig {
   bool recompute = false;          // true: each block recomputed in the backward from its input (long context)
   int zero = 0;                    // data parallelism: 0 replicates AdamW's state, 1 shards it across ranks
   double bucket_mb = 25.0;         // data parallelism: MiB of gradients per overlapped reduction; 0 = one after the backward
+  std::string init_from = "";      // a new run's initial parameters: a tilegrad checkpoint or a Hugging Face GPT-2 folder
   bool operator==(const TrainConfig&) const = default;
 };
 

@@ -13,7 +13,9 @@
 #include <iostream>
 #include <sstream>
 
+#include "src/data/bpe.h"
 #include "src/data/tokenizer.h"
+#include "src/interop/hf.h"
 #include "src/trainer/generate.h"
 
 namespace tg {
@@ -130,9 +132,12 @@ std::string Trainer::save(const char* why) {
   const Tensor v = sync_->gather_full(opt_->second_moment(), "AdamW second moments (checkpoint)");
   std::string path;
   on_rank0("writing the checkpoint", [&] {
-    path = save_checkpoint(config_.run.out_dir, state_.step,
-                           make_checkpoint(*model_, m, v, opt_->steps_taken(), state_, config_yaml_),
-                           config_.run.keep_last);
+    CheckpointData data = make_checkpoint(*model_, m, v, opt_->steps_taken(), state_, config_yaml_);
+    if (codec_.bpe) {  // the run's tokenizer travels with its weights (sample, eval, export read it)
+      data.strings[kCheckpointVocab] = codec_.bpe->vocab_json();
+      data.strings[kCheckpointMerges] = codec_.bpe->merges_txt();
+    }
+    path = save_checkpoint(config_.run.out_dir, state_.step, data, config_.run.keep_last);
   });
   log_line("checkpoint " + path + " (" + why + ")");
   return path;
@@ -197,6 +202,15 @@ void Trainer::resume_from(const std::string& resume) {
              ": the data stream continues, but each step now reads a different number of rows");
 }
 
+// A new run from given weights: rank 0 reads them and every rank receives them; the optimizer
+// and the counters start fresh.
+void Trainer::init_from(const std::string& path) {
+  std::string what;
+  on_rank0("reading train.init_from", [&] { what = load_initial_parameters(*model_, config_.model, path); });
+  if (comm_->world_size() > 1) comm_->broadcast(model_->params().flat_values(), 0, "parameters (train.init_from)");
+  log_line("initial parameters from " + what);
+}
+
 void Trainer::log_sample(int64_t step) {
   SampleOptions so;
   so.tokens = config_.run.sample_tokens;
@@ -204,7 +218,7 @@ void Trainer::log_sample(int64_t step) {
   so.top_k = 0;
   so.seed = uint64_t(config_.train.seed) ^ uint64_t(step);
   std::vector<int32_t> toks = generate(*model_, {}, so);
-  std::string text = ByteTokenizer::decode(toks);
+  std::string text = codec_.decode(toks);
   log_line("sample at step " + std::to_string(step) + ":\n" + text + "\n---");
   metrics("{\"type\":\"sample\",\"step\":" + std::to_string(step) + ",\"text\":" + json_string(text) + "}");
 }
@@ -257,11 +271,23 @@ TrainResult Trainer::run(const std::string& resume) {
                                              uint64_t(tc.seed), rank, W);
   val_data_ = std::make_unique<DataLoader>(config_.data.val, config_.model.vocab_size, tc.batch_size, tc.seq_len,
                                            uint64_t(tc.seed), rank, W);
+  codec_ = codec_for_shards(train_data_->files());
+  if (codec_.bpe) {
+    TG_CHECK(codec_.bpe->vocab_size() <= config_.model.vocab_size, "the training data's tokenizer (beside ",
+             train_data_->files().front(), ") has ", codec_.bpe->vocab_size(), " ids but model.vocab_size is ",
+             config_.model.vocab_size, "; set model.vocab_size to at least ", codec_.bpe->vocab_size());
+    log_line("tokenizer: " + codec_.describe() + " from the training data's folder");
+  }
   log_line("model: " + std::to_string(model_->params().numel()) + " parameters; train data " +
            std::to_string(train_data_->total_tokens()) + " tokens, val data " + std::to_string(val_data_->total_tokens()) +
            " tokens");
 
-  if (!resume.empty()) resume_from(resume);
+  if (!resume.empty()) {
+    resume_from(resume);
+    if (!tc.init_from.empty()) log_line("note: train.init_from is ignored on --resume (the checkpoint has the weights)");
+  } else if (!tc.init_from.empty()) {
+    init_from(tc.init_from);
+  }
 
   optim::LRSchedule schedule{tc.lr_schedule == "constant" ? optim::Schedule::constant : optim::Schedule::cosine,
                              tc.lr, tc.min_lr, tc.warmup_steps, tc.max_steps};

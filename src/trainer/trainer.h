@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "src/data/bpe.h"
 #include "src/data/loader.h"
 #include "src/dist/communicator.h"
 #include "src/dist/grad_sync.h"
@@ -61,6 +62,7 @@ class Trainer {
   // error), so no rank is left waiting in a collective for a rank that failed alone.
   void on_rank0(const char* what, const std::function<void()>& fn);
   void resume_from(const std::string& resume);
+  void init_from(const std::string& path);  // train.init_from
   bool lead() const { return comm_->rank() == 0; }
 
   Config config_;
@@ -70,6 +72,7 @@ class Trainer {
   std::unique_ptr<nn::GPT> model_;
   std::unique_ptr<optim::AdamW> opt_;
   std::unique_ptr<DataLoader> train_data_, val_data_;
+  TextCodec codec_;  // the training data's tokenizer (bytes when prepare had none)
   TrainState state_;
   std::ofstream metrics_file_, log_file_;
   std::function<void(int64_t, nn::ParameterStore&)> grad_hook_;

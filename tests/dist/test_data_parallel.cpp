@@ -13,6 +13,7 @@
 #include <fstream>
 
 #include "src/data/prepare.h"
+#include "src/interop/hf.h"
 #include "src/trainer/trainer.h"
 #include "tests/test_util.h"
 
@@ -249,6 +250,35 @@ TEST(DataParallel, ResumesAtAnotherWorldSize) {
     ASSERT_EQ(resumed.losses.size(), 10u);
     EXPECT_LE(max_rel(resumed.losses, {single.losses.begin() + 10, single.losses.end()}), 1e-5);
   }
+}
+
+// train.init_from in a W-rank run: rank 0 alone reads the folder (the other ranks' path does not
+// exist: each rank has its own temp folder) and broadcasts the parameters; the run then tracks
+// one process started from the same folder with the same global batch.
+TEST(DataParallel, InitFromIsReadByRankZeroAndBroadcast) {
+  const std::string hf = (corpus_dir() / "dp_init_hf").string();
+  Config one = dp_config("dp_init_one", 2, W());
+  one.train.max_steps = 6;
+  one.train.init_from = hf;
+  Outcome single;
+  if (rank() == 0) {
+    Config source = dp_config("dp_init_source", 2, 1);
+    source.train.max_steps = 3;
+    TrainResult r = Trainer(source, dist::make_single_communicator(resolve_device(source.run.device))).run();
+    auto [path, data] = resolve_and_load(r.last_checkpoint, "latest");
+    fs::remove_all(hf);
+    export_hf(data, path, hf, false);
+    single = train(one, true);
+  }
+  job().barrier("test: exported");
+  Config ranks = dp_config("dp_init_ranks", 2, 1);
+  ranks.train.max_steps = 6;
+  ranks.train.init_from = hf;
+  const Outcome dp = train(ranks, false);
+  double sum = 0;
+  for (float v : dp.params) sum += v;
+  expect_same_on_every_rank({sum});
+  if (rank() == 0) EXPECT_LE(max_rel(dp.losses, single.losses), 1e-5);
 }
 
 // A checkpoint written by W ranks and resumed on W ranks continues bit for bit.

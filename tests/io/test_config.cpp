@@ -160,7 +160,7 @@ TEST(Config, RoundTripThroughYaml) {
 
 TEST(Config, ReferenceTableCoversEveryKey) {
   const std::vector<tg::ConfigKeyDoc> ref = tg::config_reference();
-  EXPECT_EQ(ref.size(), 10u + 2u + 21u + 10u);
+  EXPECT_EQ(ref.size(), 10u + 2u + 22u + 10u);
   bool saw_lr = false;
   for (const tg::ConfigKeyDoc& d : ref) {
     EXPECT_FALSE(d.description.empty()) << d.key;
@@ -224,6 +224,14 @@ TEST(Config, ShippedGpt2SmallParses) {
   EXPECT_EQ(c.train.precision, "bf16");
   EXPECT_EQ(c.run.device, "auto");
   EXPECT_EQ(c.data.train, "data/fineweb/*train*.bin");
+}
+
+TEST(Config, ShippedGpt2FinetuneParses) {
+  const tg::Config c = tg::load_config(repo("configs/gpt2-finetune.yaml"), {}, false);
+  EXPECT_EQ(c.model.vocab_size, 50257);  // GPT-2's own, so its wte loads
+  EXPECT_EQ(c.model.max_seq_len, 1024);
+  EXPECT_EQ(c.train.init_from, "models/gpt2");
+  EXPECT_EQ(c.train.precision, "fp32");
 }
 
 TEST(Config, DataGlobsThatMatchPass) {

@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "src/data/prepare.h"
+#include "src/interop/hf.h"
 #include "src/trainer/generate.h"
 #include "src/trainer/trainer.h"
 #include "tests/test_util.h"
@@ -200,6 +201,54 @@ TEST(Trainer, RefusesToOverwriteARunAndChecksModelCompatibility) {
   }
 }
 
+// train.init_from: a new run (step 0, fresh AdamW) from a run's weights, read from its checkpoint
+// or from its Hugging Face export; both start from the same parameters, so they train alike.
+TEST(Trainer, InitFromACheckpointOrAHuggingFaceFolder) {
+  Config source = tiny_config("init_source");
+  source.model.dropout = 0.0;
+  source.train.max_steps = 4;
+  TrainResult a = Trainer(source).run();
+  auto [path, data] = resolve_and_load(a.last_checkpoint, "latest");
+  const std::string hf = (corpus_dir() / "init_source_hf").string();
+  fs::remove_all(hf);
+  export_hf(data, path, hf, false);
+
+  Config from_ckpt = tiny_config("init_from_ckpt");
+  from_ckpt.model.dropout = 0.0;
+  from_ckpt.train.max_steps = 3;
+  from_ckpt.train.init_from = source.run.out_dir;
+  Config from_hf = tiny_config("init_from_hf");
+  from_hf.model.dropout = 0.0;
+  from_hf.train.max_steps = 3;
+  from_hf.train.init_from = hf;
+  Config fresh = from_hf;
+  fresh.run.out_dir = (corpus_dir() / "init_fresh").string();
+  fresh.train.init_from = "";
+  fs::remove_all(fresh.run.out_dir);
+  TrainResult b = Trainer(from_ckpt).run(), c = Trainer(from_hf).run(), d = Trainer(fresh).run();
+  EXPECT_EQ(b.final_step, 3);  // a new run: it counts from 0
+  EXPECT_EQ(b.last_loss, c.last_loss);
+  EXPECT_NE(b.last_loss, d.last_loss);
+  auto [pb, cb] = resolve_and_load(b.last_checkpoint, "latest");
+  auto [pc, cc] = resolve_and_load(c.last_checkpoint, "latest");
+  for (size_t i = 0; i < cb.arrays.size(); ++i) EXPECT_EQ(cb.arrays[i].data, cc.arrays[i].data) << cb.arrays[i].name;
+  std::ifstream log(fs::path(from_hf.run.out_dir) / "train.log");
+  std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("initial parameters from Hugging Face GPT-2 " + hf), std::string::npos) << text;
+
+  Config wrong = tiny_config("init_wrong");
+  wrong.model.d_model = 32;
+  wrong.train.init_from = hf;
+  try {
+    Trainer(wrong).run();
+    FAIL() << "expected a shape error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("config.json: n_embd is 16, model.d_model is 32"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("transformer.wte.weight: shape [256, 16], the model's is [256, 32]"),
+              std::string::npos) << e.what();
+  }
+}
+
 TEST(Sampling, DeterministicForASeed) {
   nn::GPTConfig g;
   g.n_layer = 1; g.n_head = 2; g.d_model = 16; g.max_seq_len = 16;
@@ -231,7 +280,7 @@ static const std::string kBinary = std::string(TILEGRAD_BINARY_DIR) + "/tilegrad
 
 TEST(Command, HelpOfEachSubcommand) {
   if (!fs::exists(kBinary)) GTEST_SKIP() << "tilegrad binary not built at " << kBinary;
-  for (const char* cmd : {"prepare", "train", "sample", "eval", "plot"}) {
+  for (const char* cmd : {"prepare", "train", "sample", "eval", "plot", "export", "tokenizer"}) {
     auto [rc, out] = shell(kBinary + " " + cmd + " --help");
     EXPECT_EQ(rc, 0) << cmd;
     EXPECT_NE(out.find(std::string("usage: tilegrad ") + cmd), std::string::npos) << out;
@@ -360,6 +409,53 @@ TEST(Command, EvalAndSampleReadACheckpoint) {
   auto [rc2, s2] = shell(kBinary + " sample " + r.last_checkpoint + " --prompt In --tokens 30 --seed 4");
   ASSERT_EQ(rc1, 0) << s1;
   EXPECT_EQ(s1, s2);
+}
+
+// A BPE learned by `tokenizer train`, shards made with it, a run that records it in its
+// checkpoints, and sample, eval and export that use it.
+TEST(Command, TokenizerPrepareTrainSampleExport) {
+  if (!fs::exists(kBinary)) GTEST_SKIP() << "tilegrad binary not built at " << kBinary;
+  const fs::path dir = corpus_dir() / "bpe_cli";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  {
+    std::ofstream a(dir / "a.txt"), b(dir / "b.txt");
+    for (int i = 0; i < 200; ++i) a << "In the beginning " << i % 7 << " the word was " << (i * 13) % 11 << ".\n";
+    for (int i = 0; i < 200; ++i) b << "And the earth was without form, and void; " << i % 5 << "\n";
+  }
+  const std::string texts = (dir / "a.txt").string() + " " + (dir / "b.txt").string();
+  auto [rc, out] = shell(kBinary + " tokenizer train --text " + texts + " --vocab-size 300 --out " + (dir / "tok").string());
+  ASSERT_EQ(rc, 0) << out;
+  std::tie(rc, out) = shell(kBinary + " prepare --text " + texts + " --tokenizer " + (dir / "tok").string() + " --out " +
+                            (dir / "data").string() + " --val-fraction 0.1");
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_TRUE(fs::exists(dir / "data/vocab.json"));
+  Config cfg = tiny_config("bpe_cli/run");
+  cfg.model.vocab_size = 300;
+  cfg.data.train = (dir / "data/train_*.bin").string();
+  cfg.data.val = (dir / "data/val_*.bin").string();
+  cfg.run.sample_every = 12;
+  TrainResult r = Trainer(cfg).run();
+  auto [path, data] = resolve_and_load(r.last_checkpoint, "latest");
+  EXPECT_EQ(data.strings.at("tokenizer/vocab.json"), BpeTokenizer::load((dir / "tok").string()).vocab_json());
+  std::tie(rc, out) = shell(kBinary + " sample " + cfg.run.out_dir + " --prompt 'And the' --tokens 20 --temperature 0");
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("tokenizer: byte-level BPE (300 ids)"), std::string::npos) << out;
+  EXPECT_NE(out.find("And the"), std::string::npos) << out;
+  std::tie(rc, out) = shell(kBinary + " eval " + cfg.run.out_dir + " --steps 2");
+  ASSERT_EQ(rc, 0) << out;
+  std::tie(rc, out) = shell(kBinary + " export " + cfg.run.out_dir + " --format hf --out " + (dir / "hf").string());
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_TRUE(fs::exists(dir / "hf/merges.txt"));
+  std::ifstream config(dir / "hf/config.json");
+  std::string text((std::istreambuf_iterator<char>(config)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\"eos_token_id\": 299"), std::string::npos) << text;
+  std::tie(rc, out) = shell(kBinary + " export " + cfg.run.out_dir + " --format onnx --out " + (dir / "x").string());
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(out.find("unknown --format 'onnx'; available: hf"), std::string::npos) << out;
+  std::tie(rc, out) = shell(kBinary + " export " + cfg.run.out_dir + " --out " + (dir / "hf").string());
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(out.find("non-empty folder"), std::string::npos) << out;
 }
 
 }  // namespace
