@@ -28,7 +28,7 @@ if [ -n "$nccl_tarball" ] && [ ! -f .nccl/build/lib/libnccl.so ]; then
       > "$OUT/nccl_build.log" 2>&1 ) &
   nccl_job=$!
 fi
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-} > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
 grep "tilegrad:" "$OUT/cmake.log"
 targets="tilegrad test_dist"
 [ "$WHAT" = tests ] || [ "$WHAT" = all ] && targets="$targets test_cuda"
