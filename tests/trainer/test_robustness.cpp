@@ -383,6 +383,56 @@ TEST(Robustness, AppendFileKeepsWholeLinesWhenAWriteFails) {
   EXPECT_LE(all.size(), 1000u);
 }
 
+// A log write that fails mid-run (the file size limit: a write fails as on a full disk, for
+// every user): the run stops after the step with a checkpoint attempt — which fails here too, the
+// checkpoint being larger than the limit — and one message naming both; the logs keep whole lines.
+TEST(Robustness, AFailedLogWriteStopsTheRunWithACheckpointAttempt) {
+  Config cfg = tiny_config("log_fails");
+  cfg.train.max_steps = 100000;
+  cfg.run.ckpt_every = 0;
+  cfg.run.eval_every = 0;
+  fs::create_directories(cfg.run.out_dir);
+  const fs::path verdict = fs::path(cfg.run.out_dir).parent_path() / "log_fails.verdict";
+  fs::remove(verdict);
+  std::fflush(nullptr);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit lim {20000, 20000};
+    setrlimit(RLIMIT_FSIZE, &lim);
+    std::string message;
+    try {
+      Trainer t(cfg);
+      t.run();
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    struct rlimit off {RLIM_INFINITY, RLIM_INFINITY};
+    setrlimit(RLIMIT_FSIZE, &off);
+    std::ofstream(verdict) << message;
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  std::ifstream in(verdict);
+  const std::string message((std::istreambuf_iterator<char>(in)), {});
+  std::cout << "  " << message << "\n";
+  EXPECT_TRUE(message.find("metrics.jsonl failed: File too large") != std::string::npos ||
+              message.find("train.log failed: File too large") != std::string::npos) << message;
+  EXPECT_NE(message.find("training stopped after step"), std::string::npos) << message;
+  EXPECT_NE(message.find("the checkpoint attempt failed too"), std::string::npos) << message;
+  for (const char* f : {"train.log", "metrics.jsonl"}) {
+    std::ifstream log(fs::path(cfg.run.out_dir) / f, std::ios::binary);
+    const std::string all((std::istreambuf_iterator<char>(log)), {});
+    ASSERT_FALSE(all.empty()) << f;
+    EXPECT_EQ(all.back(), '\n') << f << " ends mid-line";
+  }
+  for (const auto& e : fs::directory_iterator(cfg.run.out_dir))
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+}
+
 // A full disk during training (a 200 KiB tmpfs; root only): the run says so, exits 1 without a
 // crash, keeps `latest` on the last complete checkpoint, whole lines in its logs and no temp files.
 TEST(Robustness, FullDiskDuringTrainingExitsCleanly) {
