@@ -271,8 +271,12 @@ struct CapturedImage {
   ~CapturedImage() { std::free(buf); }
 };
 
+// HDF5 reads back regions of the image it has not written yet (and merges partial metadata
+// writes with them), as from a new file: the memory must start zeroed, like a file's holes.
+// (malloc may hand back a previous buffer's bytes, which once made HDF5 write an image whose
+// metadata checksums did not match.)
 void* image_malloc(size_t size, H5FD_file_image_op_t, void* udata) {
-  void* p = std::malloc(size);
+  void* p = std::calloc(1, size);
   if (p && udata) static_cast<CapturedImage*>(udata)->capacity = size;
   return p;
 }
@@ -280,8 +284,11 @@ void* image_memcpy(void* dst, const void* src, size_t size, H5FD_file_image_op_t
   return std::memcpy(dst, src, size);
 }
 void* image_realloc(void* ptr, size_t size, H5FD_file_image_op_t, void* udata) {
+  auto* cap = static_cast<CapturedImage*>(udata);
+  const size_t old = ptr && cap ? cap->capacity : 0;
   void* p = std::realloc(ptr, size);
-  if (p && udata) static_cast<CapturedImage*>(udata)->capacity = size;
+  if (p && size > old) std::memset(static_cast<char*>(p) + old, 0, size - old);  // the grown part, zeroed
+  if (p && cap) cap->capacity = size;
   return p;
 }
 herr_t image_free(void* ptr, H5FD_file_image_op_t op, void* udata) {
