@@ -1,5 +1,6 @@
 // The `tilegrad` command: prepare, train, sample, eval, plot.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include "src/data/prepare.h"
 #include "src/data/tokenizer.h"
 #include "src/interop/hf.h"
+#include "src/trainer/footprint.h"
 #include "src/trainer/generate.h"
 #include "src/trainer/trainer.h"
 #include "train/bench.h"
@@ -34,21 +36,28 @@ struct Loaded {
 Loaded load_model(const std::string& where) {
   auto [path, ckpt] = resolve_and_load(where, "latest");
   Config cfg = checkpoint_config(ckpt, path);
+  const int64_t step = ckpt.ints.count("step") ? ckpt.ints.at("step") : -1;
+  TG_CHECK(step >= 0, "checkpoint ", path, ": state value 'step' is ", step,
+           ", expected >= 0 (the checkpoint is inconsistent; use another one)");
+  check_fits(cfg, Device::cpu(), false);
   auto model = std::make_unique<nn::GPT>(gpt_config_from(cfg.model), uint64_t(cfg.train.seed));
   model->set_lm_head_chunk(cfg.train.lm_head_chunk);
   restore_parameters(*model, ckpt, path);
   TextCodec codec = codec_from_strings(ckpt.strings);
-  std::cerr << "loaded " << path << " (step " << ckpt.ints["step"] << ", tokenizer: " << codec.describe() << ")\n";
+  std::cerr << "loaded " << path << " (step " << step << ", tokenizer: " << codec.describe() << ")\n";
   return {std::move(model), cfg, codec};
 }
 
 int cmd_prepare(const cli::Args& a) {
   TG_CHECK(a.has("text") && !a.all("text").empty(), "tilegrad prepare: --text FILE… is required");
   TG_CHECK(a.has("out"), "tilegrad prepare: --out DIR is required");
+  const double val_fraction = a.get_double("val-fraction", 0.01);
+  TG_CHECK(val_fraction >= 0 && val_fraction < 1, "tilegrad prepare: --val-fraction must be in [0, 1), got ",
+           a.get("val-fraction", ""));
   std::optional<BpeTokenizer> tok;
   if (a.has("tokenizer")) tok = BpeTokenizer::load(a.get("tokenizer", ""));
-  PrepareResult r = prepare_text(a.all("text"), a.get("out", ""), a.get_double("val-fraction", 0.01), true,
-                                 kMaxShardTokens, tok ? &*tok : nullptr);
+  PrepareResult r = prepare_text(a.all("text"), a.get("out", ""), val_fraction, true, kMaxShardTokens,
+                                 tok ? &*tok : nullptr);
   if (tok) std::cout << "tokenizer: " << a.get("tokenizer", "") << " (" << tok->vocab_size() << " ids; vocab.json and merges.txt copied to " << a.get("out", "") << ")\n";
   std::cout << "prepared " << r.train_tokens << " train and " << r.val_tokens << " val tokens:\n";
   for (const std::string& f : r.files) std::cout << "  " << f << "\n";
@@ -66,27 +75,39 @@ int cmd_train(const cli::Args& a) {
 }
 
 int cmd_sample(const cli::Args& a) {
-  auto [model, cfg, codec] = load_model(a.positional[0]);
   SampleOptions so;
   so.tokens = a.get_int("tokens", 200);
   so.temperature = a.get_double("temperature", 1.0);
   so.top_k = a.get_int("top-k", 0);
   so.seed = uint64_t(a.get_int("seed", 1337));
-  TG_CHECK(so.tokens >= 0, "tilegrad sample: --tokens must be ≥ 0");
+  TG_CHECK(so.tokens >= 1, "tilegrad sample: --tokens must be ≥ 1, got ", so.tokens);
+  TG_CHECK(std::isfinite(so.temperature) && so.temperature >= 0, "tilegrad sample: --temperature must be a finite "
+           "number ≥ 0 (0 = greedy), got ", a.get("temperature", ""));
+  TG_CHECK(so.top_k >= 0, "tilegrad sample: --top-k must be ≥ 0 (0 = all tokens), got ", so.top_k);
+  auto [model, cfg, codec] = load_model(a.positional[0]);
   std::string prompt = a.get("prompt", "");
-  std::vector<int32_t> out = generate(*model, codec.encode(prompt), so);
-  std::cout << prompt << codec.decode(out) << std::endl;
+  // Tokens are printed as they are made (a multi-byte character may arrive over several).
+  std::cout << prompt << std::flush;
+  so.on_token = [&codec](int32_t t) {
+    std::cout << codec.decode({t}) << std::flush;
+    TG_CHECK(std::cout.good(), "tilegrad sample: writing to standard output failed");
+  };
+  generate(*model, codec.encode(prompt), so);
+  std::cout << std::endl;
   return 0;
 }
 
 int cmd_eval(const cli::Args& a) {
+  const int64_t steps = a.get_int("steps", 0);
+  TG_CHECK(steps >= 0, "tilegrad eval: --steps must be ≥ 0 (0 = the whole data), got ", steps);
   auto [model, cfg, codec] = load_model(a.positional[0]);
   std::string glob = a.get("data", cfg.data.val);
   TG_CHECK(!glob.empty(), "tilegrad eval: the checkpoint's config names no validation data; pass --data GLOB");
   DataLoader val(glob, cfg.model.vocab_size, cfg.train.batch_size, cfg.train.seq_len, uint64_t(cfg.train.seed));
-  int64_t steps = a.get_int("steps", 0);
   int64_t used = steps > 0 ? std::min(steps, val.num_sequential_batches()) : val.num_sequential_batches();
   double loss = evaluate(*model, val, steps);
+  TG_CHECK(std::isfinite(loss), "tilegrad eval: the validation loss is ", loss,
+           " (the model's output is not finite on this data)");
   std::printf("val loss %.4f (%lld batches of %d × %d tokens from %s)\n", loss, (long long)used, cfg.train.batch_size,
               cfg.train.seq_len, glob.c_str());
   return 0;
@@ -166,7 +187,7 @@ std::vector<cli::Command> commands() {
        cmd_prepare},
       {"train",
        "Train a GPT from a YAML config (see README: config reference). Writes config.yaml, train.log, metrics.jsonl "
-       "and ckpt-<step>.h5 checkpoints into run.out_dir. SIGINT/SIGTERM finish the step, checkpoint and exit 0; a "
+       "and ckpt-<step>.h5 checkpoints into run.out_dir. SIGINT/SIGTERM/SIGHUP finish the step, checkpoint and exit 0; a "
        "second signal exits at once. Data parallel: start one process per GPU (or per CPU rank) with a launcher, "
        "`mpirun -np N tilegrad train CONFIG` on one node (as root add --allow-run-as-root), `mpirun -np N "
        "--hostfile HOSTS …` or `srun --ntasks=N --kill-on-bad-exit=1 tilegrad train CONFIG` across nodes: each rank "
@@ -291,6 +312,11 @@ int main(int argc, char** argv) {
     } catch (const Error& e) {
       std::cerr << "error: " << e.what() << std::endl;
       dist::leave_job_on_error(1);  // a rank that fails alone ends its data-parallel job
+      return 1;
+    } catch (const std::bad_alloc&) {
+      std::cerr << "error: out of memory: an allocation failed; make the model or the batch smaller "
+                   "(model.n_layer, model.d_model, train.batch_size, train.seq_len)" << std::endl;
+      dist::leave_job_on_error(1);
       return 1;
     } catch (const std::exception& e) {
       std::cerr << "internal error: " << e.what() << std::endl;

@@ -18,22 +18,27 @@ inline void single_threaded_blas() {
   (void)once;
 }
 
-// Rows of A (or columns of Aᵀ) handed to each thread; the row band of op(A) starts at
-// row r, which is A + r·lda when A is not transposed and A + r when it is.
+// The rows of C are cut into bands of kBandRows (the last may be shorter) and the bands are
+// shared among the OpenMP threads; the band of op(A) starting at row r is A + r·lda when A is
+// not transposed and A + r when it is. The cut depends on the shape only, never on the number
+// of threads: each band is the same BLAS call on any thread count, so the product is bitwise
+// the same on 1 thread and on 16 (OpenBLAS picks kernels by shape, and a row of C computed in a
+// band of another height may round differently).
+constexpr int64_t kBandRows = 64;
+
 template <typename T, typename Gemm>
 void gemm_row_bands(bool trans_a, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, T* C,
                     int64_t ldc, Gemm&& band) {
   single_threaded_blas();
-  const int threads = omp_get_max_threads();
-  if (threads <= 1 || M * N * K < (int64_t(1) << 18) || M < 2 * threads) {
+  if (M * N * K < (int64_t(1) << 18) || M <= kBandRows) {
     band(int64_t(0), M);
     return;
   }
-#pragma omp parallel num_threads(threads)
-  {
-    const int t = omp_get_thread_num(), n = omp_get_num_threads();
-    const int64_t begin = M * t / n, end = M * (t + 1) / n;
-    if (end > begin) band(begin, end);
+  const int64_t bands = (M + kBandRows - 1) / kBandRows;
+#pragma omp parallel for schedule(static) if (omp_get_max_threads() > 1)
+  for (int64_t b = 0; b < bands; ++b) {
+    const int64_t begin = b * kBandRows, end = begin + kBandRows < M ? begin + kBandRows : M;
+    band(begin, end);
   }
 }
 

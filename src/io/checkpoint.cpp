@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +20,7 @@
 #include <optional>
 #include <set>
 
+#include "src/util/crc32c.h"
 #include "src/util/error.h"
 
 namespace fs = std::filesystem;
@@ -260,40 +263,188 @@ void write_string_dataset(hid_t file, hid_t lcpl, const std::string& name, const
   TG_H5(H5Dwrite(ds.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()), what);
 }
 
-void write_file(const std::string& path, int64_t step, const CheckpointData& d) {
-  std::string ctx = "checkpoint " + path;
-  H5Handle fapl = TG_H5_OWN(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, ctx);
-  // The 1.10 format checksums all metadata: superblock, object headers (so attributes and
-  // compact datasets) and the chunk index. The 1.8 format still indexes chunks with v1 B-trees,
-  // which have no checksum: a flipped bit there made HDF5 return fill values (zeros) silently.
-  // Readers need HDF5 >= 1.10 (any current h5py).
-  TG_H5(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V110, H5F_LIBVER_V110), ctx);
-  // SEMI: H5Fclose fails (instead of silently deferring the final write) if anything is still open.
-  TG_H5(H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_SEMI), ctx);
-  H5Handle file = TG_H5_OWN(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose, ctx);
-  {
-    write_string_attr(file.get(), "format", d.format, ctx);
-    write_int_attr(file.get(), "version", d.version, ctx);
-    write_int_attr(file.get(), "step", step, ctx);
+// The core driver's buffer, taken over when HDF5 closes the file instead of being freed: the
+// bytes are then final (HDF5 finishes the superblock at close), and no copy is made.
+struct CapturedImage {
+  void* buf = nullptr;   // the buffer HDF5 released at close
+  size_t capacity = 0;   // the size of the driver's latest allocation
+  ~CapturedImage() { std::free(buf); }
+};
 
-    H5Handle lcpl = TG_H5_OWN(H5Pcreate(H5P_LINK_CREATE), H5Pclose, ctx);
-    TG_H5(H5Pset_create_intermediate_group(lcpl.get(), 1), ctx);
-    H5Handle state = TG_H5_OWN(H5Gcreate2(file.get(), "state", lcpl.get(), H5P_DEFAULT, H5P_DEFAULT), H5Gclose,
-                           ctx + ": group 'state'");
-    for (const auto& [k, v] : d.ints) write_int_attr(state.get(), k, v, ctx + ": group 'state'");
-
-    for (size_t i = 0; i < d.arrays.size(); ++i) {
-      const auto& a = d.arrays[i];
-      write_dataset(file.get(), lcpl.get(), a.name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, a.shape, a.data.data(), ctx,
-                    static_cast<int64_t>(i));
-    }
-    for (const auto& [k, v] : d.u64_arrays)
-      write_dataset(file.get(), lcpl.get(), kU64Group + k, H5T_STD_U64LE, H5T_NATIVE_UINT64,
-                    {static_cast<int64_t>(v.size())}, v.data(), ctx, -1);
-    for (const auto& [k, v] : d.strings) write_string_dataset(file.get(), lcpl.get(), kStrGroup + k, v, ctx);
+// HDF5 reads back regions of the image it has not written yet (and merges partial metadata
+// writes with them), as from a new file: the memory must start zeroed, like a file's holes.
+// (malloc may hand back a previous buffer's bytes, which once made HDF5 write an image whose
+// metadata checksums did not match.)
+void* image_malloc(size_t size, H5FD_file_image_op_t, void* udata) {
+  void* p = std::calloc(1, size);
+  if (p && udata) static_cast<CapturedImage*>(udata)->capacity = size;
+  return p;
+}
+void* image_memcpy(void* dst, const void* src, size_t size, H5FD_file_image_op_t, void*) {
+  return std::memcpy(dst, src, size);
+}
+void* image_realloc(void* ptr, size_t size, H5FD_file_image_op_t, void* udata) {
+  auto* cap = static_cast<CapturedImage*>(udata);
+  const size_t old = ptr && cap ? cap->capacity : 0;
+  void* p = std::realloc(ptr, size);
+  if (p && size > old) std::memset(static_cast<char*>(p) + old, 0, size - old);  // the grown part, zeroed
+  if (p && cap) cap->capacity = size;
+  return p;
+}
+herr_t image_free(void* ptr, H5FD_file_image_op_t op, void* udata) {
+  auto* cap = static_cast<CapturedImage*>(udata);
+  if (op == H5FD_FILE_IMAGE_OP_FILE_CLOSE && cap && !cap->buf) {
+    cap->buf = ptr;
+    return 0;
   }
-  TG_H5(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), ctx);
-  TG_H5(file.close(), ctx);
+  std::free(ptr);
+  return 0;
+}
+void* udata_copy(void* udata) { return udata; }
+herr_t udata_free(void*) { return 0; }
+
+// Builds the whole file in memory (HDF5's core driver, no backing store) and returns its bytes.
+// HDF5 itself then never writes to disk: a full disk or an I/O error surfaces in write_bytes as
+// one checked write(2), and no half-written file is ever left open inside the library (whose
+// clean-up at exit would touch it again).
+struct FileImage {
+  CapturedImage owner;
+  size_t size = 0;
+  const unsigned char* data() const { return static_cast<const unsigned char*>(owner.buf); }
+};
+
+void build_image(const std::string& path, int64_t step, const CheckpointData& d, FileImage& image) {
+  std::string ctx = "checkpoint " + path;
+  CapturedImage& captured = image.owner;
+  {
+    H5Handle fapl = TG_H5_OWN(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, ctx);
+    // The 1.10 format checksums all metadata: superblock, object headers (so attributes and
+    // compact datasets) and the chunk index. The 1.8 format still indexes chunks with v1 B-trees,
+    // which have no checksum: a flipped bit there made HDF5 return fill values (zeros) silently.
+    // Readers need HDF5 >= 1.10 (any current h5py).
+    TG_H5(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V110, H5F_LIBVER_V110), ctx);
+    // SEMI: H5Fclose fails (instead of silently deferring the final write) if anything is still open.
+    TG_H5(H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_SEMI), ctx);
+    TG_H5(H5Pset_fapl_core(fapl.get(), size_t{16} << 20, 0), ctx);
+    H5FD_file_image_callbacks_t cb = {image_malloc, image_memcpy, image_realloc, image_free,
+                                      udata_copy,   udata_free,   &captured};
+    TG_H5(H5Pset_file_image_callbacks(fapl.get(), &cb), ctx);
+    H5Handle file = TG_H5_OWN(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose, ctx);
+    {
+      write_string_attr(file.get(), "format", d.format, ctx);
+      write_int_attr(file.get(), "version", d.version, ctx);
+      write_int_attr(file.get(), "step", step, ctx);
+
+      H5Handle lcpl = TG_H5_OWN(H5Pcreate(H5P_LINK_CREATE), H5Pclose, ctx);
+      TG_H5(H5Pset_create_intermediate_group(lcpl.get(), 1), ctx);
+      H5Handle state = TG_H5_OWN(H5Gcreate2(file.get(), "state", lcpl.get(), H5P_DEFAULT, H5P_DEFAULT), H5Gclose,
+                                 ctx + ": group 'state'");
+      for (const auto& [k, v] : d.ints) write_int_attr(state.get(), k, v, ctx + ": group 'state'");
+
+      for (size_t i = 0; i < d.arrays.size(); ++i) {
+        const auto& a = d.arrays[i];
+        write_dataset(file.get(), lcpl.get(), a.name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, a.shape, a.data.data(), ctx,
+                      static_cast<int64_t>(i));
+      }
+      for (const auto& [k, v] : d.u64_arrays)
+        write_dataset(file.get(), lcpl.get(), kU64Group + k, H5T_STD_U64LE, H5T_NATIVE_UINT64,
+                      {static_cast<int64_t>(v.size())}, v.data(), ctx, -1);
+      for (const auto& [k, v] : d.strings) write_string_dataset(file.get(), lcpl.get(), kStrGroup + k, v, ctx);
+    }
+    TG_H5(file.close(), ctx);
+  }
+  // The file's length is the end-of-file address in the (version 3) superblock: bytes 28..35
+  // after the signature, version, size fields, flags, base and extension addresses.
+  const auto* b = static_cast<const unsigned char*>(captured.buf);
+  TG_CHECK(b, ctx, ": HDF5 returned no file image");
+  uint64_t eof = 0;
+  for (int i = 7; i >= 0; --i) eof = (eof << 8) | b[28 + i];
+  TG_CHECK(std::memcmp(b, "\x89HDF\r\n\x1a\n", 8) == 0 && b[8] == 3 && eof >= 48 && eof <= captured.capacity, ctx,
+           ": unexpected superblock in HDF5's file image");
+  image.size = static_cast<size_t>(eof);
+}
+
+// Writes `size` bytes to a new file `path` (replacing it) and fsyncs it; every write, the fsync
+// and the close are checked, so a full disk is reported here, naming the file.
+void write_bytes(const std::string& path, const void* data, size_t size) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  TG_CHECK(fd >= 0, "checkpoint: cannot create ", path, ": ", std::strerror(errno));
+  const auto* p = static_cast<const unsigned char*>(data);
+  size_t done = 0;
+  int err = 0;
+  while (done < size) {
+    ssize_t n = ::write(fd, p + done, std::min<size_t>(size - done, size_t{1} << 30));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      err = n < 0 ? errno : ENOSPC;
+      break;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (err == 0 && ::fsync(fd) != 0) err = errno;
+  if (::close(fd) != 0 && err == 0) err = errno;
+  TG_CHECK(err == 0, "checkpoint: writing ", path, " failed after ", done, " of ", size, " bytes: ",
+           std::strerror(err), err == ENOSPC || err == EDQUOT ? " (the disk is full)" : "");
+}
+
+std::string sum_line(uint32_t crc, size_t size, const std::string& name) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%08x", crc);
+  return "crc32c " + std::string(buf) + " " + std::to_string(size) + " " + name + "\n";
+}
+
+// Reads `path` once, computing its CRC-32C, and compares it (and the size) with the sidecar
+// `path.sum`, before HDF5 sees a byte: a corrupt file is rejected here, never parsed. Files
+// without a sidecar (written before checksums existed) load with HDF5's own checks; one line
+// on stderr says so.
+void verify_whole_file(const std::string& path, const std::string& ctx) {
+  const std::string sum_path = path + ".sum";
+  std::error_code ec;
+  if (!fs::exists(sum_path, ec)) {
+    std::cerr << "[checkpoint] " << path << " has no checksum file " << fs::path(sum_path).filename().string()
+              << " (written by an older tilegrad): loading it without the whole-file check\n";
+    return;
+  }
+  std::ifstream sin(sum_path);
+  std::string kind, hex, size_text;
+  sin >> kind >> hex >> size_text;
+  uint32_t want = 0;
+  uint64_t want_size = 0;
+  bool ok = kind == "crc32c" && hex.size() == 8 && !size_text.empty() && size_text.size() <= 19 &&
+            std::all_of(hex.begin(), hex.end(), [](unsigned char c) { return std::isxdigit(c); }) &&
+            std::all_of(size_text.begin(), size_text.end(), [](unsigned char c) { return std::isdigit(c); });
+  if (ok) {
+    want = static_cast<uint32_t>(std::stoul(hex, nullptr, 16));
+    want_size = std::stoull(size_text);
+  }
+  TG_CHECK(ok, ctx, ": its checksum file ", sum_path, " is malformed (expected 'crc32c <8 hex digits> <bytes> <name>'); "
+           "not opening the checkpoint");
+  const uint64_t have_size = fs::file_size(path, ec);
+  TG_CHECK(!ec, ctx, ": cannot stat: ", ec.message());
+  TG_CHECK(have_size == want_size, ctx, ": the file is ", have_size, " bytes but ", sum_path, " records ", want_size,
+           " (truncated or overwritten); not opening it");
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  TG_CHECK(fd >= 0, ctx, ": cannot open: ", std::strerror(errno));
+  std::vector<unsigned char> buf(size_t{4} << 20);
+  uint32_t crc = 0;
+  uint64_t total = 0;
+  int err = 0;
+  for (;;) {
+    ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) err = errno;
+    if (n <= 0) break;
+    crc = crc32c_update(crc, buf.data(), static_cast<size_t>(n));
+    total += static_cast<uint64_t>(n);
+  }
+  ::close(fd);
+  TG_CHECK(err == 0, ctx, ": reading it failed: ", std::strerror(err));
+  char have_hex[16], want_hex[16];
+  std::snprintf(have_hex, sizeof have_hex, "%08x", crc);
+  std::snprintf(want_hex, sizeof want_hex, "%08x", want);
+  TG_CHECK(total == want_size && crc == want, ctx, ": whole-file checksum mismatch (CRC-32C of the file is ", have_hex,
+           ", ", fs::path(sum_path).filename().string(), " records ", want_hex,
+           "): the file is corrupt; not opening it");
 }
 
 void fsync_path(const std::string& path, bool is_dir) {
@@ -346,6 +497,12 @@ void prune(const std::string& dir, int keep_last) {
       std::error_code rm_ec;
       fs::remove(e.path(), rm_ec);
     }
+    // A checksum whose checkpoint is gone (a save killed between its two renames).
+    if (n.size() > 4 && n.compare(n.size() - 4, 4, ".sum") == 0 && parse_step(n.substr(0, n.size() - 4)) &&
+        !fs::exists(e.path().parent_path() / n.substr(0, n.size() - 4), ec)) {
+      std::error_code rm_ec;
+      fs::remove(e.path(), rm_ec);
+    }
   }
   if (keep_last <= 0) return;
   std::vector<std::string> all = list_checkpoints(dir);
@@ -356,6 +513,7 @@ void prune(const std::string& dir, int keep_last) {
     if (fs::path(all[i]).filename() == latest) continue;
     std::error_code rm_ec;
     fs::remove(all[i], rm_ec);
+    if (!rm_ec) fs::remove(all[i] + ".sum", rm_ec);
     // The checkpoint itself is saved; failing to reclaim space is worth a warning, not a failure.
     if (rm_ec) std::cerr << "[checkpoint] warning: could not delete old checkpoint " << all[i] << ": "
                          << rm_ec.message() << "\n";
@@ -468,6 +626,7 @@ CheckpointData load_impl(const std::string& path) {
   std::error_code ec;
   TG_CHECK(fs::exists(path, ec), ctx, ": file does not exist");
   TG_CHECK(fs::is_regular_file(path, ec), ctx, ": not a regular file");
+  verify_whole_file(path, ctx);
   H5Handle file = TG_H5_OWN(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose,
                         ctx + ": cannot open as HDF5 (truncated, corrupted, or not an HDF5 file)");
 
@@ -549,25 +708,38 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const Checkpoi
   TG_CHECK(!ec && fs::is_directory(dir), "save_checkpoint: cannot create checkpoint directory ", dir, ": ",
            ec ? ec.message() : "not a directory");
   const std::string name = "ckpt-" + std::to_string(step) + ".h5";
-  const std::string final_path = (fs::path(dir) / name).string();
-  const std::string tmp_path = (fs::path(dir) / ("." + name + ".tmp")).string();
+  const fs::path d(dir);
+  const std::string final_path = (d / name).string(), tmp_path = (d / ("." + name + ".tmp")).string();
+  const std::string sum_path = final_path + ".sum", sum_tmp = (d / ("." + name + ".sum.tmp")).string();
+  const std::string latest_tmp = (d / ".latest.tmp").string();
+  bool sum_renamed = false;
   try {
-    write_file(tmp_path, step, data);
+    size_t size = 0;
+    uint32_t crc = 0;
+    {
+      FileImage image;
+      build_image(tmp_path, step, data, image);
+      size = image.size;
+      crc = crc32c_update(0, image.data(), size);
+      write_bytes(tmp_path, image.data(), size);
+    }
+    // The sidecar goes first: a crash between the renames leaves at worst a checksum without
+    // its file (ignored), never a new file without its checksum.
+    const std::string line = sum_line(crc, size, name);
+    write_bytes(sum_tmp, line.data(), line.size());
+    durable_rename(sum_tmp, sum_path, dir);
+    sum_renamed = true;
     durable_rename(tmp_path, final_path, dir);
+    // The pointer is written after the checkpoint is durable, so it never names a partial file.
+    const std::string latest_line = name + "\n";
+    write_bytes(latest_tmp, latest_line.data(), latest_line.size());
+    durable_rename(latest_tmp, (d / "latest").string(), dir);
   } catch (...) {
-    fs::remove(tmp_path, ec);  // never leave a half-written file behind
-    throw;
-  }
-  // The pointer is written after the checkpoint is durable, so it never names a partial file.
-  const std::string latest_tmp = (fs::path(dir) / ".latest.tmp").string();
-  try {
-    std::ofstream out(latest_tmp, std::ios::trunc);
-    out << name << "\n";
-    out.close();
-    TG_CHECK(out.good(), "save_checkpoint: cannot write ", latest_tmp);
-    durable_rename(latest_tmp, (fs::path(dir) / "latest").string(), dir);
-  } catch (...) {
+    // Never leave a half-written file behind; `latest` and the complete checkpoints are untouched.
+    fs::remove(tmp_path, ec);
+    fs::remove(sum_tmp, ec);
     fs::remove(latest_tmp, ec);
+    if (sum_renamed && !fs::exists(final_path, ec)) fs::remove(sum_path, ec);
     throw;
   }
   prune(dir, keep_last);

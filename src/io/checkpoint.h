@@ -28,15 +28,19 @@ struct CheckpointData {
   std::map<std::string, std::string> strings;               // "config_yaml": the resolved config
 };
 
-// Writes `dir/ckpt-<step>.h5` atomically (temp file `dir/.ckpt-<step>.h5.tmp`, flush, close, fsync,
-// rename, fsync dir), then points `dir/latest` at it the same way, then prunes to the newest
+// Writes `dir/ckpt-<step>.h5` atomically (the file is built in memory, written to
+// `dir/.ckpt-<step>.h5.tmp` with every write checked, fsynced, renamed, dir fsynced), with its
+// whole-file CRC-32C in the sidecar `dir/ckpt-<step>.h5.sum` (renamed into place first), then
+// points `dir/latest` at it the same way, then prunes to the newest
 // `keep_last` checkpoints (keep_last <= 0 keeps all; the newest and the one `latest` names are never
-// deleted). Creates `dir` if needed. Returns the final path. Throws tg::Error on failure, leaving
-// the previous checkpoints and `latest` untouched.
+// deleted). Creates `dir` if needed. Returns the final path. Throws tg::Error on failure (a full
+// disk included), leaving the previous checkpoints and `latest` untouched and no temp files.
 std::string save_checkpoint(const std::string& dir, int64_t step, const CheckpointData& data, int keep_last);
 
-// Reads a checkpoint and verifies format name, version and every dataset's Fletcher32 checksum.
-// Errors name the file and the dataset/attribute that failed.
+// Reads a checkpoint: first the whole file once against the CRC-32C in `path.sum` (a mismatch
+// is an error before HDF5 parses anything; a file without a sidecar, from an older tilegrad,
+// loads with a line on stderr saying so), then through HDF5, verifying format name, version and
+// every dataset's Fletcher32 checksum. Errors name the file and the dataset/attribute that failed.
 CheckpointData load_checkpoint(const std::string& path);
 
 // which == "latest": reads `dir_or_path/latest`; if it is missing or names a file that does not

@@ -2,6 +2,7 @@
 #include "src/nn/parameters.h"
 
 #include <cmath>
+#include <limits>
 
 #include "kernels/cpu/dropout.h"
 
@@ -17,7 +18,11 @@ double normal_from(uint64_t seed, uint64_t stream, uint64_t index) {
 
 void ParameterStore::declare(const std::string& name, const Shape& shape, Init init, double init_std) {
   TG_CHECK(!values_.defined(), "parameter '", name, "' declared after the store was allocated");
-  TG_CHECK(!has(name), "parameter '", name, "' declared twice");
+  TG_CHECK(index_.emplace(name, params_.size()).second, "parameter '", name, "' declared twice");
+  for (int64_t d : shape) TG_CHECK(d >= 0, "parameter '", name, "': negative dimension in shape ", shape_str(shape));
+  const int64_t n = checked_numel(shape, "parameter '" + name + "'");
+  TG_CHECK(n <= std::numeric_limits<int64_t>::max() - total_, "parameter '", name, "' of shape ", shape_str(shape),
+           ": the parameter count overflows 64 bits (", total_, " before it)");
   Parameter p;
   p.name = name;
   p.decay = shape.size() >= 2;
@@ -25,7 +30,7 @@ void ParameterStore::declare(const std::string& name, const Shape& shape, Init i
   p.init_std = init_std;
   params_.push_back(p);
   shapes_.push_back(shape);
-  total_ += shape_numel(shape);
+  total_ += n;
 }
 
 void ParameterStore::allocate(uint64_t seed, DType dtype, Device device) {
@@ -66,20 +71,14 @@ void ParameterStore::allocate(uint64_t seed, DType dtype, Device device) {
 }
 
 const Parameter& ParameterStore::find(const std::string& name) const {
-  for (const Parameter& p : params_)
-    if (p.name == name) return p;
-  TG_CHECK(false, "no parameter named '", name, "'");
-  static Parameter none;
-  return none;
+  auto it = index_.find(name);
+  TG_CHECK(it != index_.end(), "no parameter named '", name, "'");
+  return params_[it->second];
 }
 
 const Tensor& ParameterStore::get(const std::string& name) const { return find(name).value; }
 
-bool ParameterStore::has(const std::string& name) const {
-  for (const Parameter& p : params_)
-    if (p.name == name) return true;
-  return false;
-}
+bool ParameterStore::has(const std::string& name) const { return index_.count(name) != 0; }
 
 void ParameterStore::zero_grad() { grads_.zero(); }
 

@@ -2,6 +2,7 @@
 // and so do their gradients: all-reduce, AdamW and checkpointing are each one operation.
 #pragma once
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "src/tensor/tensor.h"
@@ -51,6 +52,7 @@ class ParameterStore {
  private:
   std::vector<Parameter> params_;
   std::vector<Shape> shapes_;
+  std::unordered_map<std::string, size_t> index_;  // name → position in params_: O(1) declare and find
   int64_t total_ = 0, decay_total_ = 0;
   Tensor values_, grads_;
 };

@@ -41,11 +41,18 @@ int64_t shape_numel(const Shape& s) {
   return n;
 }
 
-namespace {
-void check_shape(const Shape& shape) {
-  for (int64_t d : shape)
-    TG_CHECK(d >= 0, "tensor shape ", shape_str(shape), " has a negative dimension");
+int64_t checked_numel(const Shape& s, const std::string& what) {
+  int64_t n = 1;
+  for (int64_t d : s) {
+    TG_CHECK(d >= 0, what, ": shape ", shape_str(s), " has a negative dimension");
+    TG_CHECK(!__builtin_mul_overflow(n, d, &n) && n <= (int64_t(1) << 60), what, ": the element count of shape ",
+             shape_str(s), " overflows 64-bit size arithmetic");
+  }
+  return n;
 }
+
+namespace {
+void check_shape(const Shape& shape) { checked_numel(shape, "tensor"); }
 
 // Reads element i of a floating or integer buffer as double (host memory).
 double load_as_double(const void* p, DType t, int64_t i) {

@@ -16,6 +16,9 @@ namespace tg {
 using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& s);
 int64_t shape_numel(const Shape& s);
+// The element count of `s`, or tg::Error naming `what` and the shape when a dimension is
+// negative or the product (or its byte count at 8 bytes per element) overflows 64 bits.
+int64_t checked_numel(const Shape& s, const std::string& what);
 
 struct Node;  // src/autograd/autograd.h
 

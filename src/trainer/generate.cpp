@@ -22,6 +22,7 @@ struct EvalMode {
 std::vector<int32_t> generate(nn::GPT& model, const std::vector<int32_t>& prompt, const SampleOptions& opt) {
   TG_CHECK(opt.temperature >= 0, "sample: temperature must be ≥ 0, got ", opt.temperature);
   TG_CHECK(opt.top_k >= 0, "sample: top-k must be ≥ 0, got ", opt.top_k);
+  TG_CHECK(opt.tokens >= 0, "sample: the number of tokens must be ≥ 0, got ", opt.tokens);
   NoGradGuard no_grad;
   EvalMode eval(model);
   const int64_t V = model.config().vocab_size, window = model.config().max_seq_len;
@@ -55,7 +56,10 @@ std::vector<int32_t> generate(nn::GPT& model, const std::vector<int32_t>& prompt
       }
     }
     seq.push_back(next);
-    out.push_back(next);
+    if (opt.on_token) opt.on_token(next);
+    else out.push_back(next);
+    // Only the last max_seq_len tokens are ever read again: keep the context bounded.
+    if (int64_t(seq.size()) > 2 * window) seq.erase(seq.begin(), seq.end() - window);
   }
   return out;
 }

@@ -1,6 +1,7 @@
 // Text generation and validation loss: the two ways a run looks at its model without training it.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "src/data/loader.h"
@@ -14,6 +15,9 @@ struct SampleOptions {
   double temperature = 1.0;  // 0 → greedy
   int64_t top_k = 0;         // 0 → the whole vocabulary
   uint64_t seed = 1337;
+  // When set, each token is handed over as soon as it is drawn (streaming) and generate()
+  // returns an empty vector instead of keeping them all.
+  std::function<void(int32_t)> on_token;
 };
 
 // Continues `prompt` by `tokens` tokens, each drawn from the model's distribution at the last

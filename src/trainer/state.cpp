@@ -1,7 +1,9 @@
 // Mapping a run's state to and from CheckpointData, with the compatibility checks of a resume.
 #include "src/trainer/state.h"
 
+#include <cmath>
 #include <cstring>
+#include <unordered_map>
 #include <sstream>
 
 namespace tg {
@@ -20,22 +22,33 @@ CheckpointArray to_array(const std::string& name, const Tensor& t) {
   return a;
 }
 
-const CheckpointArray* find(const CheckpointData& c, const std::string& name) {
-  for (const CheckpointArray& a : c.arrays)
-    if (a.name == name) return &a;
-  return nullptr;
-}
-
 int64_t get_int(const CheckpointData& c, const std::string& key, const std::string& path) {
   auto it = c.ints.find(key);
   TG_CHECK(it != c.ints.end(), "checkpoint ", path, ": missing state value '", key, "'");
   return it->second;
 }
 
-// Copies a checkpoint array into a (host or device) tensor of the same shape.
+// Every array by name, so restoring P parameters is O(P), not O(P²).
+std::unordered_map<std::string, const CheckpointArray*> by_name(const CheckpointData& c) {
+  std::unordered_map<std::string, const CheckpointArray*> m;
+  for (const CheckpointArray& a : c.arrays) m.emplace(a.name, &a);
+  return m;
+}
+
+const CheckpointArray* find(const std::unordered_map<std::string, const CheckpointArray*>& m, const std::string& name) {
+  auto it = m.find(name);
+  return it == m.end() ? nullptr : it->second;
+}
+
+// Copies a checkpoint array into a (host or device) tensor of the same shape. Weights and
+// moments must be finite: a NaN or an infinity is refused, naming the dataset and the element.
 void copy_into(Tensor dst, const CheckpointArray& a, const std::string& path) {
   TG_CHECK(Shape(a.shape) == dst.shape(), "checkpoint ", path, ": '", a.name, "' has shape ", shape_str(a.shape),
            " but the model expects ", shape_str(dst.shape()), "; the model config differs from the checkpoint's");
+  for (size_t i = 0; i < a.data.size(); ++i)
+    TG_CHECK(std::isfinite(a.data[i]), "checkpoint ", path, ": dataset '", a.name, "' holds ", a.data[i],
+             " at element ", i, " (the first non-finite value in the file's arrays); refusing to load a model "
+             "with non-finite weights or optimizer state; use an earlier checkpoint");
   std::vector<double> v(a.data.begin(), a.data.end());
   dst.copy_from(Tensor::from_vector(v, dst.shape(), DType::f32).to(dst.dtype()));
 }
@@ -86,8 +99,9 @@ CheckpointData make_checkpoint(const nn::GPT& model, const Tensor& m, const Tens
 }
 
 void restore_parameters(nn::GPT& model, const CheckpointData& ckpt, const std::string& path) {
+  const auto arrays = by_name(ckpt);
   for (const nn::Parameter& p : model.params().all()) {
-    const CheckpointArray* a = find(ckpt, kParams + p.name);
+    const CheckpointArray* a = find(arrays, kParams + p.name);
     TG_CHECK(a, "checkpoint ", path, ": parameter '", p.name, "' is missing (the model config differs from the checkpoint's)");
     copy_into(p.value, *a, path);
   }
@@ -100,15 +114,19 @@ void restore_optimizer(optim::AdamW& opt, const nn::GPT& model, const Checkpoint
 
 int64_t restore_moments(const Tensor& first_moment, const Tensor& second_moment, const nn::GPT& model,
                         const CheckpointData& ckpt, const std::string& path) {
+  const auto arrays = by_name(ckpt);
   for (const nn::Parameter& p : model.params().all()) {
-    const CheckpointArray* m = find(ckpt, kMoment1 + p.name);
-    const CheckpointArray* v = find(ckpt, kMoment2 + p.name);
+    const CheckpointArray* m = find(arrays, kMoment1 + p.name);
+    const CheckpointArray* v = find(arrays, kMoment2 + p.name);
     TG_CHECK(m && v, "checkpoint ", path, ": optimizer moments of '", p.name,
              "' are missing (was it saved for inference only?); cannot resume training from it");
     copy_into(Tensor::view_of(first_moment, p.offset, p.value.shape()), *m, path);
     copy_into(Tensor::view_of(second_moment, p.offset, p.value.shape()), *v, path);
   }
-  return get_int(ckpt, "optimizer_steps", path);
+  const int64_t steps = get_int(ckpt, "optimizer_steps", path);
+  TG_CHECK(steps >= 0, "checkpoint ", path, ": state value 'optimizer_steps' is ", steps,
+           ", which no run writes (the file is inconsistent)");
+  return steps;
 }
 
 TrainState restore_state(const CheckpointData& ckpt, const std::string& path) {
@@ -128,6 +146,18 @@ TrainState restore_state(const CheckpointData& ckpt, const std::string& path) {
   TG_CHECK(dc != ckpt.u64_arrays.end() && dc->second.size() == 1, "checkpoint ", path,
            ": missing or malformed 'rng/dropout_counter'");
   s.dropout_counter = dc->second[0];
+  // Values no run writes: the file is inconsistent (edited or damaged before its checksum).
+  auto bad = [&](const char* key, int64_t v, const char* want) {
+    throw Error(detail::concat("checkpoint ", path, ": state value '", key, "' is ", v, ", expected ", want,
+                               " (the checkpoint is inconsistent; use another one)"));
+  };
+  if (s.step < 0) bad("step", s.step, ">= 0");
+  if (s.tokens_seen < 0) bad("tokens_seen", s.tokens_seen, ">= 0");
+  if (s.bad_steps_in_row < 0 || s.bad_steps_in_row > s.step) bad("bad_steps_in_row", s.bad_steps_in_row, "in [0, step]");
+  if (s.world_size < 1) bad("world_size", s.world_size, ">= 1");
+  if (s.global_batch_rows < 0) bad("global_batch_rows", s.global_batch_rows, ">= 0");
+  if (s.cursor.step != uint64_t(s.step))
+    bad("loader_cursor[1]", int64_t(s.cursor.step), ("the step, " + std::to_string(s.step)).c_str());
   return s;
 }
 

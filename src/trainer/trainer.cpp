@@ -4,6 +4,7 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <cmath>
@@ -16,6 +17,7 @@
 #include "src/data/bpe.h"
 #include "src/data/tokenizer.h"
 #include "src/interop/hf.h"
+#include "src/trainer/footprint.h"
 #include "src/trainer/generate.h"
 
 namespace tg {
@@ -53,17 +55,43 @@ std::string json_number(double v) {
   return buf;
 }
 
+}  // namespace
+
+// Length of the well-formed UTF-8 sequence starting at s[i] (RFC 3629: no overlong forms, no
+// surrogates, nothing above U+10FFFF), or 0 when the byte there does not start one.
+static size_t utf8_sequence(const std::string& s, size_t i) {
+  const auto b = [&](size_t k) { return k < s.size() ? static_cast<unsigned char>(s[k]) : 0u; };
+  const unsigned c = b(i);
+  auto cont = [&](size_t k, unsigned lo = 0x80, unsigned hi = 0xBF) { return b(k) >= lo && b(k) <= hi; };
+  if (c < 0x80) return 1;
+  if (c >= 0xC2 && c <= 0xDF) return cont(i + 1) ? 2 : 0;
+  if (c == 0xE0) return cont(i + 1, 0xA0) && cont(i + 2) ? 3 : 0;
+  if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) return cont(i + 1) && cont(i + 2) ? 3 : 0;
+  if (c == 0xED) return cont(i + 1, 0x80, 0x9F) && cont(i + 2) ? 3 : 0;
+  if (c == 0xF0) return cont(i + 1, 0x90) && cont(i + 2) && cont(i + 3) ? 4 : 0;
+  if (c >= 0xF1 && c <= 0xF3) return cont(i + 1) && cont(i + 2) && cont(i + 3) ? 4 : 0;
+  if (c == 0xF4) return cont(i + 1, 0x80, 0x8F) && cont(i + 2) && cont(i + 3) ? 4 : 0;
+  return 0;
+}
+
 std::string json_string(const std::string& s) {
   std::string out = "\"";
-  for (unsigned char c : s) {
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    const size_t n = utf8_sequence(s, i);
+    if (n == 0) {  // a byte that is not part of valid UTF-8 (the byte-level model's samples): U+FFFD
+      out += "\\ufffd";
+      ++i;
+      continue;
+    }
     if (c == '"' || c == '\\') { out += '\\'; out += char(c); }
     else if (c == '\n') out += "\\n";
-    else if (c < 0x20) { char b[8]; std::snprintf(b, sizeof b, "\\u%04x", c); out += b; }
-    else out += char(c);
+    else if (c < 0x20 || c == 0x7F) { char b[8]; std::snprintf(b, sizeof b, "\\u%04x", c); out += b; }
+    else out.append(s, i, n);
+    i += n;
   }
   return out + "\"";
 }
-}  // namespace
 
 void install_stop_handlers() {
   struct sigaction sa {};
@@ -71,6 +99,7 @@ void install_stop_handlers() {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGHUP, &sa, nullptr);  // a closed terminal or ssh session: stop with a checkpoint too
 }
 bool stop_requested() { return g_stop_signal != 0; }
 void clear_stop_request() { g_stop_signal = 0; }
@@ -98,16 +127,41 @@ Trainer::Trainer(const Config& config, std::unique_ptr<dist::Communicator> comm)
 
 Trainer::~Trainer() = default;
 
+// A failed write is remembered, not thrown: the loop stops all ranks together after the step
+// (stop_for_write_error), with a checkpoint attempt. Files are written whole lines at a time.
 void Trainer::log_line(const std::string& s) {
   if (!lead()) return;
   std::cout << s << std::endl;
-  if (log_file_.is_open()) log_file_ << s << std::endl;
+  if (!log_file_.is_open() || !write_error_.empty()) return;
+  try {
+    log_file_.write_line(s);
+  } catch (const Error& e) {
+    write_error_ = e.what();
+  }
 }
 
 void Trainer::metrics(const std::string& json) {
-  if (!lead()) return;
-  metrics_file_ << json << "\n";
-  metrics_file_.flush();
+  if (!lead() || !metrics_file_.is_open() || !write_error_.empty()) return;
+  try {
+    metrics_file_.write_line(json);
+  } catch (const Error& e) {
+    write_error_ = e.what();
+  }
+}
+
+void Trainer::stop_for_write_error(bool failed_here) {
+  const std::string what = failed_here ? write_error_ : "rank 0 could not write the run's logs";
+  if (lead()) std::cerr << "error: " << what << "; stopping after step " << state_.step << " with a checkpoint\n";
+  std::string path;
+  try {
+    path = save("the log could not be written");
+  } catch (const Error& e) {
+    throw Error(detail::concat(what, "; training stopped after step ", state_.step,
+                               ", and the checkpoint attempt failed too: ", e.what(),
+                               " (the newest complete checkpoint and `latest` are unchanged)"));
+  }
+  throw Error(detail::concat(what, "; training stopped after step ", state_.step, " with checkpoint ", path,
+                             "; free space and resume with --resume latest"));
 }
 
 void Trainer::on_rank0(const char* what, const std::function<void()>& fn) {
@@ -137,6 +191,14 @@ std::string Trainer::save(const char* why) {
       data.strings[kCheckpointVocab] = codec_.bpe->vocab_json();
       data.strings[kCheckpointMerges] = codec_.bpe->merges_txt();
     }
+    // A checkpoint is a state to resume from: one with a NaN or an infinity would replace the
+    // last good one as `latest`, so none is written.
+    for (const CheckpointArray& a : data.arrays)
+      for (size_t i = 0; i < a.data.size(); ++i)
+        TG_CHECK(std::isfinite(a.data[i]), "not writing a checkpoint at step ", state_.step, ": '", a.name,
+                 "' holds ", a.data[i], " at element ", i,
+                 " (the parameters or the optimizer state are no longer finite); the newest complete checkpoint "
+                 "(`latest`) stays the last good state");
     path = save_checkpoint(config_.run.out_dir, state_.step, data, config_.run.keep_last);
   });
   log_line("checkpoint " + path + " (" + why + ")");
@@ -156,7 +218,7 @@ void Trainer::resume_from(const std::string& resume) {
     v = Tensor::zeros({params.numel()}, DType::f32, model_->device());
   }
   std::string path;
-  int64_t optimizer_steps = 0;
+  int64_t optimizer_steps = 0, dropped_records = 0;
   on_rank0("reading the checkpoint", [&] {
     auto [found, ckpt] = resolve_and_load(config_.run.out_dir, resume);
     path = found;
@@ -166,6 +228,16 @@ void Trainer::resume_from(const std::string& resume) {
     state_ = restore_state(ckpt, path);
     TG_CHECK(state_.cursor.seed == uint64_t(tc.seed), "checkpoint ", path, " was trained with train.seed ",
              state_.cursor.seed, " but the config says ", tc.seed, "; an exact resume needs the same seed");
+    TG_CHECK(state_.step < tc.max_steps, "--resume: checkpoint ", path, " is at step ", state_.step,
+             state_.step == tc.max_steps ? ", which is train.max_steps (" : ", beyond train.max_steps (", tc.max_steps,
+             "): nothing left to train; raise train.max_steps (e.g. --set train.max_steps=",
+             state_.step + std::max<int64_t>(tc.max_steps, 1), ") to continue");
+    // Records of steps after the checkpoint are from the run that is now being repeated: drop
+    // them, so every step appears once in metrics.jsonl.
+    const std::string metrics_path = metrics_file_.path();
+    metrics_file_.close();
+    dropped_records = drop_records_after_step(metrics_path, state_.step);
+    metrics_file_.open(metrics_path);
   });
   if (comm_->world_size() > 1) {
     comm_->broadcast(params.flat_values(), 0, "parameters (resume)");
@@ -196,6 +268,9 @@ void Trainer::resume_from(const std::string& resume) {
   log_line("resumed from " + path + " at step " + std::to_string(state_.step) + " (written by " +
            std::to_string(state_.world_size) + (state_.world_size == 1 ? " rank" : " ranks") + ", this run has " +
            std::to_string(comm_->world_size()) + ")");
+  if (dropped_records > 0)
+    log_line("metrics.jsonl: removed " + std::to_string(dropped_records) + " records of steps after " +
+             std::to_string(state_.step) + " (they are trained again)");
   if (state_.global_batch_rows > 0 && state_.global_batch_rows != rows)
     log_line("note: the global batch is " + std::to_string(rows) + " rows per step (world size × batch_size × "
              "grad_accum); the checkpoint's run took " + std::to_string(state_.global_batch_rows) +
@@ -234,16 +309,24 @@ TrainResult Trainer::run(const std::string& resume) {
   const int W = comm_->world_size(), rank = comm_->rank();
   const std::string& out = rc.out_dir;
   on_rank0("preparing the run directory", [&] {
-    fs::create_directories(out);
+    std::error_code ec;
+    TG_CHECK(!fs::exists(out, ec) || fs::is_directory(out, ec), "run.out_dir: ", out,
+             " exists and is not a directory; choose another run.out_dir");
+    fs::create_directories(out, ec);
+    TG_CHECK(!ec, "run.out_dir: cannot create the run directory ", out, ": ", ec.message());
+    TG_CHECK(::access(out.c_str(), W_OK | X_OK) == 0, "run.out_dir: the run directory ", out,
+             " is not writable (", std::strerror(errno), "); choose another run.out_dir or fix its permissions");
     if (resume.empty()) {
       TG_CHECK(list_checkpoints(out).empty(), "run directory ", out,
                " already has checkpoints; resume with --resume latest, or choose another run.out_dir");
     }
-    log_file_.open(fs::path(out) / "train.log", std::ios::app);
-    metrics_file_.open(fs::path(out) / "metrics.jsonl", std::ios::app);
-    TG_CHECK(metrics_file_.good() && log_file_.good(), "cannot write to the run directory ", out);
-    std::ofstream cfg(fs::path(out) / "config.yaml");
+    log_file_.open((fs::path(out) / "train.log").string());
+    metrics_file_.open((fs::path(out) / "metrics.jsonl").string());
+    const std::string cfg_path = (fs::path(out) / "config.yaml").string();
+    std::ofstream cfg(cfg_path, std::ios::trunc);
     cfg << config_yaml_;
+    cfg.close();
+    TG_CHECK(cfg.good(), "run.out_dir: cannot write ", cfg_path, " (is the disk full?)");
   });
   log_line("tilegrad train: resolved config (" + config_.source_path + ")\n" + config_yaml_);
   log_line("device: " + device.str() + " (run.device: " + rc.device + "), precision: " + tc.precision +
@@ -260,6 +343,7 @@ TrainResult Trainer::run(const std::string& resume) {
            device.str(), " (run.device: ", rc.device, "); use train.precision: fp32");
   const DType compute = tc.precision == "bf16" ? DType::bf16 : DType::f32;
   ops::set_deterministic(tc.deterministic);
+  check_fits(config_, device, true, W);
   model_ = std::make_unique<nn::GPT>(gpt_config_from(config_.model), uint64_t(tc.seed), DType::f32, device, compute);
   model_->set_lm_head_chunk(tc.lm_head_chunk);
   model_->set_recompute(tc.recompute);
@@ -348,7 +432,16 @@ TrainResult Trainer::run(const std::string& resume) {
       metrics("{\"type\":\"skipped\",\"step\":" + std::to_string(step + 1) + ",\"loss\":" + json_number(loss) +
               ",\"grad_norm\":" + json_number(norm) + "}");
       if (state_.bad_steps_in_row >= tc.max_bad_steps) {
-        std::string path = save("last good state before stopping");
+        // Skipped steps leave the parameters and AdamW's state as the last finite update made
+        // them, so this is the last good state, unless that update itself overflowed them.
+        std::string path;
+        try {
+          path = save("last good state before stopping");
+        } catch (const Error& e) {
+          throw Error(detail::concat("training stopped: ", state_.bad_steps_in_row,
+                                     " consecutive steps with a non-finite loss or gradient norm (train.max_bad_steps = ",
+                                     tc.max_bad_steps, "), and ", e.what(), ". Lower train.lr or check the data."));
+        }
         TG_CHECK(false, "training stopped: ", state_.bad_steps_in_row,
                  " consecutive steps with a non-finite loss or gradient norm (train.max_bad_steps = ", tc.max_bad_steps,
                  "); the last good state is saved in ", path, ". Lower train.lr or check the data.");
@@ -396,7 +489,15 @@ TrainResult Trainer::run(const std::string& resume) {
     if (step_hook_) step_hook_(done);
     // A signal may reach one rank only: all stop when any was asked to, after the same step.
     bool stopping = stop_requested();
-    if (W > 1) stopping = comm_->all_reduce_values({stopping ? 1.0 : 0.0}, dist::ReduceOp::max, "stop flag")[0] > 0;
+    const bool write_failed = !write_error_.empty();
+    bool any_write_failed = write_failed;
+    if (W > 1) {
+      const auto flags = comm_->all_reduce_values({stopping ? 1.0 : 0.0, write_failed ? 1.0 : 0.0},
+                                                  dist::ReduceOp::max, "stop flag");
+      stopping = flags[0] > 0;
+      any_write_failed = flags[1] > 0;
+    }
+    if (any_write_failed) stop_for_write_error(write_failed);
     if ((rc.ckpt_every > 0 && done % rc.ckpt_every == 0) || done == tc.max_steps || stopping)
       result.last_checkpoint = save(stopping ? "stop requested by signal" : done == tc.max_steps ? "final" : "periodic");
     if (stopping) {
@@ -406,6 +507,11 @@ TrainResult Trainer::run(const std::string& resume) {
       break;
     }
   }
+  // The last lines (the final checkpoint's) must have reached the log too.
+  bool write_failed = !write_error_.empty();
+  if (W > 1) write_failed = !comm_->all_agree(!write_failed, "writing the run's logs");
+  TG_CHECK(!write_failed, lead() ? write_error_ : std::string("rank 0 could not write the run's logs"),
+           "; the run finished at step ", state_.step, " and its final checkpoint is written");
   result.final_step = state_.step;
   return result;
 }

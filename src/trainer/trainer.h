@@ -14,6 +14,7 @@
 #include "src/data/loader.h"
 #include "src/dist/communicator.h"
 #include "src/dist/grad_sync.h"
+#include "src/io/append_file.h"
 #include "src/io/config.h"
 #include "src/nn/gpt.h"
 #include "src/optim/adamw.h"
@@ -25,7 +26,7 @@ struct TrainResult {
   int64_t final_step = 0;
   double last_loss = 0;      // mean training loss of the last step taken
   double last_val_loss = -1;  // −1 when no evaluation ran
-  bool interrupted = false;   // stopped by SIGINT/SIGTERM (after checkpointing)
+  bool interrupted = false;   // stopped by SIGINT/SIGTERM/SIGHUP (after checkpointing)
   std::string last_checkpoint;
 };
 
@@ -56,6 +57,8 @@ class Trainer {
  private:
   void log_line(const std::string& s);
   void metrics(const std::string& json);
+  // After a failed log or metrics write: every rank stops; a checkpoint is attempted first.
+  [[noreturn]] void stop_for_write_error(bool failed_here);
   std::string save(const char* why);
   void log_sample(int64_t step);
   // Runs fn on rank 0 only; every rank learns whether it threw and throws too (rank 0 its own
@@ -74,7 +77,8 @@ class Trainer {
   std::unique_ptr<DataLoader> train_data_, val_data_;
   TextCodec codec_;  // the training data's tokenizer (bytes when prepare had none)
   TrainState state_;
-  std::ofstream metrics_file_, log_file_;
+  AppendFile metrics_file_, log_file_;
+  std::string write_error_;  // the first failed write to train.log or metrics.jsonl (rank 0)
   std::function<void(int64_t, nn::ParameterStore&)> grad_hook_;
   std::function<void(int64_t)> step_hook_;
   std::vector<double> losses_;
@@ -84,10 +88,14 @@ class Trainer {
 // data-parallel rank takes the GPU local_rank mod the number it sees.
 Device resolve_device(const std::string& setting, int local_rank = 0);
 
-// Installed by Trainer::run: the first SIGINT/SIGTERM asks the loop to stop after the current
-// step (with a checkpoint); a second one exits at once.
+// Installed by Trainer::run: the first SIGINT, SIGTERM or SIGHUP asks the loop to stop after the
+// current step (with a checkpoint); a second one exits at once.
 void install_stop_handlers();
 bool stop_requested();
+// A JSON string literal for `s` (metrics.jsonl): always valid UTF-8 and valid JSON. Bytes that
+// are not part of well-formed UTF-8 become U+FFFD (written "\ufffd"); control characters are
+// escaped.
+std::string json_string(const std::string& s);
 void clear_stop_request();
 
 }  // namespace tg

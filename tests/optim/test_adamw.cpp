@@ -42,6 +42,48 @@ TEST(AdamW, OneStepMatchesHandComputedUpdate) {
   EXPECT_EQ(opt.steps_taken(), 2);
 }
 
+// Betas, bias correction, eps and decay each change this result: different gradients on the
+// two steps, beta1 0.8 and beta2 0.95 (so neither (1 − β1)/√(1 − β2) nor the bias corrections
+// cancel), and an eps large enough to matter.
+TEST(AdamW, TwoStepsWithDifferentGradientsMatchTheFormula) {
+  nn::ParameterStore store;
+  store.declare("w", {2, 2}, nn::Init::ones);
+  store.declare("b", {2}, nn::Init::ones);
+  store.allocate(0);
+  const double b1 = 0.8, b2 = 0.95, eps = 1e-3, wd = 0.1, lr = 0.01;
+  optim::AdamW opt(store, optim::AdamWConfig{b1, b2, eps, wd});
+  const std::vector<float> g1 = {0.5f, -1.0f, 2.0f, 0.0f, -0.25f, 4.0f};
+  const std::vector<float> g2 = {1.5f, 0.5f, -3.0f, 0.125f, 0.75f, -2.0f};
+  std::vector<double> p(6, 1.0), m(6, 0.0), v(6, 0.0);
+  int t = 0;
+  for (const auto* g : {&g1, &g2}) {
+    std::copy(g->begin(), g->end(), store.flat_grads().data<float>());
+    opt.step(lr);
+    ++t;
+    for (size_t i = 0; i < 6; ++i) {
+      const double gi = (*g)[i];
+      m[i] = b1 * m[i] + (1 - b1) * gi;
+      v[i] = b2 * v[i] + (1 - b2) * gi * gi;
+      const double m_hat = m[i] / (1 - std::pow(b1, t)), v_hat = v[i] / (1 - std::pow(b2, t));
+      const double decay = i < 4 ? wd : 0.0;
+      p[i] = p[i] - lr * (m_hat / (std::sqrt(v_hat) + eps) + decay * p[i]);
+    }
+    const std::vector<float> got = store.flat_values().to_float_vector();
+    for (size_t i = 0; i < 6; ++i) EXPECT_NEAR(got[i], p[i], 2e-7) << "step " << t << ", element " << i;
+  }
+  // The same two steps with the betas swapped would land elsewhere: the check can fail.
+  const double swapped = [&] {
+    double mm = 0, vv = 0, pp = 1;
+    for (int k = 1; k <= 2; ++k) {
+      const double gi = (k == 1 ? g1 : g2)[0];
+      mm = b2 * mm + (1 - b2) * gi, vv = b1 * vv + (1 - b1) * gi * gi;
+      pp -= lr * (mm / (1 - std::pow(b2, k)) / (std::sqrt(vv / (1 - std::pow(b1, k))) + eps) + wd * pp);
+    }
+    return pp;
+  }();
+  EXPECT_GT(std::abs(swapped - p[0]), 1e-5);
+}
+
 TEST(AdamW, ClipGradNormScalesToTheLimit) {
   nn::ParameterStore store;
   store.declare("w", {4}, nn::Init::zeros);

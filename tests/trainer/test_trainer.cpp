@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -83,6 +84,22 @@ std::vector<double> expect_exact_resume(const Config& straight, const Config& fi
   if (joined.size() != a.losses().size()) return a.losses();
   for (size_t i = 0; i < joined.size(); ++i) EXPECT_EQ(joined[i], a.losses()[i]) << "step " << i + 1;
   EXPECT_TRUE(testing::bitwise_equal(a.model().params().flat_values(), c.model().params().flat_values()));
+  // The whole run state, not only the weights: counters (step, tokens_seen, bad_steps_in_row,
+  // optimizer_steps, ...), the loader cursor and dropout counter, and AdamW's moments.
+  const CheckpointData fa = resolve_and_load(straight.run.out_dir, "latest").second;
+  const CheckpointData fc = resolve_and_load(first.run.out_dir, "latest").second;
+  EXPECT_EQ(fa.ints, fc.ints);
+  EXPECT_EQ(fa.u64_arrays, fc.u64_arrays);
+  EXPECT_EQ(fa.ints.at("step"), 12);
+  EXPECT_EQ(fa.ints.count("bad_steps_in_row"), 1u);
+  EXPECT_EQ(fa.ints.count("optimizer_steps"), 1u);
+  EXPECT_EQ(fa.arrays.size(), fc.arrays.size());
+  for (size_t i = 0; i < fa.arrays.size() && i < fc.arrays.size(); ++i) {
+    EXPECT_EQ(fa.arrays[i].name, fc.arrays[i].name);
+    EXPECT_TRUE(fa.arrays[i].data.size() == fc.arrays[i].data.size() &&
+                std::memcmp(fa.arrays[i].data.data(), fc.arrays[i].data.data(), fa.arrays[i].data.size() * 4) == 0)
+        << fa.arrays[i].name;
+  }
   return a.losses();
 }
 
@@ -365,7 +382,11 @@ TEST(Command, KillNineDuringSavesAlwaysLeavesAResumableRun) {
       execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), (char*)nullptr);
       _exit(127);
     }
-    usleep(useconds_t(round == 0 ? 1500000 : 300000 + 137000 * round));  // land at a different moment of a save each round
+    // Round 0 waits for the first checkpoint (however loaded the machine); then each kill lands
+    // at a different moment of a save.
+    for (int waited = 0; round == 0 && waited < 120000 && !fs::exists(fs::path(dir) / "latest"); waited += 10)
+      usleep(10000);
+    usleep(useconds_t(round == 0 ? 200000 : 300000 + 137000 * round));
     kill(pid, SIGKILL);
     int status = 0;
     waitpid(pid, &status, 0);
