@@ -1,8 +1,10 @@
 // Byte-level BPE (GPT-2): pre-tokenization with ICU's regular expressions, merges by rank.
 #include "src/data/bpe.h"
 
+#ifdef TILEGRAD_HAVE_ICU
 #include <unicode/regex.h>
 #include <unicode/unistr.h>
+#endif
 
 #include <algorithm>
 #include <filesystem>
@@ -60,6 +62,7 @@ const ByteMap& byte_map() {
   return m;
 }
 
+#ifdef TILEGRAD_HAVE_ICU
 const icu::RegexPattern& pattern() {
   static const std::unique_ptr<icu::RegexPattern> p = [] {
     UErrorCode status = U_ZERO_ERROR;
@@ -70,6 +73,7 @@ const icu::RegexPattern& pattern() {
   }();
   return *p;
 }
+#endif
 
 // The UTF-8 characters of a byte-level token ("Ġthe" → "Ġ", "t", "h", "e").
 std::vector<std::string> chars_of(const std::string& s) {
@@ -130,9 +134,22 @@ nlohmann::json parse_json(const std::string& text, const std::string& where) {
 
 }  // namespace
 
+bool have_bpe_encoder() {
+#ifdef TILEGRAD_HAVE_ICU
+  return true;
+#else
+  return false;
+#endif
+}
+
 std::vector<std::string> gpt2_pretokenize(const std::string& text) {
   std::vector<std::string> out;
   if (text.empty()) return out;
+#ifndef TILEGRAD_HAVE_ICU
+  TG_CHECK(false, "encoding text with a BPE tokenizer needs ICU (the Unicode classes of GPT-2's pre-tokenization), "
+           "and this tilegrad was built without it; install libicu-dev and rebuild (decoding works without it)");
+  return out;
+#else
   const icu::UnicodeString u = icu::UnicodeString::fromUTF8(icu::StringPiece(text.data(), int32_t(text.size())));
   UErrorCode status = U_ZERO_ERROR;
   std::unique_ptr<icu::RegexMatcher> m(pattern().matcher(u, status));
@@ -148,6 +165,7 @@ std::vector<std::string> gpt2_pretokenize(const std::string& text) {
   }
   TG_ASSERT(last == u.length());
   return out;
+#endif
 }
 
 bool BpeTokenizer::present(const std::string& dir) {

@@ -17,6 +17,8 @@ namespace tg {
 // (Unicode categories and White_Space from ICU). The pieces concatenate to the text; invalid
 // UTF-8 bytes become U+FFFD first (as Python's errors="replace").
 std::vector<std::string> gpt2_pretokenize(const std::string& text);
+// Whether this build can encode with BPE (it needs ICU for the pre-tokenization); decoding always works.
+bool have_bpe_encoder();
 
 class BpeTokenizer {
  public:

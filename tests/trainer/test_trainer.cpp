@@ -435,6 +435,7 @@ TEST(Command, EvalAndSampleReadACheckpoint) {
 // A BPE learned by `tokenizer train`, shards made with it, a run that records it in its
 // checkpoints, and sample, eval and export that use it.
 TEST(Command, TokenizerPrepareTrainSampleExport) {
+  if (!have_bpe_encoder()) GTEST_SKIP() << "built without ICU (libicu-dev): BPE cannot encode";
   if (!fs::exists(kBinary)) GTEST_SKIP() << "tilegrad binary not built at " << kBinary;
   const fs::path dir = corpus_dir() / "bpe_cli";
   fs::remove_all(dir);
