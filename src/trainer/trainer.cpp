@@ -99,7 +99,7 @@ void install_stop_handlers() {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGHUP, &sa, nullptr);  // a closed terminal or ssh session: stop with a checkpoint too
+  sigaction(SIGHUP, &sa, nullptr);  // a closed terminal or ssh connection: stop with a checkpoint too
 }
 bool stop_requested() { return g_stop_signal != 0; }
 void clear_stop_request() { g_stop_signal = 0; }
