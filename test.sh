@@ -4,8 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 # gnuplot draws loss.png (tested); python3-h5py proves checkpoints open without tilegrad (tested);
-# Open MPI starts and connects the ranks of the data-parallel tests.
-tools/install_deps.sh gnuplot-nox python3-h5py openmpi-bin libopenmpi-dev
+# Open MPI starts and connects the ranks of the data-parallel tests; bible-kjv is the default run's
+# text, on which the BPE tokenizer is checked against transformers'.
+tools/install_deps.sh gnuplot-nox python3-h5py openmpi-bin libopenmpi-dev bible-kjv
 # torch (Debian) and transformers (PyPI) in build/pyenv: the Hugging Face parity tests run the
 # exported models and the tokenizer in transformers (they skip, saying why, without it).
 tools/python_env.sh > /dev/null || echo "tilegrad: warning: no Python environment with transformers; the Hugging Face parity tests will skip" >&2

@@ -172,14 +172,17 @@ TEST(DataParallel, MatchesOneProcessWithTheSameGlobalBatch) {
   EXPECT_LT(ranks.losses.back(), ranks.losses.front() - 0.5) << "the model learns";
 }
 
-// ZeRO-1 (AdamW's moments sharded, parameters all-gathered) takes the steps ZeRO-0 takes.
+// ZeRO-1 (AdamW's moments sharded, parameters all-gathered) takes the steps ZeRO-0 takes. On two
+// ranks an element's sum is one addition in the reduce-scatter and in the all-reduce alike; with
+// three, the library may add the three terms in another order in each, and AdamW's division by
+// √v carries that last-bit difference into the parameters.
 TEST(DataParallel, ZeroOneMatchesZeroZero) {
   Config c0 = dp_config("dp_zero0", 2, 1);
   Config c1 = dp_config("dp_zero1", 2, 1);
   c1.train.zero = 1;
   const Outcome z0 = train(c0, false), z1 = train(c1, false);
   EXPECT_LE(max_rel(z1.losses, z0.losses), 1e-7);
-  EXPECT_LE(rel_norm(z1.params, z0.params), 1e-6);
+  EXPECT_LE(rel_norm(z1.params, z0.params), W() <= 2 ? 1e-6 : 1e-5);
   expect_same_on_every_rank({z1.params.begin(), z1.params.begin() + 64});
 }
 

@@ -180,6 +180,11 @@ TEST(Bpe, MatchesTransformersGpt2TokenizerFast) {
   BpeTokenizer t = trained(dir.path);
   std::vector<std::string> samples = kSamples;
   samples.push_back(corpus());
+  // The default run's text, the King James Bible (Debian's bible-kjv, which ./test.sh installs).
+  const std::string kjv_cmd = "bible -f 'gen1:1-gen4:26' > " + (dir.path / "kjv.txt").string() + " 2>/dev/null";
+  const bool have_kjv = std::system(kjv_cmd.c_str()) == 0 && fs::file_size(dir.path / "kjv.txt") > 1000;
+  if (have_kjv) samples.push_back(read_file(dir.path / "kjv.txt"));
+  else std::cout << "  (no `bible` command: the KJV sample is left out)\n";
   std::ofstream(dir.path / "strings.json") << nlohmann::json(samples).dump();
   const std::string cmd = python + " " + (src / "tests/interop/bpe_parity.py").string() + " " +
                           (dir.path / "tok").string() + " " + (dir.path / "strings.json").string() + " " +
