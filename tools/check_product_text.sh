@@ -7,8 +7,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 # pattern | why it does not belong in the product
 checks=(
-  '\.\./shared|\.bench/|\bANCHORS\.md|\bDESIGN\.md|paths and documents outside the repository: a clone lacks them'
-  '\b(session|sessions)\b|work periods: a document says what is true now'
+  '\.\./shared|[.]bench/|\bANCHORS\.md|\bDESIGN\.md|paths and documents outside the repository: a clone lacks them'
+  '\bsess(ion|ions)\b|work periods: a document says what is true now'
   '\bcalls? [0-9]+\b|numbered calls to a machine: say what was run, with its command'
   '\b[Ii]ssue #?[0-9]+\b|issue numbers belong to the tracker'
 )
