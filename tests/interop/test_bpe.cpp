@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "src/data/bpe.h"
+#include "tests/interop/interop_util.h"
 #include "src/data/prepare.h"
 #include "src/data/shards.h"
 #include "src/util/error.h"
@@ -21,26 +22,11 @@ using ::testing::HasSubstr;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() / ("tg_bpe_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+// A scratch folder per test, named after this file.
+struct TempDir : interop_test::TempDir {
+  TempDir() : interop_test::TempDir("tg_bpe_test_") {}
 };
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
+using interop_test::read_file;
 
 // Text with what a tokenizer gets wrong first: unicode letters, marks, digits of other scripts,
 // emoji, runs and kinds of white space (no-break, ideographic, line separator, NEL, vertical

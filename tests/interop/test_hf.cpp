@@ -14,6 +14,7 @@
 #include "src/interop/safetensors.h"
 #include "src/trainer/generate.h"
 #include "src/trainer/state.h"
+#include "tests/interop/interop_util.h"
 #include "tests/test_util.h"
 
 namespace fs = std::filesystem;
@@ -22,26 +23,11 @@ using ::testing::HasSubstr;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() / ("tg_hf_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+// A scratch folder per test, named after this file.
+struct TempDir : interop_test::TempDir {
+  TempDir() : interop_test::TempDir("tg_hf_test_") {}
 };
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
+using interop_test::read_file;
 
 std::string error_of(const std::function<void()>& fn) {
   try {
