@@ -4,7 +4,56 @@
 #include <cstdint>
 #include <vector>
 
+#if defined(__CUDACC__)
+#define TG_HOST_DEVICE __host__ __device__
+#else
+#define TG_HOST_DEVICE
+#endif
+
 namespace tg::cpu {
+
+// What a training step's update depends on that is known only once its loss and gradients are:
+// whether both are finite and, from that, AdamW's step count, bias corrections and clipping
+// factor. Decided where the gradients are (on a GPU, by a one-thread kernel), so that a step
+// needs no host read: the host reads this state and the steps' records when it logs.
+struct StepDecision {
+  double clip = 1.0;               // clip_factor(norm, max_norm): AdamW reads g·clip
+  double bias_correction1 = 1.0;   // 1 − β1^t, 1 − β2^t for the update being taken
+  double bias_correction2 = 1.0;
+  int64_t steps = 0;               // AdamW updates taken
+  int32_t bad_in_row = 0;          // consecutive steps with a non-finite loss or gradient norm
+  int32_t skip = 0;                // this step's update is skipped
+  int32_t stopped = 0;             // bad_in_row reached train.max_bad_steps: no update until the host stops
+  int32_t reserved = 0;
+};
+
+// The decision for a step with mean loss `loss` and squared gradient norm `sum_squares`; the same
+// expressions as optim::clip_factor and AdamW::step, so both placements decide alike.
+TG_HOST_DEVICE inline void decide_step(double loss, double sum_squares, double max_norm, double beta1, double beta2,
+                                       int64_t max_bad_steps, StepDecision& d) {
+  const double norm = sqrt(sum_squares);
+#if defined(__CUDA_ARCH__)
+  const bool finite = isfinite(loss) && isfinite(norm);
+#else
+  const bool finite = std::isfinite(loss) && std::isfinite(norm);
+#endif
+  if (d.stopped) {
+    d.skip = 1;
+    return;
+  }
+  if (!finite) {
+    d.skip = 1;
+    ++d.bad_in_row;
+    if (d.bad_in_row >= max_bad_steps) d.stopped = 1;
+    return;
+  }
+  d.skip = 0;
+  d.bad_in_row = 0;
+  ++d.steps;
+  d.bias_correction1 = 1.0 - pow(beta1, double(d.steps));
+  d.bias_correction2 = 1.0 - pow(beta2, double(d.steps));
+  d.clip = max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
+}
 
 // Decoupled weight decay (Loshchilov & Hutter): p ← p − lr·(m̂/(√v̂ + eps) + wd·p).
 // bias_correction1/2 = 1 − β1^t, 1 − β2^t for the step t being taken. The gradient is read as

@@ -33,8 +33,8 @@ struct AdamW {
 
 // One pass over the flat buffers; V = 4 uses float4 accesses, the remainder (< 4) is scalar.
 template <int V>
-__global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
-                             float* __restrict__ v, int64_t n, AdamW op) {
+__device__ __forceinline__ void adamw_pass(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
+                                           float* __restrict__ v, int64_t n, const AdamW& op) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t nv = n / V;
@@ -52,6 +52,38 @@ __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g,
   }
   const int64_t i = nv * V + tid;
   if (V > 1 && i < n) op(p[i], g[i], m[i], v[i], i);
+}
+
+template <int V>
+__global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
+                             float* __restrict__ v, int64_t n, AdamW op) {
+  adamw_pass<V>(p, g, m, v, n, op);
+}
+
+// The same pass with the step's constants from the device-side decision (rounded to float as
+// AdamW::step rounds them), or nothing when the decision skips the step.
+template <int V>
+__global__ void adamw_decided_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
+                                     float* __restrict__ v, int64_t n, AdamW op,
+                                     const cpu::StepDecision* __restrict__ d) {
+  if (d->skip) return;
+  op.bc1 = float(d->bias_correction1);
+  op.bc2 = float(d->bias_correction2);
+  op.grad_scale = float(d->clip);
+  adamw_pass<V>(p, g, m, v, n, op);
+}
+
+__global__ void decide_step_kernel(const double* record, double max_norm, double beta1, double beta2,
+                                   int64_t max_bad_steps, cpu::StepDecision* d) {
+  cpu::decide_step(record[0], record[1], max_norm, beta1, beta2, max_bad_steps, *d);
+}
+
+__global__ void add_divided_kernel(double* dst, const float* src, double divisor) { *dst += double(*src) / divisor; }
+
+__global__ void sum_in_order_kernel(const double* xs, int64_t n, double* out) {
+  double total = 0;
+  for (int64_t i = 0; i < n; ++i) total += xs[i];
+  *out = total;
 }
 
 // Sum of squares: block b owns elements [b·kSsBlock, (b+1)·kSsBlock); each thread adds its
@@ -139,6 +171,36 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, int64
   } else {
     adamw_kernel<1><<<grid_for(n, kThreads), kThreads, 0, stream>>>(p, g, m, v, n, op);
   }
+  TG_CUDA_CHECK(cudaGetLastError());
+}
+
+void decide_step(const double* record, double max_norm, double beta1, double beta2, int64_t max_bad_steps,
+                 cpu::StepDecision* decision, cudaStream_t stream) {
+  decide_step_kernel<<<1, 1, 0, stream>>>(record, max_norm, beta1, beta2, max_bad_steps, decision);
+  TG_CUDA_CHECK(cudaGetLastError());
+}
+
+void adamw_update_decided(float* p, const float* g, float* m, float* v, int64_t n, int64_t n_decay, float lr,
+                          float beta1, float beta2, float eps, float weight_decay, const cpu::StepDecision* decision,
+                          cudaStream_t stream) {
+  require(n >= 0 && n_decay >= 0 && n_decay <= n, "adamw_update_decided", "need 0 ≤ n_decay ≤ n");
+  if (n == 0) return;
+  const AdamW op{lr, beta1, beta2, eps, weight_decay, 1.0f, 1.0f, 1.0f, n_decay};
+  if (aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v) && n >= 4) {
+    adamw_decided_kernel<4><<<grid_for(n / 4, kThreads), kThreads, 0, stream>>>(p, g, m, v, n, op, decision);
+  } else {
+    adamw_decided_kernel<1><<<grid_for(n, kThreads), kThreads, 0, stream>>>(p, g, m, v, n, op, decision);
+  }
+  TG_CUDA_CHECK(cudaGetLastError());
+}
+
+void add_divided(double* dst, const float* src, double divisor, cudaStream_t stream) {
+  add_divided_kernel<<<1, 1, 0, stream>>>(dst, src, divisor);
+  TG_CUDA_CHECK(cudaGetLastError());
+}
+
+void sum_in_order(const double* xs, int64_t n, double* out, cudaStream_t stream) {
+  sum_in_order_kernel<<<1, 1, 0, stream>>>(xs, n, out);
   TG_CUDA_CHECK(cudaGetLastError());
 }
 

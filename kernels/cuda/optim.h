@@ -1,6 +1,7 @@
 // CUDA AdamW over the flat fp32 parameter buffer, the deterministic global sum of squares for
 // gradient clipping, and an in-place scale: twins of kernels/cpu/adamw.h.
 #pragma once
+#include "kernels/cpu/adamw.h"
 #include "kernels/cuda/stream.h"
 
 #include <cstddef>
@@ -17,6 +18,23 @@ namespace tg::cuda {
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, int64_t n_decay, float lr, float beta1,
                   float beta2, float eps, float weight_decay, float bc1, float bc2, float grad_scale,
                   cudaStream_t stream);
+
+// A training step decided on the device (cpu::StepDecision): decide_step reads the step's record
+// {mean loss, squared gradient norm} (two doubles, device memory) and updates *decision in one
+// thread; adamw_update_decided then takes the update with the decision's bias corrections and
+// clipping factor, or returns at once when the decision skips the step. No host synchronisation.
+void decide_step(const double* record, double max_norm, double beta1, double beta2, int64_t max_bad_steps,
+                 cpu::StepDecision* decision, cudaStream_t stream);
+void adamw_update_decided(float* p, const float* g, float* m, float* v, int64_t n, int64_t n_decay, float lr,
+                          float beta1, float beta2, float eps, float weight_decay, const cpu::StepDecision* decision,
+                          cudaStream_t stream);
+
+// *dst += double(*src) / divisor (one element each, device memory): a micro-batch's loss added to
+// its step's mean without reading it on the host.
+void add_divided(double* dst, const float* src, double divisor, cudaStream_t stream);
+
+// *out = xs[0] + xs[1] + … + xs[n−1], added in that order in double (n small: one thread).
+void sum_in_order(const double* xs, int64_t n, double* out, cudaStream_t stream);
 
 // Bytes of scratch sum_squares needs for n elements (one double per 8192-element block).
 size_t sum_squares_scratch_bytes(int64_t n);

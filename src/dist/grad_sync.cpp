@@ -165,6 +165,12 @@ double GradientSync::grad_norm() {
   return std::sqrt(comm_.all_reduce_values({mine}, ReduceOp::sum, "gradient norm")[0]);
 }
 
+void GradientSync::grad_sum_squares_to(const Tensor& out) {
+  if (zero_stage_ == 0 || comm_.world_size() == 1) return optim::grad_sum_squares_to(params_, {}, out);
+  optim::grad_sum_squares_to(params_, norm_ranges(), out);
+  comm_.all_reduce(out, ReduceOp::sum, "gradient norm");
+}
+
 void GradientSync::gather_parameters() {
   if (zero_stage_ == 0 || comm_.world_size() == 1) return;
   Tensor values = params_.flat_values();

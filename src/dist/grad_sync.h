@@ -44,6 +44,9 @@ class GradientSync {
   // After finish(): the global L2 norm of the reduced gradients, the same on every rank (ZeRO-1
   // ranks add their slices' squares and all-reduce them).
   double grad_norm();
+  // The same norm's square written to `out` (one f64 on the gradients' device) with no host read,
+  // for a step decided on the device (optim::AdamW::step_decided).
+  void grad_sum_squares_to(const Tensor& out);
   // ZeRO-1, after the optimizer step: each rank's updated slices to every rank.
   void gather_parameters();
 

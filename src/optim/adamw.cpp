@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "kernels/cpu/adamw.h"
 #include "kernels/cuda/optim.h"
@@ -52,6 +53,123 @@ void AdamW::step(double lr, double grad_scale) {
     cpu::adamw_update(p + n_decay, g + n_decay, m + n_decay, v + n_decay, n - n_decay, float(lr), b1, b2, eps, 0.0f,
                       bc1, bc2, gs);
   }
+}
+
+static_assert(sizeof(cpu::StepDecision) % sizeof(double) == 0, "StepDecision is kept in an f64 tensor");
+
+void AdamW::reset_decision(int32_t bad_in_row) {
+  if (!decision_.defined()) {
+    MemoryCategoryScope scope(MemCategory::optimizer);
+    decision_ = Tensor::zeros({int64_t(sizeof(cpu::StepDecision) / sizeof(double))}, DType::f64, m_.device());
+  }
+  cpu::StepDecision d;
+  d.steps = steps_;
+  d.bad_in_row = bad_in_row;
+  Tensor host = Tensor::zeros(decision_.shape(), DType::f64, Device::cpu());
+  std::memcpy(host.raw(), &d, sizeof d);
+  decision_.copy_from(host);
+}
+
+cpu::StepDecision AdamW::decision() {
+  TG_CHECK(decision_.defined(), "AdamW::decision: reset_decision was not called");
+  Tensor host = decision_.to(Device::cpu());
+  cpu::StepDecision d;
+  std::memcpy(&d, host.raw(), sizeof d);
+  steps_ = d.steps;
+  return d;
+}
+
+void AdamW::step_decided(double lr, const Tensor& record, const StepRules& rules) {
+  TG_CHECK(decision_.defined(), "AdamW::step_decided: reset_decision was not called");
+  TG_CHECK(record.numel() == 2 && record.dtype() == DType::f64 && record.device() == m_.device(),
+           "AdamW::step_decided: the record must be two f64 on ", m_.device().str(), ", got ", record.desc());
+  Tensor values = params_.flat_values();
+  TG_CHECK(values.dtype() == DType::f32, "AdamW: needs f32 master parameters, got ", values.desc());
+  const float b1 = float(config_.beta1), b2 = float(config_.beta2), eps = float(config_.eps);
+  const float wd = float(config_.weight_decay);
+  const double* rec = static_cast<const double*>(record.raw());
+  auto* d = static_cast<cpu::StepDecision*>(decision_.raw());
+  const bool on_cuda = values.device().is_cuda();
+  if (on_cuda) {
+#ifdef TILEGRAD_HAVE_CUDA
+    cuda::decide_step(rec, rules.max_norm, config_.beta1, config_.beta2, rules.max_bad_steps, d,
+                      detail::cuda_stream());
+#endif
+  } else {
+    cpu::decide_step(rec[0], rec[1], rules.max_norm, config_.beta1, config_.beta2, rules.max_bad_steps, *d);
+    steps_ = d->steps;
+    if (d->skip) return;
+  }
+  int64_t at = 0;
+  for (const nn::FlatRange& r : owned_) {
+    float* p = values.data<float>() + r.offset;
+    const float* g = params_.flat_grads().data<float>() + r.offset;
+    float* m = m_.data<float>() + at;
+    float* v = v_.data<float>() + at;
+    at += r.length;
+    const int64_t n = r.length, n_decay = std::clamp<int64_t>(params_.decay_numel() - r.offset, 0, n);
+    if (on_cuda) {
+#ifdef TILEGRAD_HAVE_CUDA
+      cuda::adamw_update_decided(p, g, m, v, n, n_decay, float(lr), b1, b2, eps, wd, d, detail::cuda_stream());
+#endif
+      continue;
+    }
+    const float bc1 = float(d->bias_correction1), bc2 = float(d->bias_correction2), gs = float(d->clip);
+    cpu::adamw_update(p, g, m, v, n_decay, float(lr), b1, b2, eps, wd, bc1, bc2, gs);
+    cpu::adamw_update(p + n_decay, g + n_decay, m + n_decay, v + n_decay, n - n_decay, float(lr), b1, b2, eps, 0.0f,
+                      bc1, bc2, gs);
+  }
+}
+
+void grad_sum_squares_to(const nn::ParameterStore& params, const std::vector<nn::FlatRange>& ranges,
+                         const Tensor& out) {
+  Tensor g = params.flat_grads();
+  TG_CHECK(g.dtype() == DType::f32, "grad_sum_squares_to: needs f32 gradients, got ", g.desc());
+  TG_CHECK(out.numel() == 1 && out.dtype() == DType::f64 && out.device() == g.device(),
+           "grad_sum_squares_to: out must be one f64 on ", g.device().str(), ", got ", out.desc());
+  double* dst = static_cast<double*>(out.raw());
+  if (g.device().is_cuda()) {
+#ifdef TILEGRAD_HAVE_CUDA
+    MemoryCategoryScope ws(MemCategory::workspace);
+    if (ranges.empty()) {
+      Tensor scratch =
+          Tensor::empty({int64_t((cuda::sum_squares_scratch_bytes(g.numel()) + 7) / 8)}, DType::f64, g.device());
+      cuda::sum_squares(g.data<float>(), g.numel(), scratch.raw(), dst, detail::cuda_stream());
+      return;
+    }
+    int64_t longest = 1;
+    for (const nn::FlatRange& r : ranges) longest = std::max(longest, r.length);
+    Tensor scratch =
+        Tensor::empty({int64_t((cuda::sum_squares_scratch_bytes(longest) + 7) / 8)}, DType::f64, g.device());
+    Tensor sums = Tensor::zeros({int64_t(ranges.size())}, DType::f64, g.device());
+    for (size_t i = 0; i < ranges.size(); ++i)
+      if (ranges[i].length > 0)
+        cuda::sum_squares(g.data<float>() + ranges[i].offset, ranges[i].length, scratch.raw(),
+                          static_cast<double*>(sums.raw()) + i, detail::cuda_stream());
+    cuda::sum_in_order(static_cast<const double*>(sums.raw()), int64_t(ranges.size()), dst, detail::cuda_stream());
+#endif
+    return;
+  }
+  if (ranges.empty()) {
+    *dst = cpu::sum_squares(g.data<float>(), g.numel());
+    return;
+  }
+  double total = 0;
+  for (const nn::FlatRange& r : ranges) total += cpu::sum_squares(g.data<float>() + r.offset, r.length);
+  *dst = total;
+}
+
+void add_divided(const Tensor& dst, const Tensor& value, double divisor) {
+  TG_CHECK(dst.numel() == 1 && dst.dtype() == DType::f64 && value.numel() == 1 && value.device() == dst.device(),
+           "add_divided: needs one f64 and one value on the same device, got ", dst.desc(), " and ", value.desc());
+  Tensor v = value.dtype() == DType::f32 ? value : value.to(DType::f32);
+  if (dst.device().is_cuda()) {
+#ifdef TILEGRAD_HAVE_CUDA
+    cuda::add_divided(static_cast<double*>(dst.raw()), v.data<float>(), divisor, detail::cuda_stream());
+#endif
+    return;
+  }
+  *static_cast<double*>(dst.raw()) += double(*v.data<float>()) / divisor;
 }
 
 double grad_norm(const nn::ParameterStore& params) {

@@ -4,6 +4,7 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include "src/data/bpe.h"
 #include "src/data/tokenizer.h"
 #include "src/interop/hf.h"
+#include "src/trainer/batch_prefetch.h"
 #include "src/trainer/footprint.h"
 #include "src/trainer/generate.h"
 
@@ -381,59 +383,55 @@ TrainResult Trainer::run(const std::string& resume) {
   const int64_t tokens_per_step = B * T * k * W;  // all ranks
   state_.world_size = W;
   state_.global_batch_rows = B * k * W;
-  std::vector<int32_t> x(static_cast<size_t>(B * T)), y(static_cast<size_t>(B * T));
+  BatchPrefetcher batches(*train_data_, B, T, k, W, rank, state_.step, device);
   auto run_start = std::chrono::steady_clock::now();
   const int64_t first_step = state_.step;
   double window_ms = 0, window_comm_s = sync_->exposed_seconds();
   int64_t window_steps = 0;
 
-  while (state_.step < tc.max_steps) {
-    const int64_t step = state_.step;
-    comm_->set_step(step + 1);
-    auto t0 = std::chrono::steady_clock::now();
-    model_->params().zero_grad();
-    double loss = 0;
-    for (int64_t micro = 0; micro < k; ++micro) {
-      // This rank's rows of the global batch, and their dropout masks: keyed by the optimizer
-      // step and the global row, whatever the world size and accumulation split.
-      const int64_t first_row = (micro * W + rank) * B;
-      train_data_->batch_at(uint64_t(step), first_row, x.data(), y.data());
-      model_->set_dropout_counter(uint64_t(step));
-      model_->set_dropout_first_row(first_row);
-      Tensor l = model_->loss(Tensor::from_ints(x, {B, T}), Tensor::from_ints(y, {B, T}));
-      loss += l.item() / double(k);
-      // Scaled so that the sum over ranks and micro-batches is the mean over the global batch.
-      Tensor scaled = ops::scale(l, 1.0 / double(k * W));
-      if (micro == k - 1 && W > 1) {
-        LeafGradReadyScope overlap(sync_->overlap_hook());  // buckets reduced as the backward goes
-        scaled.backward();
-      } else {
-        scaled.backward();
+  // Each step's {mean loss, squared gradient norm} stays on the model's device, and the device
+  // decides there whether the update is taken (optim::AdamW::step_decided): the host reads the
+  // records only when it needs them — a log line, an evaluation, a checkpoint, a hook — since a
+  // read every step would leave the GPU idle while the host catches up.
+  const int64_t capacity = rc.log_every > 0 ? std::clamp<int64_t>(rc.log_every, 1, 1000) : 1000;
+  Tensor records;
+  {
+    MemoryCategoryScope scope(MemCategory::workspace);
+    records = Tensor::zeros({capacity, 2}, DType::f64, device);
+  }
+  int64_t pending = 0;  // steps recorded since the host last read them
+  double loss = 0, norm = 0;  // the last step the host has read
+  const optim::StepRules rules{tc.grad_clip, tc.max_bad_steps};
+  opt_->reset_decision(int32_t(state_.bad_steps_in_row));
+  // Reads the pending steps and replays, step by step, what the device decided: the losses, the
+  // skipped steps' log lines, and the stop when max_bad_steps non-finite steps came in a row (the
+  // device has taken no update since, so the parameters are the last good state).
+  auto read_steps = [&] {
+    if (pending == 0) return;
+    const std::vector<double> host = records.to(Device::cpu()).to_double_vector();
+    opt_->decision();  // AdamW's step count, as the device kept it
+    const int64_t first = state_.step - pending;
+    pending = 0;
+    for (int64_t i = 0; i < int64_t(host.size() / 2) && first + i < state_.step; ++i) {
+      const int64_t done = first + i + 1;
+      loss = host[size_t(2 * i)];
+      norm = std::sqrt(host[size_t(2 * i + 1)]);
+      losses_.push_back(loss);
+      result.last_loss = loss;
+      if (std::isfinite(loss) && std::isfinite(norm)) {
+        state_.bad_steps_in_row = 0;
+        continue;
       }
-    }
-    if (W > 1) {
-      sync_->finish();
-      loss = comm_->all_reduce_values({loss / W}, dist::ReduceOp::sum, "training loss")[0];
-    }
-    if (grad_hook_) grad_hook_(step, model_->params());
-    // The norm of the reduced gradients, the same on every rank: the skip below is decided alike.
-    const double norm = sync_->grad_norm();  // clipping happens inside the update
-    const double lr = schedule.at(step);
-    losses_.push_back(loss);
-    result.last_loss = loss;
-    state_.step = step + 1;
-    state_.tokens_seen += tokens_per_step;
-    if (!std::isfinite(loss) || !std::isfinite(norm)) {
-      // The update is skipped, so the parameters stay those of the last good step.
       ++state_.bad_steps_in_row;
-      log_line("step " + std::to_string(step + 1) + ": non-finite " + (std::isfinite(loss) ? "gradient norm" : "loss") +
+      log_line("step " + std::to_string(done) + ": non-finite " + (std::isfinite(loss) ? "gradient norm" : "loss") +
                " (loss " + fmt("%g", loss) + ", grad norm " + fmt("%g", norm) + "): update skipped (" +
                std::to_string(state_.bad_steps_in_row) + " in a row, limit " + std::to_string(tc.max_bad_steps) + ")");
-      metrics("{\"type\":\"skipped\",\"step\":" + std::to_string(step + 1) + ",\"loss\":" + json_number(loss) +
+      metrics("{\"type\":\"skipped\",\"step\":" + std::to_string(done) + ",\"loss\":" + json_number(loss) +
               ",\"grad_norm\":" + json_number(norm) + "}");
       if (state_.bad_steps_in_row >= tc.max_bad_steps) {
-        // Skipped steps leave the parameters and AdamW's state as the last finite update made
-        // them, so this is the last good state, unless that update itself overflowed them.
+        // The run stops at this step: later steps were computed but not applied.
+        state_.tokens_seen -= (state_.step - done) * tokens_per_step;
+        state_.step = done;
         std::string path;
         try {
           path = save("last good state before stopping");
@@ -446,17 +444,58 @@ TrainResult Trainer::run(const std::string& resume) {
                  " consecutive steps with a non-finite loss or gradient norm (train.max_bad_steps = ", tc.max_bad_steps,
                  "); the last good state is saved in ", path, ". Lower train.lr or check the data.");
       }
-    } else {
-      state_.bad_steps_in_row = 0;
-      opt_->step(lr, optim::clip_factor(norm, tc.grad_clip));
-      sync_->gather_parameters();
     }
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    window_ms += ms;
-    ++window_steps;
-    const int64_t done = state_.step;
+  };
 
-    if (rc.log_every > 0 && (done % rc.log_every == 0 || done == tc.max_steps)) {
+  while (state_.step < tc.max_steps) {
+    const int64_t step = state_.step;
+    comm_->set_step(step + 1);
+    auto t0 = std::chrono::steady_clock::now();
+    model_->params().zero_grad();
+    Tensor record = Tensor::view_of(records, 2 * pending, {2});
+    record.zero();
+    Tensor record_loss = Tensor::view_of(records, 2 * pending, {1});
+    for (int64_t micro = 0; micro < k; ++micro) {
+      // This rank's rows of the global batch, and their dropout masks: keyed by the optimizer
+      // step and the global row, whatever the world size and accumulation split.
+      const int64_t first_row = (micro * W + rank) * B;
+      auto [x, y] = batches.next();  // rows first_row…: BatchPrefetcher reads them in this order
+      model_->set_dropout_counter(uint64_t(step));
+      model_->set_dropout_first_row(first_row);
+      Tensor l = model_->loss(x, y);
+      optim::add_divided(record_loss, l, double(k * W));
+      // Scaled so that the sum over ranks and micro-batches is the mean over the global batch.
+      Tensor scaled = ops::scale(l, 1.0 / double(k * W));
+      if (micro == k - 1 && W > 1) {
+        LeafGradReadyScope overlap(sync_->overlap_hook());  // buckets reduced as the backward goes
+        scaled.backward();
+      } else {
+        scaled.backward();
+      }
+    }
+    if (W > 1) {
+      sync_->finish();
+      comm_->all_reduce(record_loss, dist::ReduceOp::sum, "training loss");
+    }
+    if (grad_hook_) grad_hook_(step, model_->params());
+    // The norm of the reduced gradients, the same on every rank: the skip is decided alike.
+    sync_->grad_sum_squares_to(Tensor::view_of(records, 2 * pending + 1, {1}));
+    const double lr = schedule.at(step);
+    opt_->step_decided(lr, record, rules);  // clipping happens inside the update
+    sync_->gather_parameters();
+    ++pending;
+    state_.step = step + 1;
+    state_.tokens_seen += tokens_per_step;
+    const int64_t done = state_.step;
+    const bool log_now = rc.log_every > 0 && (done % rc.log_every == 0 || done == tc.max_steps);
+    const bool eval_now = rc.eval_every > 0 && (done % rc.eval_every == 0 || done == tc.max_steps);
+    const bool save_now = (rc.ckpt_every > 0 && done % rc.ckpt_every == 0) || done == tc.max_steps;
+    if (log_now || eval_now || save_now || step_hook_ || pending == capacity) read_steps();
+    // Host time per step, plus the wait in the read for the device to finish the queued steps:
+    // the window's sum is the device's time for its steps.
+    window_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    ++window_steps;
+    if (log_now) {
       const double avg_ms = window_ms / double(window_steps);
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
       const double eta = elapsed / double(done - first_step) * double(tc.max_steps - done);
@@ -479,7 +518,7 @@ TrainResult Trainer::run(const std::string& resume) {
       window_steps = 0;
       window_comm_s = comm_now;
     }
-    if (rc.eval_every > 0 && (done % rc.eval_every == 0 || done == tc.max_steps)) {
+    if (eval_now) {
       result.last_val_loss = evaluate(*model_, *val_data_, rc.eval_steps, comm_.get());
       log_line("step " + std::to_string(done) + " | val loss " + fmt("%.4f", result.last_val_loss));
       metrics("{\"type\":\"eval\",\"step\":" + std::to_string(done) + ",\"val_loss\":" +
@@ -497,8 +536,9 @@ TrainResult Trainer::run(const std::string& resume) {
       stopping = flags[0] > 0;
       any_write_failed = flags[1] > 0;
     }
+    if (stopping || any_write_failed) read_steps();
     if (any_write_failed) stop_for_write_error(write_failed);
-    if ((rc.ckpt_every > 0 && done % rc.ckpt_every == 0) || done == tc.max_steps || stopping)
+    if (save_now || stopping)
       result.last_checkpoint = save(stopping ? "stop requested by signal" : done == tc.max_steps ? "final" : "periodic");
     if (stopping) {
       log_line("stopped by signal after step " + std::to_string(done) + "; resume with --resume latest");

@@ -202,6 +202,58 @@ TEST(Trainer, NonFiniteStepsAreSkippedThenTheRunStops) {
   EXPECT_NE(all.find("\"type\":\"skipped\",\"step\":5"), std::string::npos);
 }
 
+// The host reads the steps' losses and the device's skip decisions only when it logs: a run that
+// logs every 6 steps trains, skips, logs skipped steps and stops exactly as one that reads every
+// step — on the CPU and, where there is one, on the GPU, where the decision is the device's.
+TEST(Trainer, ReadingStepsOnlyWhenLoggingChangesNothing) {
+  for (const std::string device : {"cpu", "cuda"}) {
+    if (device == "cuda" && !have_gpu()) {
+      std::cout << "  (GPU part skipped: no CUDA device)\n";
+      continue;
+    }
+    SCOPED_TRACE(device);
+    auto run = [&](int log_every, std::vector<double>* losses, Tensor* params) {
+      Config cfg = tiny_config("deferred_" + std::to_string(log_every), device);
+      cfg.run.log_every = log_every;
+      cfg.run.eval_every = 0;
+      cfg.train.max_steps = 14;
+      cfg.train.max_bad_steps = 3;
+      Trainer t(cfg);
+      t.set_gradient_hook([](int64_t step, nn::ParameterStore& ps) {
+        if (step == 2 || step == 3) set_element(ps.flat_grads(), 0, NAN);  // tolerated
+        if (step >= 9) set_element(ps.flat_grads(), 1, INFINITY);        // steps 10–12: the stop
+      });
+      std::string err;
+      try {
+        t.run();
+      } catch (const Error& e) {
+        err = e.what();
+      }
+      EXPECT_NE(err.find("3 consecutive steps"), std::string::npos) << err;
+      *losses = t.losses();
+      *params = t.model().params().flat_values().to(Device::cpu());
+      auto [path, data] = resolve_and_load(cfg.run.out_dir, "latest");
+      EXPECT_EQ(data.ints["step"], 12);
+      EXPECT_EQ(data.ints["bad_steps_in_row"], 3);
+      EXPECT_EQ(data.ints["optimizer_steps"], 7);  // 12 steps, of which 3 and 4, 10 to 12 skipped
+      std::ifstream m(fs::path(cfg.run.out_dir) / "metrics.jsonl");
+      const std::string all((std::istreambuf_iterator<char>(m)), {});
+      for (int s : {3, 4, 10, 11, 12})
+        EXPECT_NE(all.find("\"type\":\"skipped\",\"step\":" + std::to_string(s) + ","), std::string::npos) << s;
+      EXPECT_EQ(all.find("\"type\":\"skipped\",\"step\":13,"), std::string::npos);
+    };
+    std::vector<double> every, deferred;
+    Tensor p_every, p_deferred;
+    run(1, &every, &p_every);
+    run(6, &deferred, &p_deferred);
+    ASSERT_EQ(every.size(), 12u);
+    ASSERT_EQ(deferred.size(), 12u);
+    for (size_t i = 0; i < every.size(); ++i)
+      EXPECT_EQ(std::memcmp(&every[i], &deferred[i], sizeof(double)), 0) << "step " << i + 1;
+    EXPECT_TRUE(testing::bitwise_equal(p_every, p_deferred));
+  }
+}
+
 TEST(Trainer, RefusesToOverwriteARunAndChecksModelCompatibility) {
   Config cfg = tiny_config("refuse");
   cfg.train.max_steps = 2;
