@@ -67,13 +67,21 @@ StepFigures run_training_steps(const Config& cfg, Device device, int64_t warmup,
   }
   const Tensor ids = Tensor::from_ints(x, {B, T}).to(device), tgt = Tensor::from_ints(y, {B, T}).to(device);
   StepFigures f;
+  // As in training: the loss and the gradient norm stay on the device, which decides the update
+  // (optim::AdamW::step_decided); nothing in a step reads the device from the host.
+  Tensor record = Tensor::zeros({2}, DType::f64, device);
+  const Tensor record_loss = Tensor::view_of(record, 0, {1}), record_norm = Tensor::view_of(record, 1, {1});
+  const optim::StepRules rules{cfg.train.grad_clip, std::max<int64_t>(cfg.train.max_bad_steps, 1)};
+  opt.reset_decision(0);
   auto step = [&] {
     model.params().zero_grad();
+    record.zero();
     Tensor l = model.loss(ids, tgt);
+    optim::add_divided(record_loss, l, 1.0);
     if (!sync) {
       l.backward();
-      opt.step(cfg.train.lr, optim::clip_factor(optim::grad_norm(model.params()), cfg.train.grad_clip));
-      f.loss = l.item();
+      optim::grad_sum_squares_to(model.params(), {}, record_norm);
+      opt.step_decided(cfg.train.lr, record, rules);
       return;
     }
     {
@@ -81,9 +89,9 @@ StepFigures run_training_steps(const Config& cfg, Device device, int64_t warmup,
       ops::scale(l, 1.0 / W).backward();
     }
     sync->finish();
-    opt.step(cfg.train.lr, optim::clip_factor(sync->grad_norm(), cfg.train.grad_clip));
+    sync->grad_sum_squares_to(record_norm);
+    opt.step_decided(cfg.train.lr, record, rules);
     sync->gather_parameters();
-    f.loss = l.item();
   };
   for (int64_t i = 0; i < warmup; ++i) step();
   device_synchronize(device);
@@ -94,6 +102,7 @@ StepFigures run_training_steps(const Config& cfg, Device device, int64_t warmup,
   for (int64_t i = 0; i < steps; ++i) step();
   device_synchronize(device);
   f.seconds_per_step = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / double(steps);
+  f.loss = record_loss.item();
   if (sync) f.exposed_comm_seconds_per_step = (sync->exposed_seconds() - comm_before) / double(steps);
   // nanoGPT / llm.c convention: 6·N (N without the position table) + 12·L·d·T FLOPs per token.
   f.params = model.params().numel();
