@@ -33,18 +33,26 @@ struct Loaded {
   TextCodec codec;  // the run's tokenizer, recorded in the checkpoint (bytes when none is)
 };
 
-Loaded load_model(const std::string& where) {
+// The model on the device `--device` names (auto: the GPU when there is one), computing in the
+// run's precision there (bf16 runs in bf16 on a GPU; a CPU computes in fp32).
+Loaded load_model(const std::string& where, const std::string& device_setting) {
+  TG_CHECK(device_setting == "auto" || device_setting == "cpu" || device_setting == "cuda",
+           "--device must be auto, cpu or cuda, got '", device_setting, "'");
   auto [path, ckpt] = resolve_and_load(where, "latest");
   Config cfg = checkpoint_config(ckpt, path);
   const int64_t step = ckpt.ints.count("step") ? ckpt.ints.at("step") : -1;
   TG_CHECK(step >= 0, "checkpoint ", path, ": state value 'step' is ", step,
            ", expected >= 0 (the checkpoint is inconsistent; use another one)");
-  check_fits(cfg, Device::cpu(), false);
-  auto model = std::make_unique<nn::GPT>(gpt_config_from(cfg.model), uint64_t(cfg.train.seed));
+  const Device device = resolve_device(device_setting);
+  set_current_device(device);
+  check_fits(cfg, device, false);
+  const DType compute = device.is_cuda() && cfg.train.precision == "bf16" ? DType::bf16 : DType::f32;
+  auto model = std::make_unique<nn::GPT>(gpt_config_from(cfg.model), uint64_t(cfg.train.seed), DType::f32, device, compute);
   model->set_lm_head_chunk(cfg.train.lm_head_chunk);
   restore_parameters(*model, ckpt, path);
   TextCodec codec = codec_from_strings(ckpt.strings);
-  std::cerr << "loaded " << path << " (step " << step << ", tokenizer: " << codec.describe() << ")\n";
+  std::cerr << "loaded " << path << " (step " << step << ", tokenizer: " << codec.describe() << ") on "
+            << device.str() << (compute == DType::bf16 ? " in bf16" : "") << "\n";
   return {std::move(model), cfg, codec};
 }
 
@@ -84,7 +92,8 @@ int cmd_sample(const cli::Args& a) {
   TG_CHECK(std::isfinite(so.temperature) && so.temperature >= 0, "tilegrad sample: --temperature must be a finite "
            "number ≥ 0 (0 = greedy), got ", a.get("temperature", ""));
   TG_CHECK(so.top_k >= 0, "tilegrad sample: --top-k must be ≥ 0 (0 = all tokens), got ", so.top_k);
-  auto [model, cfg, codec] = load_model(a.positional[0]);
+  so.kv_cache = !a.has("no-kv-cache");
+  auto [model, cfg, codec] = load_model(a.positional[0], a.get("device", "auto"));
   std::string prompt = a.get("prompt", "");
   // Tokens are printed as they are made (a multi-byte character may arrive over several).
   std::cout << prompt << std::flush;
@@ -100,7 +109,7 @@ int cmd_sample(const cli::Args& a) {
 int cmd_eval(const cli::Args& a) {
   const int64_t steps = a.get_int("steps", 0);
   TG_CHECK(steps >= 0, "tilegrad eval: --steps must be ≥ 0 (0 = the whole data), got ", steps);
-  auto [model, cfg, codec] = load_model(a.positional[0]);
+  auto [model, cfg, codec] = load_model(a.positional[0], a.get("device", "auto"));
   std::string glob = a.get("data", cfg.data.val);
   TG_CHECK(!glob.empty(), "tilegrad eval: the checkpoint's config names no validation data; pass --data GLOB");
   DataLoader val(glob, cfg.model.vocab_size, cfg.train.batch_size, cfg.train.seq_len, uint64_t(cfg.train.seed));
@@ -212,13 +221,16 @@ std::vector<cli::Command> commands() {
         {"--tokens", "N", "number of tokens to generate", "200"},
         {"--temperature", "T", "softmax temperature; 0 = greedy", "1.0"},
         {"--top-k", "K", "sample only among the K most likely tokens; 0 = all", "0"},
-        {"--seed", "S", "sampling seed (same seed, same text)", "1337"}},
+        {"--seed", "S", "sampling seed (same seed, same text)", "1337"},
+        {"--device", "D", "auto (the GPU when there is one), cpu or cuda", "auto"},
+        {"--no-kv-cache", "", "recompute the whole context for every token instead of caching keys and values", ""}},
        cmd_sample},
       {"eval",
        "Validation loss (mean cross-entropy, nats per token) of a checkpoint over sequential, non-overlapping windows.",
        {{"CHECKPOINT", "a checkpoint file or a run directory"}},
        {{"--data", "GLOB", "token shards to evaluate", "the checkpoint config's data.val"},
-        {"--steps", "N", "number of batches; 0 = the whole data", "0"}},
+        {"--steps", "N", "number of batches; 0 = the whole data", "0"},
+        {"--device", "D", "auto (the GPU when there is one), cpu or cuda", "auto"}},
        cmd_eval},
       {"tokenizer",
        "`tokenizer train`: learn a byte-level BPE (GPT-2's pre-tokenization, 256 byte tokens, merges, then "

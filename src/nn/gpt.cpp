@@ -1,6 +1,7 @@
 // GPT forward pass, built from ops so that autograd derives the backward.
 #include "src/nn/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/dropout.h"
@@ -75,7 +76,33 @@ Tensor GPT::dropout(const Tensor& x, uint64_t site) {
                       uint64_t(dropout_first_row_) * row_elements);
 }
 
-Tensor GPT::block(const Tensor& x, int64_t i) {
+Tensor GPT::cached_attention(const Tensor& qkv, int64_t i, KVCache& cache) {
+  const int64_t n = qkv.size(1), C = config_.d_model, H = config_.n_head, D = C / H;
+  const int64_t pos = cache.length, end = pos + n;
+  TG_CHECK(qkv.size(0) == 1 && (pos == 0 || n == 1), "GPT.forward_cached: one sequence, and after the prompt one "
+           "token at a time; got ", qkv.desc(), " at position ", pos);
+  const double rope_base = config_.pos_embedding == PosEmbedding::rope ? config_.rope_base : 0.0;
+  std::vector<Tensor> parts = ops::split_last(qkv, 3);
+  Tensor q = ops::reshape(parts[0], {1, n, H, D}), k = ops::reshape(parts[1], {1, n, H, D});
+  Tensor v = ops::reshape(parts[2], {1, n, H, D});
+  if (rope_base > 0) {
+    q = ops::rope(q, rope_base, pos);
+    k = ops::rope(k, rope_base, pos);
+  }
+  Tensor::view_of(cache.k[size_t(i)], pos * H * D, {1, n, H, D}).copy_from(k);
+  Tensor::view_of(cache.v[size_t(i)], pos * H * D, {1, n, H, D}).copy_from(v);
+  // The prompt: the whole causal attention, exactly as forward() computes it.
+  if (pos == 0) return ops::self_attention(qkv, H, config_.attention, rope_base);
+  // One new token: every cached key is in its past, so no mask; softmax(q·Kᵀ/√D)·V per head.
+  Tensor keys = ops::transpose12(Tensor::view_of(cache.k[size_t(i)], 0, {1, end, H, D}));    // (1, H, end, D)
+  Tensor values = ops::transpose12(Tensor::view_of(cache.v[size_t(i)], 0, {1, end, H, D}));  // (1, H, end, D)
+  Tensor scores = ops::matmul(ops::transpose12(q), keys, false, true);                        // (1, H, 1, end)
+  Tensor probs = ops::softmax(ops::scale(scores, 1.0 / std::sqrt(double(D))));
+  Tensor y = ops::transpose12(ops::matmul(probs, values));                                   // (1, 1, H, D)
+  return ops::reshape(y, {1, 1, C});
+}
+
+Tensor GPT::block(const Tensor& x, int64_t i, KVCache* cache) {
   const int64_t H = config_.n_head;
   auto w = [&](const std::string& rest) { return p(layer_name(i, rest)); };
   auto b = [&](const std::string& rest) { return maybe(layer_name(i, rest)); };
@@ -84,7 +111,8 @@ Tensor GPT::block(const Tensor& x, int64_t i) {
   Tensor h = ops::layernorm(x, w("ln_1.weight"), b("ln_1.bias"));
   Tensor qkv = ops::linear(h, w("attn.c_attn.weight"), b("attn.c_attn.bias"));  // (B, T, 3C)
   const double rope_base = config_.pos_embedding == PosEmbedding::rope ? config_.rope_base : 0.0;
-  Tensor y = ops::self_attention(qkv, H, config_.attention, rope_base);           // (B, T, C)
+  Tensor y = cache ? cached_attention(qkv, i, *cache)
+                   : ops::self_attention(qkv, H, config_.attention, rope_base);  // (B, T, C)
   y = ops::linear(y, w("attn.c_proj.weight"), b("attn.c_proj.bias"));
   Tensor x1 = ops::add(x, dropout(y, uint64_t(2 * i)));
 
@@ -128,12 +156,12 @@ Tensor GPT::forward(const Tensor& ids) {
   return ops::linear(x, wte, Tensor());  // (B, T, V): lm_head tied to wte
 }
 
-std::pair<Tensor, Tensor> GPT::features(const Tensor& ids) {
+std::pair<Tensor, Tensor> GPT::features(const Tensor& ids, KVCache* cache) {
   TG_CHECK(ids.dim() == 2 && ids.dtype() == DType::i32, "GPT.forward: ids must be i32 (B, T), got ",
            ids.desc());
-  const int64_t T = ids.size(1);
-  TG_CHECK(config_.pos_embedding != PosEmbedding::learned || T <= config_.max_seq_len,
-           "GPT.forward: sequence length ", T, " exceeds model.max_seq_len ", config_.max_seq_len,
+  const int64_t T = ids.size(1), first = cache ? cache->length : 0;
+  TG_CHECK(config_.pos_embedding != PosEmbedding::learned || first + T <= config_.max_seq_len,
+           "GPT.forward: sequence length ", first + T, " exceeds model.max_seq_len ", config_.max_seq_len,
            " of the learned position table (raise max_seq_len or use pos_embedding: rope)");
   if (training_) ++dropout_counter_;
   // The compute copy of every parameter in one conversion of the flat buffer, not one per
@@ -150,13 +178,36 @@ std::pair<Tensor, Tensor> GPT::features(const Tensor& ids) {
   Tensor x = ops::embedding(wte, ids);             // (B, T, C)
   if (config_.pos_embedding == PosEmbedding::learned) {
     std::vector<int32_t> pos(static_cast<size_t>(T));
-    for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = int32_t(t);
+    for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = int32_t(first + t);
     x = ops::add(x, ops::embedding(p("transformer.wpe.weight"), Tensor::from_ints(pos, {T})));
   }
   x = dropout(x, 1023);
-  for (int64_t i = 0; i < config_.n_layer; ++i) x = recompute_ && grad_enabled() ? recomputed_block(x, i) : block(x, i);
+  for (int64_t i = 0; i < config_.n_layer; ++i)
+    x = cache ? block(x, i, cache) : recompute_ && grad_enabled() ? recomputed_block(x, i) : block(x, i);
+  if (cache) cache->length += T;
   x = ops::layernorm(x, p("transformer.ln_f.weight"), maybe("transformer.ln_f.bias"));
   return {x, wte};
+}
+
+Tensor GPT::forward_cached(const Tensor& ids, KVCache& cache) {
+  TG_CHECK(!grad_enabled() && !training_, "GPT.forward_cached: for inference (no gradients, eval mode)");
+  const int64_t n = ids.dim() == 2 ? ids.size(1) : 0, H = config_.n_head, D = config_.d_model / H;
+  if (cache.length + n > cache.capacity) {  // grow the buffers geometrically, keeping what they hold
+    const int64_t capacity = std::max<int64_t>({2 * cache.capacity, cache.length + n, 256});
+    for (int64_t i = 0; i < config_.n_layer; ++i) {
+      for (std::vector<Tensor>* buffers : {&cache.k, &cache.v}) {
+        Tensor grown = Tensor::empty({capacity, H, D}, compute_, device_);
+        if (cache.length > 0)
+          Tensor::view_of(grown, 0, {cache.length, H, D})
+              .copy_from(Tensor::view_of((*buffers)[size_t(i)], 0, {cache.length, H, D}));
+        if (int64_t(buffers->size()) <= i) buffers->push_back(grown);
+        else (*buffers)[size_t(i)] = grown;
+      }
+    }
+    cache.capacity = capacity;
+  }
+  auto [x, wte] = features(ids, &cache);
+  return ops::linear(x, wte, Tensor());
 }
 
 Tensor GPT::loss(const Tensor& ids, const Tensor& targets) {

@@ -26,6 +26,15 @@ struct GPTConfig {
   double rope_base = 10000.0;
 };
 
+// The keys and values of the tokens a model has seen, per layer, for decoding one token at a
+// time (GPT::forward_cached): each layer's rotated keys and values, token-major (capacity, H, D).
+struct KVCache {
+  std::vector<Tensor> k, v;
+  int64_t length = 0;    // tokens cached: the next token's position
+  int64_t capacity = 0;  // tokens the buffers hold before they grow
+  void clear() { k.clear(), v.clear(), length = capacity = 0; }
+};
+
 class GPT {
  public:
   // Parameters are kept in `dtype` (the master copy: f32, or f64 for gradient checks);
@@ -39,6 +48,11 @@ class GPT {
 
   // ids (B, T) i32 → logits (B, T, V).
   Tensor forward(const Tensor& ids);
+  // Inference with a key/value cache: ids (1, n) at positions cache.length… → logits (1, n, V),
+  // and their keys and values appended to the cache. On an empty cache this is forward() (the
+  // prompt, n ≥ 1); after it, n = 1: the token attends to the cached keys, so a token costs one
+  // position's work instead of the whole context's.
+  Tensor forward_cached(const Tensor& ids, KVCache& cache);
   // Mean cross-entropy of next-token prediction; targets (B, T) i32, −1 ignored.
   Tensor loss(const Tensor& ids, const Tensor& targets);
   // rows > 0: loss() makes the logits `rows` rows at a time (ops::linear_cross_entropy), so the
@@ -68,8 +82,10 @@ class GPT {
 
  private:
   // ids → (the final LayerNorm's output (B, T, C), wte in the compute dtype): all but the LM head.
-  std::pair<Tensor, Tensor> features(const Tensor& ids);
-  Tensor block(const Tensor& x, int64_t layer);
+  std::pair<Tensor, Tensor> features(const Tensor& ids, KVCache* cache = nullptr);
+  Tensor block(const Tensor& x, int64_t layer, KVCache* cache = nullptr);
+  // Causal self-attention of a block with the cache: stores the new keys and values, attends.
+  Tensor cached_attention(const Tensor& qkv, int64_t layer, KVCache& cache);
   Tensor recomputed_block(const Tensor& x, int64_t layer);  // block() under tg::checkpoint
   Tensor p(const std::string& name) const;      // the parameter in the compute dtype
   Tensor maybe(const std::string& name) const;  // same, undefined when the model has no such parameter

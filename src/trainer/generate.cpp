@@ -29,12 +29,27 @@ std::vector<int32_t> generate(nn::GPT& model, const std::vector<int32_t>& prompt
   std::vector<int32_t> seq = prompt;
   if (seq.empty()) seq.push_back(int32_t('\n' < V ? '\n' : 0));  // an empty prompt starts at a line break
   std::vector<int32_t> out;
+  const bool learned = model.config().pos_embedding == nn::PosEmbedding::learned;
+  nn::KVCache cache;
+  // The logits at the last position of seq, whose last token the model has not seen yet.
+  auto last_logits = [&]() -> std::vector<double> {
+    Tensor logits;  // (1, n, V)
+    if (!opt.kv_cache) {
+      const int64_t n = std::min<int64_t>(int64_t(seq.size()), window);
+      logits = model.forward(Tensor::from_ints(std::vector<int32_t>(seq.end() - n, seq.end()), {1, n}));
+    } else if (cache.length == 0 || (learned && cache.length + 1 > window)) {
+      // The prompt, or a learned-position model whose window slid: (re)fill the cache.
+      const int64_t n = learned ? std::min<int64_t>(int64_t(seq.size()), window) : int64_t(seq.size());
+      cache.clear();
+      logits = model.forward_cached(Tensor::from_ints(std::vector<int32_t>(seq.end() - n, seq.end()), {1, n}), cache);
+    } else {
+      logits = model.forward_cached(Tensor::from_ints({seq.back()}, {1, 1}), cache);
+    }
+    const int64_t n = logits.size(1);
+    return Tensor::view_of(logits, (n - 1) * V, {V}).to_double_vector();
+  };
   for (int64_t i = 0; i < opt.tokens; ++i) {
-    const int64_t n = std::min<int64_t>(int64_t(seq.size()), window);
-    std::vector<int32_t> ctx(seq.end() - n, seq.end());
-    Tensor logits = model.forward(Tensor::from_ints(ctx, {1, n}));  // (1, n, V)
-    std::vector<double> last = logits.to_double_vector();
-    std::vector<double> l(last.end() - V, last.end());
+    std::vector<double> l = last_logits();
     int32_t next;
     if (opt.temperature == 0) {
       next = int32_t(std::max_element(l.begin(), l.end()) - l.begin());
@@ -58,7 +73,8 @@ std::vector<int32_t> generate(nn::GPT& model, const std::vector<int32_t>& prompt
     seq.push_back(next);
     if (opt.on_token) opt.on_token(next);
     else out.push_back(next);
-    // Only the last max_seq_len tokens are ever read again: keep the context bounded.
+    // Only the last max_seq_len tokens are ever read again (the cache holds a RoPE model's
+    // whole context): keep the token list bounded.
     if (int64_t(seq.size()) > 2 * window) seq.erase(seq.begin(), seq.end() - window);
   }
   return out;

@@ -15,14 +15,19 @@ struct SampleOptions {
   double temperature = 1.0;  // 0 → greedy
   int64_t top_k = 0;         // 0 → the whole vocabulary
   uint64_t seed = 1337;
+  // Keys and values of the context kept between tokens (GPT::forward_cached): each new token
+  // costs one position's work. A RoPE model then keeps its whole context, past max_seq_len;
+  // a learned-position model slides its max_seq_len window as without the cache.
+  bool kv_cache = true;
   // When set, each token is handed over as soon as it is drawn (streaming) and generate()
   // returns an empty vector instead of keeping them all.
   std::function<void(int32_t)> on_token;
 };
 
 // Continues `prompt` by `tokens` tokens, each drawn from the model's distribution at the last
-// position (deterministic for a seed). The context is the last max_seq_len tokens. Returns only
-// the new tokens.
+// position (deterministic for a seed), on the model's device. The context is the last
+// max_seq_len tokens (without the cache, or with learned positions) or all of them (RoPE with
+// the cache). Returns only the new tokens.
 std::vector<int32_t> generate(nn::GPT& model, const std::vector<int32_t>& prompt, const SampleOptions& opt);
 
 // Mean loss over `steps` sequential validation batches (all of them when steps <= 0).

@@ -334,6 +334,62 @@ TEST(Sampling, DeterministicForASeed) {
   EXPECT_EQ(generate(model, {65}, o), g1);
 }
 
+// The key/value cache: each position's logits, decoded one token at a time after a prompt, equal
+// the full forward's — learned positions, and RoPE past max_seq_len — on the CPU (fp32) and, where
+// there is one, on the GPU in bf16.
+TEST(Sampling, CachedDecodingMatchesTheFullForward) {
+  for (const bool gpu : {false, true}) {
+    if (gpu && !have_gpu()) {
+      std::cout << "  (GPU part skipped: no CUDA device)\n";
+      continue;
+    }
+    for (const nn::PosEmbedding pe : {nn::PosEmbedding::learned, nn::PosEmbedding::rope}) {
+      SCOPED_TRACE(std::string(gpu ? "cuda" : "cpu") + (pe == nn::PosEmbedding::rope ? " rope" : " learned"));
+      nn::GPTConfig g;
+      g.n_layer = 2; g.n_head = 2; g.d_model = 32; g.max_seq_len = 32; g.vocab_size = 97; g.pos_embedding = pe;
+      const Device device = gpu ? Device::cuda(0) : Device::cpu();
+      nn::GPT model(g, 7, DType::f32, device, gpu ? DType::bf16 : DType::f32);
+      model.set_training(false);
+      NoGradGuard no_grad;
+      const int64_t n = pe == nn::PosEmbedding::rope ? 48 : 32, prompt = 7, V = g.vocab_size;
+      std::vector<int32_t> ids(static_cast<size_t>(n));
+      for (int64_t t = 0; t < n; ++t) ids[size_t(t)] = int32_t((t * 37 + 11) % V);
+      const std::vector<double> full = model.forward(Tensor::from_ints(ids, {1, n})).to_double_vector();
+      nn::KVCache cache;
+      std::vector<double> cached =
+          model.forward_cached(Tensor::from_ints(std::vector<int32_t>(ids.begin(), ids.begin() + prompt), {1, prompt}), cache)
+              .to_double_vector();
+      for (int64_t t = prompt; t < n; ++t) {
+        const std::vector<double> one = model.forward_cached(Tensor::from_ints({ids[size_t(t)]}, {1, 1}), cache).to_double_vector();
+        cached.insert(cached.end(), one.begin(), one.end());
+      }
+      EXPECT_EQ(cache.length, n);
+      ASSERT_EQ(cached.size(), full.size());
+      const double tol = gpu ? 6e-2 : 2e-5;
+      double worst = 0;
+      for (size_t i = 0; i < full.size(); ++i) worst = std::max(worst, std::abs(cached[i] - full[i]));
+      EXPECT_LE(worst, tol) << "largest logit difference";
+    }
+  }
+}
+
+// Greedy sampling picks the same tokens with and without the cache, including after a learned-
+// position model's window slides.
+TEST(Sampling, GreedyIsTheSameWithAndWithoutTheCache) {
+  for (const nn::PosEmbedding pe : {nn::PosEmbedding::learned, nn::PosEmbedding::rope}) {
+    nn::GPTConfig g;
+    g.n_layer = 2; g.n_head = 2; g.d_model = 32; g.max_seq_len = 32; g.pos_embedding = pe;
+    nn::GPT model(g, 11);
+    SampleOptions o;
+    o.temperature = 0;
+    o.tokens = pe == nn::PosEmbedding::learned ? 60 : 28;  // RoPE: inside the window, where both see all
+    const std::vector<int32_t> with = generate(model, {72, 101, 108, 108}, o);
+    o.kv_cache = false;
+    const std::vector<int32_t> without = generate(model, {72, 101, 108, 108}, o);
+    EXPECT_EQ(with, without) << (pe == nn::PosEmbedding::rope ? "rope" : "learned");
+  }
+}
+
 // Runs a shell command, returns (exit status, combined output).
 std::pair<int, std::string> shell(const std::string& cmd) {
   std::string out;
