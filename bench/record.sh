@@ -2,12 +2,12 @@
 # Every GPU figure of docs/performance.md in one call on a GPU machine: builds tilegrad, runs each
 # benchmark beside its PyTorch reference (bench/reference/), and prints the tables with the
 # machine, date and commit (bench/record_tables.py). Logs (JSON lines) go to $OUT (or ./gpu-out).
-# About 12 minutes on an H200; RECORD="train attention memory" picks a subset.
+# About 14 minutes on an H200; RECORD="train attention memory loop" picks a subset.
 # Usage: bench/record.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-out}"
-RECORD="${RECORD:-train attention memory}"
+RECORD="${RECORD:-train attention memory loop}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/cmake.log" 2>&1 ||
@@ -24,6 +24,24 @@ for what in $RECORD; do
     attention)
       $tg bench attention --steps 20 > "$OUT/record_attention.jsonl" 2>&1
       timeout 600 python3 bench/reference/torch_attention.py > "$OUT/record_torch_attention.jsonl" 2>&1 ;;
+    loop)
+      # tilegrad train on shard files against bench train's step, in one call; then sampling
+      # with and without the key/value cache from a GPT-2-small-sized byte-level run.
+      python3 bench/make_shards.py "$OUT/shards" --tokens 20000000 > /dev/null
+      $tg train configs/gpt2-124m.yaml --set "data.train=$OUT/shards/train_*.bin" "data.val=$OUT/shards/val_*.bin" \
+        train.max_steps=120 train.warmup_steps=10 run.log_every=20 run.eval_every=0 run.ckpt_every=0 \
+        run.sample_every=0 run.out_dir="$OUT/loop_run" > "$OUT/record_loop_train.log" 2>&1
+      grep '"type":"train"' "$OUT/loop_run/metrics.jsonl" > "$OUT/record_loop_metrics.jsonl"
+      $tg bench train configs/gpt2-124m.yaml --steps 30 --warmup 5 > "$OUT/record_loop_bench.jsonl" 2>&1
+      $tg prepare --text README.md docs/*.md --out "$OUT/bytes" > /dev/null
+      $tg train configs/gpt2-124m.yaml --set "data.train=$OUT/bytes/train_*.bin" "data.val=$OUT/bytes/val_*.bin" \
+        model.vocab_size=257 train.batch_size=4 train.max_steps=2 train.warmup_steps=1 run.eval_every=0 \
+        run.out_dir="$OUT/sample_run" > /dev/null 2>&1
+      for flag in "" --no-kv-cache; do
+        $tg sample "$OUT/sample_run" --tokens 1000 --temperature 0 $flag 2>&1 >/dev/null | grep '^sampled' \
+          >> "$OUT/record_sample.log"
+      done
+      rm -rf "$OUT/shards" "$OUT/loop_run" "$OUT/bytes" "$OUT/sample_run" ;;
     memory)
       $tg bench memory configs/gpt2-124m.yaml --set train.batch_size=1 train.lm_head_chunk=4096 \
         train.recompute=true --min-t 32768 --max-t 524288 > "$OUT/record_memory.jsonl" 2>&1

@@ -104,13 +104,44 @@ def memory_table(d):
     return "\n".join(lines)
 
 
+def loop_table(d):
+    """tilegrad train's tokens/s on shard files (the log windows after the first) beside bench
+    train's, and sampling's tokens/s with and without the key/value cache."""
+    windows = [r for r in rows(d, "record_loop_metrics.jsonl") if r.get("type") == "train"][1:]
+    bench = [r for r in rows(d, "record_loop_bench.jsonl") if r.get("bench") == "train"]
+    lines = []
+    if windows and bench:
+        train = sum(r["tokens_per_s"] for r in windows) / len(windows)
+        b = bench[0]["tokens_per_s"]
+        lines += ["| run | tokens/s | ratio |", "|---|---|---|",
+                  f"| `tilegrad bench train` (random tokens, no data loading) | {b:,.0f} | |",
+                  f"| `tilegrad train` on shard files, steps 21–120 | {train:,.0f} | {train / b:.3f}× |"]
+    sample = {}
+    path = os.path.join(d, "record_sample.log")
+    if os.path.exists(path):
+        for line in open(path):
+            words = line.split()
+            if len(words) >= 8 and words[0] == "sampled":
+                sample["cache" if "cache" in line else "none"] = (int(words[1]), float(words[4]), float(words[6][1:]))
+    if "cache" in sample and "none" in sample:
+        n, _, with_cache = sample["cache"]
+        _, _, without = sample["none"]
+        if lines:
+            lines.append("")
+        lines += ["| sampling, greedy, GPT-2 small (byte vocabulary) | tokens/s | ratio |", "|---|---|---|",
+                  f"| {n} tokens, no cache (`--no-kv-cache`) | {without:,.1f} | |",
+                  f"| {n} tokens, key/value cache | {with_cache:,.1f} | {with_cache / without:.2f}× |"]
+    return "\n".join(lines)
+
+
 def main():
     if len(sys.argv) != 5:
         sys.exit(__doc__)
     log_dir, machine, date, commit = sys.argv[1:]
     header = f"{machine}, {date}, commit {commit}."
     for title, table in (("GPT-2 small training", train_table(log_dir)), ("Attention", attention_table(log_dir)),
-                         ("Peak memory against sequence length", memory_table(log_dir))):
+                         ("Peak memory against sequence length", memory_table(log_dir)),
+                         ("The training loop and sampling", loop_table(log_dir))):
         if table:
             print(f"## {title}\n\n{header}\n\n{table}\n")
 

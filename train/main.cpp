@@ -101,8 +101,12 @@ int cmd_sample(const cli::Args& a) {
     std::cout << codec.decode({t}) << std::flush;
     TG_CHECK(std::cout.good(), "tilegrad sample: writing to standard output failed");
   };
+  const auto start = std::chrono::steady_clock::now();
   generate(*model, codec.encode(prompt), so);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::cout << std::endl;
+  std::fprintf(stderr, "sampled %lld tokens in %.2f s (%.1f tokens/s%s)\n", (long long)so.tokens, seconds,
+               double(so.tokens) / seconds, so.kv_cache ? ", key/value cache" : "");
   return 0;
 }
 
