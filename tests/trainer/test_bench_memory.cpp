@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "src/data/prepare.h"
 #include "src/io/config.h"
 #include "src/trainer/memory_model.h"
 
@@ -139,6 +140,39 @@ TEST(BenchMemory, NoRunPrintsThePredictionForAGpu) {
     EXPECT_NE(out.find("\"predicted_peak_bytes\":" + std::to_string(p.total)), std::string::npos) << out;
   }
   EXPECT_EQ(out.find("\"peak_gib\""), std::string::npos) << "nothing was measured";
+}
+
+TEST(BenchMemory, TrainsWithinFivePercentOfThePrediction) {
+  // `tilegrad train` in a process of its own (the peak is per process): the peak its metrics
+  // record is the one its start-up line predicts.
+  if (!fs::exists(kBinary)) GTEST_SKIP() << "tilegrad binary not built at " << kBinary;
+  const fs::path dir = scratch("train");
+  {
+    std::ofstream f(dir / "text.txt");
+    for (int i = 0; i < 3000; ++i) f << "In the beginning " << i % 7 << " the word was " << (i * 13) % 11 << ".\n";
+  }
+  prepare_text({(dir / "text.txt").string()}, (dir / "data").string(), 0.1, false);
+  const std::vector<std::string> sets = {"data.train=" + (dir / "data" / "train_*.bin").string(),
+                                         "data.val=" + (dir / "data" / "val_*.bin").string(), "run.device=cpu",
+                                         "run.out_dir=" + (dir / "run").string(), "train.max_steps=2",
+                                         "train.seq_len=1024", "train.warmup_steps=1", "run.eval_every=0",
+                                         "run.ckpt_every=0", "run.log_every=1"};
+  std::string cmd = "OMP_NUM_THREADS=2 " + kBinary + " train " + kTinyConfig + " --set";
+  for (const std::string& s : sets) cmd += " " + s;
+  auto [rc, out] = shell(cmd);
+  ASSERT_EQ(rc, 0) << out;
+  const MemoryPrediction p = predict_memory(load_config(kTinyConfig, sets), "cpu");
+  EXPECT_NE(out.find("memory predicted per rank (docs/memory.md): " + describe_prediction(p)), std::string::npos) << out;
+  std::ifstream metrics(dir / "run" / "metrics.jsonl");
+  std::string line;
+  int64_t peak = -1;
+  while (std::getline(metrics, line)) {
+    const size_t at = line.find("\"peak_bytes\":");
+    if (at != std::string::npos) peak = std::stoll(line.substr(at + 13));
+  }
+  ASSERT_GT(peak, 0) << "metrics.jsonl records the peak";
+  EXPECT_LE(std::abs(double(p.total - peak)), 0.05 * double(peak)) << "predicted " << p.total << ", measured " << peak;
+  fs::remove_all(dir);
 }
 
 }  // namespace
