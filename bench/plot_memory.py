@@ -68,6 +68,9 @@ def main():
         left.axhline(args.capacity_gib, color="black", lw=2, label="device capacity")
     left.set_xscale("log", base=2)
     left.set_yscale("log", base=2)
+    from matplotlib.ticker import FuncFormatter
+    left.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{int(v):,}"))
+    left.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
     left.set_xlabel("sequence length T (tokens)")
     left.set_ylabel("peak memory (GiB)")
     left.set_title("Peak memory of one training step")
