@@ -44,7 +44,7 @@ for what in $RECORD; do
       rm -rf "$OUT/shards" "$OUT/loop_run" "$OUT/bytes" "$OUT/sample_run" ;;
     memory)
       $tg bench memory configs/gpt2-124m.yaml --set train.batch_size=1 train.lm_head_chunk=4096 \
-        train.recompute=true --min-t 32768 --max-t 524288 > "$OUT/record_memory.jsonl" 2>&1
+        train.recompute=true --min-t 32768 --max-t 524288 --predict > "$OUT/record_memory.jsonl" 2>&1
       timeout 600 python3 bench/reference/torch_gpt.py memory 65536 --min-t 32768 > "$OUT/record_torch_memory.jsonl" 2>&1 ;;
   esac
 done

@@ -18,6 +18,7 @@
 #include "src/trainer/trainer.h"
 #include "train/bench.h"
 #include "train/cli.h"
+#include "train/gnuplot.h"
 
 namespace fs = std::filesystem;
 using namespace tg;
@@ -172,14 +173,11 @@ int cmd_plot(const cli::Args& a) {
   if (n_train) script += "'" + train_dat.string() + "' using 1:2 with lines title 'train'";
   if (n_val) script += std::string(n_train ? ", " : "") + "'" + val_dat.string() + "' using 1:2 with linespoints title 'val'";
   script += "\n";
-  FILE* gp = popen("gnuplot 2>&1", "w");
-  TG_CHECK(gp, "tilegrad plot: cannot start gnuplot");
-  std::fputs(script.c_str(), gp);
-  int rc = pclose(gp);
-  fs::remove(train_dat);
-  fs::remove(val_dat);
-  TG_CHECK(rc == 0, "tilegrad plot: gnuplot failed (exit ", rc,
-           "); install it with `apt-get install gnuplot-nox` (pngcairo terminal)");
+  struct RemoveData {  // the data files go whether gnuplot succeeds or not
+    fs::path a, b;
+    ~RemoveData() { fs::remove(a), fs::remove(b); }
+  } remove_data{train_dat, val_dat};
+  run_gnuplot("tilegrad plot", script);
   std::cout << "wrote " << out.string() << "\n";
   return 0;
 }
@@ -263,7 +261,8 @@ std::vector<cli::Command> commands() {
        "(B·T = 16384, hidden 2048; d 64 and 128, or 32 / 96 with --head-dim; T 1k to 32k; causal and not). "
        "`bench memory CONFIG`: peak memory and step time of one training step against the sequence length "
        "(T = --min-t, doubling, to --max-t; default 1024 to 131072; one warm-up and one timed step), the model "
-       "built afresh for each T, stopping at the first that runs out of memory. Results print as JSON lines.",
+       "built afresh for each T, stopping at the first that runs out of memory, with --predict the memory model's "
+       "figures beside them. Results print as JSON lines.",
        {{"WHAT", "train, attention or memory"},
         {"CONFIG", "for train and memory: a YAML config, e.g. configs/gpt2-124m.yaml", true}},
        {{"--set", "KEY=VALUE", "train and memory: override config keys, e.g. --set train.batch_size=32", "", true},
@@ -272,6 +271,14 @@ std::vector<cli::Command> commands() {
         {"--protocol", "P", "attention: sustained (each mode's calls back to back, host-timed) or reference (torch_attention.py's timing: CUDA events, backward = (forward + backward) − forward)", "sustained"},
         {"--min-t", "T", "attention and memory: the shortest sequence (then T doubles up to --max-t)", "1024"},
         {"--max-t", "T", "attention and memory: the longest sequence (attention's default 32768, memory's 131072)", "32768"},
+        {"--predict", "", "memory: the memory model's prediction beside each measurement (peak and categories; docs/memory.md)", ""},
+        {"--no-run", "", "memory: print the predictions only, for every T (also those that do not fit); implies --predict", ""},
+        {"--series", "LIST", "memory: comma-separated series to run: config (as given), flash (no recompute, whole head), "
+                             "flash-recompute-chunk (recompute, the config's lm_head_chunk or 4096), materialised "
+                             "(model.attention naive); each stops at its first out-of-memory", "config"},
+        {"--out", "DIR", "memory: write DIR/memory.csv (a row per series and T) and DIR/memory.png (needs gnuplot)", ""},
+        {"--torch-csv", "FILE", "memory: PyTorch's series for memory.png, from torch_gpt.py memory's --csv file or its JSON lines", ""},
+        {"--capacity-gib", "G", "memory: the capacity line of memory.png (default: the device's total memory)", ""},
         {"--head-dim", "D", "attention: only this head dim (32, 64, 96 or 128; 0 = 64 and 128, the shapes of torch_attention.py)", "0"},
         {"--causal", "0|1|2", "attention: 1 the causal shapes only, 0 the non-causal ones only, 2 both", "2"},
         {"--compare", "0|1", "attention: 1 also times the portable mma.sync kernels beside the default (wgmma on H100/H200)", "0"},

@@ -20,6 +20,7 @@
 #include "src/interop/hf.h"
 #include "src/trainer/batch_prefetch.h"
 #include "src/trainer/footprint.h"
+#include "src/trainer/memory_model.h"
 #include "src/trainer/generate.h"
 
 namespace tg {
@@ -346,6 +347,8 @@ TrainResult Trainer::run(const std::string& resume) {
   const DType compute = tc.precision == "bf16" ? DType::bf16 : DType::f32;
   ops::set_deterministic(tc.deterministic);
   check_fits(config_, device, true, W);
+  log_line("memory predicted per rank (docs/memory.md): " +
+           describe_prediction(predict_memory(config_, device.is_cuda() ? "cuda" : "cpu", W)));
   model_ = std::make_unique<nn::GPT>(gpt_config_from(config_.model), uint64_t(tc.seed), DType::f32, device, compute);
   model_->set_lm_head_chunk(tc.lm_head_chunk);
   model_->set_recompute(tc.recompute);

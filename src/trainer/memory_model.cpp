@@ -1,0 +1,174 @@
+// The memory model of one training step (see memory_model.h and docs/memory.md). Each term
+// names the buffer it stands for; "unit" is one (B·T, C) activation in the compute dtype.
+#include "src/trainer/memory_model.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "src/tensor/memory.h"
+#include "src/trainer/footprint.h"
+#include "src/util/checked.h"
+
+namespace tg {
+
+MemoryPrediction predict_memory(const Config& c, const std::string& device_kind, int world_size) {
+  const ModelConfig& m = c.model;
+  const TrainConfig& t = c.train;
+  const std::string what = "the memory model of model.* and train.batch_size, train.seq_len, train.lm_head_chunk";
+  auto mul = [&](int64_t a, int64_t b) { return checked_mul(a, b, what); };
+  auto add = [&](std::initializer_list<int64_t> xs) {
+    int64_t s = 0;
+    for (int64_t x : xs) s = checked_add(s, x, what);
+    return s;
+  };
+  const bool gpu = device_kind.rfind("cuda", 0) == 0;
+  const bool bf16 = t.precision == "bf16";
+  // e: the compute dtype's size (activations, logits, the compute copy); s: the statistics'
+  // (LayerNorm mean and rstd, attention log-sum-exp, the loss rows): fp32 on the GPU, the
+  // compute dtype on the CPU.
+  const int64_t e = bf16 ? 2 : 4, s = gpu ? 4 : e;
+  const int64_t B = t.batch_size, T = t.seq_len, N = mul(B, T), C = m.d_model, L = m.n_layer, H = m.n_head;
+  const int64_t V = m.vocab_size, D = H > 0 ? C / H : C;
+  const bool rope = m.pos_embedding == "rope", dropout = m.dropout > 0;
+  // The fused attention: every CPU tensor; on the GPU bf16 at head dims 32, 64, 96, 128
+  // (ops::self_attention falls back to the materialised composite otherwise).
+  const bool fused = m.attention == "flash" && (!gpu || (bf16 && (D == 32 || D == 64 || D == 96 || D == 128)));
+  const int64_t u = mul(mul(N, C), e);
+  const int64_t scores = mul(mul(mul(mul(B, H), T), T), e);  // one (B, H, T, T) tensor of the materialised attention
+  const int64_t lse = mul(mul(mul(B, H), T), s);
+  const int64_t ln_stats = mul(mul(N, 2), s);  // one LayerNorm's mean and rstd
+
+  MemoryPrediction p;
+  const int64_t P = parameter_count(m);
+  p.parameter_count = P;
+  p.params = mul(P, 4);
+  p.grads = mul(P, 4);
+  // ZeRO-1: each rank keeps the moments of its ~1/W of the flat buffer.
+  p.optimizer = t.zero == 1 && world_size > 1 ? mul(P, 8) / world_size : mul(P, 8);
+  // bf16: GPT::features converts the whole flat buffer once per forward; the blocks' recompute
+  // closures and the parameter views in the graph hold it until the backward ends.
+  p.compute_copy = bf16 ? mul(P, 2) : 0;
+  p.tokens = mul(N, 8);  // ids and targets, int32
+  // Learned positions: the token rows (held by the add node) and the position rows and their
+  // int32 ids (held by the position embedding's backward); the add's output is block 0's input.
+  // With dropout the embedding's output is kept as the dropout node's input as well.
+  p.embedding = (rope ? 0 : add({u, mul(mul(T, C), e), mul(T, 4)})) + (dropout ? u : 0);
+
+  // One recorded block, its output included, its input not (that is the previous block's output):
+  //   LayerNorm 1 output 1 unit, qkv 3, attention output o 1, c_proj output 1, the residual x1 1,
+  //   LayerNorm 2 output 1, linear_gelu's pre-activation 4 and output 4, mlp c_proj output 1,
+  //   the block output 1 = 18 units, plus
+  //   CPU fused attention: contiguous q, k, v copies (3 units; rotated in place of the copies
+  //     under RoPE), GPU fused attention: RoPE's rotated q and k (2 units), read from qkv otherwise;
+  //   materialised attention: the q, k, v slices 3, their (B, H, T, D) transposes 3, P·V 1,
+  //     its transpose back 1 (which is o), RoPE's rotated q and k 2, and the scores S and
+  //     probabilities P, (B, H, T, T) each;
+  //   dropout: each of the two dropout sites keeps its input and output (one more unit each);
+  //   statistics: both LayerNorms' mean and rstd, the fused attention's log-sum-exp (B, H, T).
+  int64_t units = 18;
+  int64_t block_extra = add({ln_stats, ln_stats});
+  if (fused) {
+    if (!gpu) units += 3;
+    else if (rope) units += 2;
+    block_extra = add({block_extra, lse});
+  } else {
+    units += 3 + 3 + 1 + (rope ? 2 : 0);
+    block_extra = add({block_extra, mul(scores, 2)});
+  }
+  if (dropout) units += 2;
+  p.saved_per_block = add({mul(units, u), block_extra});
+  const int64_t block_no_output = p.saved_per_block - u;
+
+  // The weight gradients alive with the largest working set: c_fc's weight and bias (4C × C, 4C).
+  const int64_t param_grad_temp = mul(add({mul(mul(4, C), C), mul(4, C)}), e);
+  // The GPU tied head: its dW (bf16) waits for wte's conversion node, which the backward reaches
+  // only after the embedding, i.e. through every block's backward.
+  const int64_t head_dw_pending = gpu && bf16 ? mul(mul(V, C), e) : 0;
+  const int64_t common = add({p.compute_copy, p.tokens, p.embedding});
+  // In the backward: the loss (one element) and the backward's seed gradient of it.
+  const int64_t loss_scalars = mul(2, s);
+
+  // The LM head. Chunked (linear_cross_entropy): per chunk of c rows the logits and dlogits
+  // (c × V each), over all rows the log-sum-exp and row losses (N each, statistics dtype), dx
+  // (one unit) and dW (V × C; under bf16 with more than one chunk summed in fp32 and then rounded
+  // to bf16 while the fp32 sum is still held). Unchunked: the (N, V) logits; on the CPU
+  // cross_entropy's backward allocates their gradient while they are held, on the GPU the
+  // gradient is written in the forward.
+  int64_t head = 0;
+  const int64_t NV = mul(mul(N, V), e);
+  if (t.lm_head_chunk > 0) {
+    const int64_t rows = std::min<int64_t>(t.lm_head_chunk, std::max<int64_t>(N, 1));
+    const bool f32_sum = gpu && bf16 && N > rows;
+    const int64_t dw = f32_sum ? mul(mul(V, C), 4 + 2) : mul(mul(V, C), e);
+    head = add({mul(mul(mul(rows, V), e), 2), u, dw, mul(N, 2 * s), s, gpu ? 4 : 0});
+  } else {
+    head = gpu ? add({NV, NV, mul(N, 8), 8}) : add({NV, NV, mul(N, e), e, e});  // CPU: + the backward's seed
+  }
+  // What the forward keeps when the head runs: every block's saved tensors (or only the block
+  // inputs under recompute), block 0's input and the final LayerNorm's output and statistics.
+  const int64_t blocks_fwd = t.recompute ? mul(L + 1, u) : add({u, mul(L, p.saved_per_block)});
+  const int64_t ln_f = add({u, ln_stats});
+  p.phases.push_back({t.lm_head_chunk > 0 ? "head forward (chunked)" : "head (logits and their gradient)",
+                      add({common, blocks_fwd, ln_f, head}), 0});
+
+  // The backward of the last block (the first one the backward reaches; the later ones hold
+  // less, since the earlier blocks' tensors are freed as the walk goes). Its peak is in
+  // linear_gelu's backward: of the block's own tensors, mlp c_proj's output and the GELU output
+  // are freed by then (5 units), and the residual's gradient (1), the GELU output's gradient (4),
+  // the pre-activation's gradient (4) and the LayerNorm 2 output's gradient (1) are held: the
+  // block without its output plus 5 units, and c_fc's weight and bias gradients. Under recompute
+  // the block is run again first, so its tensors exist once more, and the second run's output
+  // stays held until its backward returns (1 unit); the earlier blocks keep only their inputs.
+  // With dropout the mlp branch's dropout output is freed too, and its backward's output takes
+  // the place of the residual gradient as c_proj's incoming gradient: one unit less.
+  const int64_t working = add({block_no_output, mul(dropout ? 4 : 5, u), param_grad_temp});
+  const int64_t before = t.recompute ? add({mul(L, u), u}) : add({u, mul(L - 1, p.saved_per_block)});
+  p.phases.push_back({t.recompute ? "recomputed block backward" : "last block backward",
+                      add({common, before, working, head_dw_pending, loss_scalars}), 0});
+  if (!fused) {
+    // The materialised attention's backward: the softmax backward's dS allocated while dP, S
+    // and P are held: 4 score tensors, with the LayerNorm 1 output, qkv, the slices and the
+    // transposes (10 units, 12 with RoPE), the residual gradient and dV (2 units); under
+    // recompute the input's gradient copy (1 unit) too.
+    const int64_t attn = add({mul(12 + (rope ? 2 : 0) + (t.recompute ? 1 : 0), u), mul(scores, 4), ln_stats});
+    p.phases.push_back({"attention backward", add({common, before, attn, head_dw_pending, loss_scalars}), 0});
+  }
+  if (t.recompute) {
+    // The blocks' first run, recording nothing: linear_gelu's pre-activation and output (8
+    // units) while qkv (3), the c_proj output, x1 and the LayerNorm 2 output are held (14 units);
+    // the materialised attention holds its scores and probabilities with the slices and transposes.
+    const int64_t run = fused ? mul(14, u) : add({mul(11, u), mul(scores, 2)});
+    p.phases.push_back({"block forward (not recorded)", add({common, mul(L, u), run}), 0});
+  }
+
+  const MemoryPhase* best = &p.phases[0];
+  for (const MemoryPhase& ph : p.phases)
+    if (ph.activations + ph.workspace > best->activations + best->workspace) best = &ph;
+  p.peak_phase = best->name;
+  p.activations = best->activations;
+  p.workspace = best->workspace;
+  p.total = add({p.params, p.grads, p.optimizer, p.activations, p.workspace});
+  p.saved_blocks = t.recompute ? mul(L + 1, u) : mul(L, p.saved_per_block);
+  p.block_working = working;
+  p.head = head;
+  // The workspace category's own peak: the GPU attention backward's scratch (the per-row
+  // dO·O sums, and the fp32 dQ accumulator when train.deterministic is off).
+  if (gpu && fused) {
+    auto round256 = [](int64_t b) { return (b + 255) / 256 * 256; };
+    int64_t ws = round256(mul(mul(mul(B, H), T), 4));
+    if (!t.deterministic) ws = add({ws, round256(mul(mul(mul(B, H), (T + 63) / 64 * 64), D * 4))});
+    p.workspace_peak = ws;
+  }
+  return p;
+}
+
+std::string describe_prediction(const MemoryPrediction& p) {
+  std::ostringstream os;
+  os << "params " << format_bytes(p.params) << ", grads " << format_bytes(p.grads) << ", optimizer "
+     << format_bytes(p.optimizer) << ", activations " << format_bytes(p.activations);
+  if (p.workspace) os << ", workspace " << format_bytes(p.workspace);
+  os << "; peak " << format_bytes(p.total) << " in the " << p.peak_phase;
+  return os.str();
+}
+
+}  // namespace tg
