@@ -19,7 +19,7 @@
 #include "kernels/cuda/flash_attention/flash.h"
 #include "kernels/cuda/flash_attention/kernel_traits.cuh"
 #include "tile_emu.cuh"
-#include "wgmma_emu.cuh"
+#include "sm90_emu.cuh"
 #include "flash_fwd_emu.h"
 #include "flash_bwd_emu.h"
 #include "flash_fwd_sm90a_emu.h"

@@ -23,6 +23,10 @@
 #include "kernels/cuda/flash_attention/flash.h"
 #include "kernels/cuda/flash_attention/kernel_traits.cuh"
 #include "kernels/cuda/flash_attention/launch.cuh"
+#include "kernels/cuda/flash_attention/sm90_epilogue.cuh"
+#include "kernels/cuda/flash_attention/sm90_pipeline.cuh"
+#include "kernels/cuda/flash_attention/sm90_ptx.cuh"
+#include "kernels/cuda/flash_attention/sm90_scheduler.cuh"
 #include "kernels/cuda/flash_attention/tile.cuh"
 #include "kernels/cuda/flash_attention/wgmma.cuh"
 #include "kernels/cuda/tma.h"
@@ -35,7 +39,7 @@ namespace flash {
 
 // ── dQ, warp-specialised (the forward's structure: flash_fwd_sm90a.cu) ──
 // A producer thread loads the block's Q and dO tiles once and streams K_j, V_j tiles of Bc keys
-// with the tensor copy engine through Stages stage buffers (wgmma.cuh's produce_kv); Consumers
+// with the tensor copy engine through Stages stage buffers (sm90_pipeline.cuh: produce_kv); Consumers
 // warpgroups of 64 query rows each take turns at the tensor cores (named barriers), and each
 // overlaps tile j's products S = Q K_jᵀ, dP = dO V_jᵀ with dQ += dS_{j−1} K_{j−1}, so one tile's
 // elementwise work (P, dS) runs under the next tile's products and under the other consumers'
@@ -92,7 +96,7 @@ struct DqSm90aTraits {
   static_assert(QBuffers == 1 || QBuffers == 2, "one or two Q/dO buffers (the kernel selects between two barrier pairs)");
   static_assert(Consumers == 2 || Consumers == 3, "the register split is written for 2 or 3 consumers");
   static_assert(sm90::fits_launch_registers(kThreads, kProducerRegs, Consumers, kConsumerRegs),
-                "the hand-over must fit the registers the block is launched with (wgmma.cuh, setmaxnreg)");
+                "the hand-over must fit the registers the block is launched with (sm90_ptx.cuh, setmaxnreg)");
   static_assert(kSmemBytes <= 227 * 1024, "one block's shared memory");
 };
 // Block shapes per head dim (docs/kernels.md §4.2 has the measurements that chose them):
@@ -439,7 +443,7 @@ struct DkdvWsSm90aTraits {
   // 24 + 2 × 240 for the deterministic kernel, whose pipelined loop holds Sᵀ, dPᵀ of one tile
   // with dSᵀ of the one before beside dK and dV (at 232, d 128 spills and ptxas serialises the
   // wgmmas); 40 + 2 × 232 with FormDq, whose producer has a third busy warp. 32 + 2 × 240 would
-  // exceed the launch allocation, and setmaxnreg.inc would wait forever (wgmma.cuh).
+  // exceed the launch allocation, and setmaxnreg.inc would wait forever (sm90_ptx.cuh).
   static constexpr int kProducerRegs = Consumers == 2 ? (FormDq ? 40 : 24) : 32;
   static constexpr int kConsumerRegs = Consumers == 2 ? (FormDq ? 232 : 240) : 160;
   static constexpr int kStatsBytes = 2 * kStages * kBr * int(sizeof(float));  // lse, delta per stage
@@ -486,7 +490,7 @@ struct DkdvWsSm90aTraits {
   static_assert(kBr == 64 || kBr == 96 || kBr == 128, "Sᵀ and dPᵀ are m64n64, m64n96 or m64n128 products per warpgroup");
   static_assert(Consumers == 2 || Consumers == 3, "the register split is written for 2 or 3 consumers");
   static_assert(sm90::fits_launch_registers(kThreads, kProducerRegs, Consumers, kConsumerRegs),
-                "the hand-over must fit the registers the block is launched with (wgmma.cuh, setmaxnreg)");
+                "the hand-over must fit the registers the block is launched with (sm90_ptx.cuh, setmaxnreg)");
   static_assert(kSmemBytes <= 227 * 1024, "one block's shared memory");
   static_assert(!FormDq || (kDqCols == 64 && kBr == 64 && Consumers == 2), "FormDq: m64n64 dQ products");
   static_assert(!SkipIdle || !FormDq, "skipping tiles: the deterministic loops");

@@ -30,6 +30,10 @@
 #include "kernels/cuda/flash_attention/flash.h"
 #include "kernels/cuda/flash_attention/kernel_traits.cuh"
 #include "kernels/cuda/flash_attention/launch.cuh"
+#include "kernels/cuda/flash_attention/sm90_epilogue.cuh"
+#include "kernels/cuda/flash_attention/sm90_pipeline.cuh"
+#include "kernels/cuda/flash_attention/sm90_ptx.cuh"
+#include "kernels/cuda/flash_attention/sm90_scheduler.cuh"
 #include "kernels/cuda/flash_attention/tile.cuh"
 #include "kernels/cuda/flash_attention/wgmma.cuh"
 #include "kernels/cuda/tma.h"
@@ -107,7 +111,7 @@ struct FwdSm90aTraits {
   static_assert(!HalfDiagonal || (Consumers == 2 && Bc_ == 128 && TailBc == Bc_), "half diagonals: 128-row items, 128-key tiles");
   static_assert(Consumers == 2 || Consumers == 3, "the register split is written for 2 or 3 consumers");
   static_assert(sm90::fits_launch_registers(kThreads, kProducerRegs, Consumers, kConsumerRegs),
-                "the hand-over must fit the registers the block is launched with (wgmma.cuh, setmaxnreg)");
+                "the hand-over must fit the registers the block is launched with (sm90_ptx.cuh, setmaxnreg)");
   static_assert(kSmemBytes <= 227 * 1024, "one block's shared memory");
 };
 
