@@ -294,7 +294,7 @@ std::vector<Case> cases() {
   for (int64_t D : {64, 128})
     for (bool causal : {false, true}) out.push_back({1, 4096, 1, D, causal, 0.0});
   // d 64's long-T dK/dV shape on sm_90a (three consumers, 192-key blocks, from T = 2048:
-  // DkdvWsSm90aLongConfig), causal, with a ragged last key block and query tile (4200 = 21 · 192 +
+  // dkdv_d64_long_causal), causal, with a ragged last key block and query tile (4200 = 21 · 192 +
   // 168 = 65 · 64 + 40).
   out.push_back({1, 4200, 1, 64, true, 0.0});
   out.push_back({1, 2048, 1, 128, true, 0.0});

@@ -14,7 +14,8 @@ import sys
 
 # The Hopper headers the sm_90a kernels include, each after those it uses. A header added to the
 # kernels is added here, or the emulator test does not compile.
-SM90_HEADERS = ("sm90_ptx", "sm90_scheduler", "sm90_pipeline", "wgmma", "sm90_epilogue")
+SM90_HEADERS = ("sm90_shapes.h", "sm90_ptx.cuh", "sm90_scheduler.cuh", "sm90_pipeline.cuh", "wgmma.cuh",
+                "sm90_epilogue.cuh")
 
 # tile.cuh functions that emu.h provides instead (each is a PTX wrapper).
 PRIMITIVES = {"smem_addr", "cp_async_16", "cp_async_4", "cp_async_commit", "cp_async_wait", "ldmatrix_x4",
@@ -76,8 +77,8 @@ def main():
         f.write(banner.format("tile.cuh") + "\n".join(text))
     parts = []
     for header in SM90_HEADERS:
-        with open(os.path.join(flash, header + ".cuh")) as f:
-            parts.append(banner.format(header + ".cuh") + "\n".join(strip_primitives(f.read().split("\n"))))
+        with open(os.path.join(flash, header)) as f:
+            parts.append(banner.format(header) + "\n".join(strip_primitives(f.read().split("\n"))))
     with open(os.path.join(out, "sm90_emu.cuh"), "w") as f:
         f.write("\n".join(parts))
     for name in ("flash_fwd", "flash_bwd", "flash_fwd_sm90a", "flash_bwd_sm90a"):

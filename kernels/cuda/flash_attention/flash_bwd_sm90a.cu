@@ -17,6 +17,8 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/common.cuh"
@@ -27,6 +29,7 @@
 #include "kernels/cuda/flash_attention/sm90_pipeline.cuh"
 #include "kernels/cuda/flash_attention/sm90_ptx.cuh"
 #include "kernels/cuda/flash_attention/sm90_scheduler.cuh"
+#include "kernels/cuda/flash_attention/sm90_shapes.h"
 #include "kernels/cuda/flash_attention/tile.cuh"
 #include "kernels/cuda/flash_attention/wgmma.cuh"
 #include "kernels/cuda/tma.h"
@@ -45,9 +48,11 @@ namespace flash {
 // elementwise work (P, dS) runs under the next tile's products and under the other consumers'
 // (kPipelined; d 64's three-consumer shape issues and retires each tile's products in turn).
 // dQ still sums over j in a fixed order: deterministic.
-template <int D_, int Consumers, int Bc_, int Stages, int HeadDim = D_, bool Pipelined = true, bool SkipIdle = false,
-          bool StoreByTma = false, int QBuffers = 1>
+// Shape: a dQ shape of sm90_shapes.h (DqShape's fields); the traits derive the sizes.
+template <class Shape>
 struct DqSm90aTraits {
+  using S = Shape;
+  static constexpr int Consumers = S::consumers, Stages = S::stages, QBuffers = S::q_buffers;
   // Q and dO in QBuffers buffers: with one, an item's Q/dO tiles load only once the consumers have
   // issued the item before's last S and dP, so the load has that item's last grad, dQ product and
   // epilogue to land in; with two, item i + 1's tiles load into the other buffer as soon as the
@@ -56,28 +61,27 @@ struct DqSm90aTraits {
   static constexpr int kQBuffers = QBuffers;
   // dQ of an item staged in shared memory (per consumer, its 64 rows) and written by the tensor
   // copy engine (tma_store_4d), as the dK/dV kernel's dK and dV.
-  static constexpr bool kStoreByTma = StoreByTma;
+  static constexpr bool kStoreByTma = S::store_by_tma;
   static constexpr bool kDqKernel = true;  // (bwd_tma_maps: its output map is dQ's)
-  using WithStoreByTma = DqSm90aTraits<D_, Consumers, Bc_, Stages, HeadDim, Pipelined, SkipIdle, true>;
   // A consumer multiplies only the key tiles its own rows need: none when they all lie past T (a
   // head's last, part-filled block), and when causal those up to its last row's diagonal; it
   // takes the block's other tiles as turns without products (the pipelined loop multiplies at
   // least the item's first tile).
-  static constexpr bool kSkipIdle = SkipIdle;
-  static constexpr int kD = D_;
+  static constexpr bool kSkipIdle = S::skip_idle;
+  static constexpr int kD = tile_dim<S>();
   // The head's columns (≤ kD): head dim 96 runs the d 128 tiles, which the tensor maps zero-fill
   // past column 96; the products that sum over the head's columns stop there (their k-steps
   // over the padding would add zeros), and those whose N is the head's columns run N = 96
   // (their columns past it would be zeros).
-  static constexpr int kHeadDim = HeadDim;
+  static constexpr int kHeadDim = S::head_dim;
   static constexpr int kConsumers = Consumers;
   static constexpr int kThreads = 128 * (Consumers + 1);  // warpgroup 0 is the producer
   static constexpr int kBr = 64 * Consumers;              // query rows per block
-  static constexpr int kBc = Bc_;                         // keys per streamed tile
+  static constexpr int kBc = S::key_tile;                 // keys per streamed tile
   static constexpr int kStages = Stages;
   // dQ += dS_{j−1} K_{j−1} issued with tile j's S, dP (false: each tile's three products issued
   // and retired in turn, dS's fragments no longer live beside the next tile's S and dP).
-  static constexpr bool kPipelined = Pipelined;
+  static constexpr bool kPipelined = S::pipelined;
   static constexpr int kPanels = kD / 64;
   static constexpr int kPanelQ = kBr * sm90::kSwizzleRowBytes, kPanelKV = kBc * sm90::kSwizzleRowBytes;
   static constexpr int kTileQ = kPanels * kPanelQ, kTileKV = kPanels * kPanelKV;  // bytes
@@ -86,7 +90,7 @@ struct DqSm90aTraits {
   static constexpr int kBarrierBytes = 8 * (3 * QBuffers + 4 * kStages);  // and the item slots
   // kStoreByTma: per consumer a dQ staging tile of 64 rows (kPanels panels).
   static constexpr int kTileStage = kPanels * 64 * sm90::kSwizzleRowBytes;
-  static constexpr int kStageBytes = StoreByTma ? Consumers * kTileStage : 0;
+  static constexpr int kStageBytes = kStoreByTma ? Consumers * kTileStage : 0;
   // Q and dO, K and V in kStages stages each, the staging tiles, the barriers, swizzle-atom slack.
   static constexpr size_t kSmemBytes =
       size_t(2 * QBuffers * kTileQ + 2 * kStages * kTileKV + kStageBytes + kBarrierBytes + sm90::kSwizzleAtomBytes);
@@ -99,40 +103,8 @@ struct DqSm90aTraits {
                 "the hand-over must fit the registers the block is launched with (sm90_ptx.cuh, setmaxnreg)");
   static_assert(kSmemBytes <= 227 * 1024, "one block's shared memory");
 };
-// Block shapes per head dim (docs/kernels.md §4.2 has the measurements that chose them):
-//   d 128: 2 consumers × 96-key tiles, 3 stages (m64n96 S and dP; 168 registers, no consumer
-//          spills, 209 KiB). K_j stays in its stage until dQ += dS_j K_j has run, in the next
-//          turn, so with two stages the next tile's load only starts then and its latency shows;
-//          four gain nothing over three. 96-key tiles take a third fewer turns, waits and stage
-//          hand-overs per FLOP than 64-key ones; 128-key tiles spill. d 96 runs the same tiles.
-//   d 64:  2 consumers × 128-key tiles, 3 stages, below T = 2048 (the long shape below from
-//          there). dQ leaves through shared memory and the copy engine (kStoreByTma, both d 64
-//          shapes); d 128 and d 96 have no shared memory left for a staging tile per consumer
-//          (209 of 227 KiB). Q and dO in two buffers (kQBuffers = 2, 144 → 176 KiB), so that an
-//          item's Q/dO tiles load while the item before is still multiplied, which pays where
-//          items are short; on the long shape (145 → 193 KiB) it does not, and one is kept.
-template <int D> struct DqSm90aConfig;
-template <> struct DqSm90aConfig<64> { using type = DqSm90aTraits<64, 2, 128, 3, 64, true, false, true, 2>; };
-//   d 128: kSkipIdle on the pipelined loop — when causal, the first consumer's rows end a key
-//          tile before the second's in about half the items and it stops there (docs/kernels.md
-//          §2.3).
-template <> struct DqSm90aConfig<128> { using type = DqSm90aTraits<128, 2, 96, 3, 128, true, true>; };
-template <> struct DqSm90aConfig<96> { using type = DqSm90aTraits<128, 2, 96, 3, 96, true, true>; };
-// From T = 2048 at d 64 (kBwdSm90aLongT, as the dK/dV kernel's long shape): three consumers (192
-// query rows per block, 160 registers each) on 96-key tiles, each tile's three products issued
-// and retired in turn (kPipelined = false: the pipelined loop's dS of the tile before would not
-// fit beside the next S and dP in 160 registers). A third consumer keeps the tensor cores busy
-// while two compute exponentials and dS, as in the dK/dV kernel's long shape; the tiles are wide
-// enough that a turn's products outlast two consumers' exponentials (on 64-key tiles the shape
-// is slower). At 1k the two-consumer shape is the faster (docs/kernels.md §4.2).
-constexpr int64_t kBwdSm90aLongT = 2048;
-template <int D> struct DqSm90aLongConfig { using type = typename DqSm90aConfig<D>::type; };
-// Each of its consumers multiplies only the key tiles its own rows need (kSkipIdle; the same in
-// DkdvWsSm90aLongConfig<64>, from the query tile of its first key on): a 192-row block is a
-// coarse unit, and when causal its first consumer's rows stop a tile or more before its last
-// one's, as do rows past T. Its per-consumer trip counts compile as short as the plain loops only
-// with the warp-uniform warpgroup index (sm90::warpgroup_index; docs/kernels.md §2.3).
-template <> struct DqSm90aLongConfig<64> { using type = DqSm90aTraits<64, 3, 96, 3, 64, false, true, true>; };
+// Block shapes: sm90_shapes.h's dQ table (DqTable), each shape's reason beside it and its
+// measurements in docs/kernels.md §4.2.
 
 // The tensor maps of both backward kernels (tma.h): q, dout in boxes of Tr::kBr rows, k, v of
 // Tr::kBc (the dQ kernel streams K/V tiles under its own Q/dO, the dK/dV kernel the reverse).
@@ -387,7 +359,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 // transposed products per tile: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (SS), dV += Pᵀ dO and dK += dSᵀ Q
 // (register A, Q and dO MN-major); with PingPong they take turns to issue, as the forward does.
 // Q_i, dO_i are released once dK and dV have read them. The deterministic kernel is pipelined
-// (kPipelined; not d 64's three-consumer one, DkdvWsSm90aLongConfig):
+// (kPipelined; not d 64's three-consumer one, dkdv_d64_long_* in sm90_shapes.h):
 // dK's product for one tile runs while the next tile is exponentiated.
 //
 // FormDq (FlashDq::kAtomic): the block also forms dQ_i = dS K_j over its Bc keys, 5 products per
@@ -399,43 +371,43 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 // dq_accum layout (dq_accum_offset); the producer's third warp adds each staged tile into
 // dq_accum with one bulk reduction (dq_full / dq_empty) while the consumers go on — unordered
 // across blocks.
-template <int D_, int Consumers, int Stages, bool PingPong, bool FormDq = false, bool OwnInRegisters = false,
-          int HeadDim = D_, int Br_ = 64, bool GroupedItems = !FormDq, bool Pipelined = true, bool SkipIdle = false,
-          bool StoreByTma = false>
+// Shape: a dK/dV shape of sm90_shapes.h (DkdvShape's fields); the traits derive the sizes.
+template <class Shape>
 struct DkdvWsSm90aTraits {
+  using S = Shape;
+  static constexpr int Consumers = S::consumers, Stages = S::stages;
+  static constexpr bool FormDq = S::form_dq, StoreByTma = S::store_by_tma;
   // dK and dV of an item staged in shared memory (per consumer, its 64 rows of each) and written
   // by the tensor copy engine (tma_store_4d), so the consumers go on to the next item at once
   // rather than issuing 2·Dh/4 four-byte global stores per thread.
   static constexpr bool kStoreByTma = StoreByTma;
   static constexpr bool kDqKernel = false;
-  using WithStoreByTma = DkdvWsSm90aTraits<D_, Consumers, Stages, PingPong, FormDq, OwnInRegisters, HeadDim, Br_,
-                                           GroupedItems, Pipelined, SkipIdle, true>;
   // A consumer multiplies only the query tiles its own keys need: none when they all lie past T
   // (a head's last, part-filled block), and when causal those from the tile of its first key on;
   // it takes the block's other tiles as turns without products (both deterministic loops; the
   // pipelined one multiplies at least the item's last tile).
-  static constexpr bool kSkipIdle = SkipIdle;
-  static constexpr int kD = D_;
+  static constexpr bool kSkipIdle = S::skip_idle;
+  static constexpr int kD = tile_dim<S>();
   // The head's columns (≤ kD): head dim 96 runs the d 128 tiles, which the tensor maps zero-fill
   // past column 96; the products that sum over the head's columns stop there (their k-steps
   // over the padding would add zeros), and those whose N is the head's columns run N = 96
   // (their columns past it would be zeros).
-  static constexpr int kHeadDim = HeadDim;
+  static constexpr int kHeadDim = S::head_dim;
   // Sᵀ = K Qᵀ, dPᵀ = V dOᵀ with the warpgroup's K and V rows loaded once per item as A fragments
   // (RS) rather than read from shared memory at every tile (SS): half the shared-memory traffic of
   // those two products; 2·D/4 registers more per thread.
-  static constexpr bool kOwnInRegisters = OwnInRegisters;
+  static constexpr bool kOwnInRegisters = S::own_in_registers;
   // With K and V in registers for the whole item (and no dQ product, which reads K from shared
   // memory), their tiles and the item slot are released as soon as they are loaded: the next
   // item's K_j, V_j, first Q/dO tiles and statistics then load under this item's tiles instead
   // of after its last product, when the whole block would wait for them.
-  static constexpr bool kReleaseOwnEarly = OwnInRegisters && !FormDq;
+  static constexpr bool kReleaseOwnEarly = kOwnInRegisters && !FormDq;
   static constexpr int kConsumers = Consumers;
   static constexpr int kThreads = 128 * (Consumers + 1);  // warpgroup 0 is the producer
   static constexpr int kBc = 64 * Consumers;              // keys per block
-  static constexpr int kBr = Br_;                         // queries per streamed tile
+  static constexpr int kBr = S::query_tile;               // queries per streamed tile
   static constexpr int kStages = Stages;
-  static constexpr bool kPingPong = PingPong;
+  static constexpr bool kPingPong = S::ping_pong;
   static constexpr bool kFormDq = FormDq;
   static constexpr int kPanels = kD / 64;
   static constexpr int kPanelOwn = kBc * sm90::kSwizzleRowBytes, kPanelStream = kBr * sm90::kSwizzleRowBytes;
@@ -465,11 +437,11 @@ struct DkdvWsSm90aTraits {
   // more: docs/kernels.md §9.)
   static constexpr int kDsBuffers = 2;
   // Causal items in groups of heads (sm90::item_tile's grouped): every kernel but the d 128
-  // atomic one (DkdvAtomicSm90aConfig).
-  static constexpr bool kGroupedItems = GroupedItems;
+  // atomic one (dkdv_atomic_d128, sm90_shapes.h).
+  static constexpr bool kGroupedItems = S::grouped_items;
   // The deterministic kernel's dK product for tile j − 1 issued with tile j's Sᵀ, dPᵀ (false: each
   // tile's four products issued and retired in turn, 16 registers fewer at the loop's peak).
-  static constexpr bool kPipelined = Pipelined;
+  static constexpr bool kPipelined = S::pipelined;
   static constexpr int kDqStaging = kDqByTurns ? 2 : 1;
   static constexpr int kTileDs = kBc * sm90::kSwizzleRowBytes;
   static constexpr int kTileDq = kBr * kD * int(sizeof(float));
@@ -493,62 +465,12 @@ struct DkdvWsSm90aTraits {
                 "the hand-over must fit the registers the block is launched with (sm90_ptx.cuh, setmaxnreg)");
   static_assert(kSmemBytes <= 227 * 1024, "one block's shared memory");
   static_assert(!FormDq || (kDqCols == 64 && kBr == 64 && Consumers == 2), "FormDq: m64n64 dQ products");
-  static_assert(!SkipIdle || !FormDq, "skipping tiles: the deterministic loops");
+  static_assert(!kSkipIdle || !FormDq, "skipping tiles: the deterministic loops");
 };
 
-// Block shapes (measured on the H200; docs/kernels.md §4.2 has the figures): two consumers of 64
-// keys each and 3 Q/dO stages of 64 queries — Q_i, dO_i stay in their stage until dK += dSᵀ Q_i
-// has run, a tile later, so of three stages two are held and one loads ahead (2 stages were
-// slower). The pipelined loop (dK_{j−1} issued with Sᵀ_j, dPᵀ_j) pays with ping-pong turns at
-// d 64 and without them at d 128 (where turns make it spill), so the turns are per head dim.
-// d 64 keeps K and V in registers, released at the item's start so that the next item's tiles
-// load under this one where items are short; d 128 has no registers for them (dK, dV and the
-// pipelined tile fill 240).
-// Both skip, causal, the diagonal tile wholly before their second consumer's keys (kSkipIdle on the
-// pipelined loop: an item's first query tile, rows k0 … k0 + 63, precedes keys k0 + 64 …; 5.6 % of
-// the consumer-tiles at 1k, 2.9 % at 2k; docs/kernels.md §2.3).
-// Their dK and dV leave through shared memory and the tensor copy engine (kStoreByTma): register
-// stores from every thread are held up by the full memory queue and keep the consumers from the
-// next item, which shows where items are short (docs/kernels.md §5.2). (d 64's long-T shape: see
-// DkdvWsSm90aLongConfig.)
-template <int D> struct DkdvWsSm90aConfig;
-template <> struct DkdvWsSm90aConfig<64> {
-  using type = DkdvWsSm90aTraits<64, 2, 3, true, false, true, 64, 64, true, true, true, true>;
-};
-template <> struct DkdvWsSm90aConfig<128> {
-  using type = DkdvWsSm90aTraits<128, 2, 3, false, false, false, 128, 64, true, true, true, true>;
-};
-template <> struct DkdvWsSm90aConfig<96> {
-  using type = DkdvWsSm90aTraits<128, 2, 3, false, false, false, 96, 64, true, true, true, true>;
-};
-// From T = 2048 at d 64: three consumers (192 keys per block, 160 registers each) taking turns,
-// K and V read from shared memory, each tile's four products issued and retired in turn (the
-// pipelined loop's dSᵀ of the tile before would not fit: it spills 148 bytes). At d 64 a tile's
-// exponentials and dS take about as long as its products, and with two consumers the tensor
-// cores idle while both compute them; a third keeps them busy, as in the d 64 forward. Below
-// 2048 items are a few tiles long and the 64-query shape's early release of K and V (which needs
-// them in registers) pays more (docs/kernels.md §4.2).
-// Causal, it stores dK and dV by the copy engine (launch_dkdv_sm90a: ::WithStoreByTma); not
-// causal, from registers: there the staged stores, whose shared memory (101 → 149 KB) the
-// non-causal items' long loops do not repay, are level or slower (docs/kernels.md §5.2).
-template <int D> struct DkdvWsSm90aLongConfig { using type = typename DkdvWsSm90aConfig<D>::type; };
-template <> struct DkdvWsSm90aLongConfig<64> {  // (kSkipIdle: see DqSm90aLongConfig<64>)
-  using type = DkdvWsSm90aTraits<64, 3, 3, true, false, false, 64, 64, true, false, true>;
-};
-// FlashDq::kAtomic's dK/dV kernel, which forms dQ too (5 products per tile pair, not 7). Each
-// block adds a (64 queries, D) fp32 dQ tile per streamed query tile; the L2 performs the
-// reductions. Two consumers of 64 keys (128 keys per block: half the reduced bytes per FLOP of
-// one), 3 Q/dO stages, no ping-pong turns (the per-tile dSᵀ exchange already paces the
-// consumers), tile j's dQ product issued with dK_{j+1} so that the consumers need not meet at
-// every tile; at d 64 one consumer forms a whole tile's dQ by turns (an m64n32 half would read
-// more shared memory per FLOP than the tensor cores' operand rate allows), and the causal items
-// go in groups of heads as in every other kernel, which at d 128 is slower, so d 128 keeps one
-// group. Where it is the faster than the deterministic pair: sm90a_runs_atomic_dq. The figures,
-// and the variants rejected: docs/kernels.md §6 and §9.
+// Block shapes: sm90_shapes.h's dK/dV tables (DkdvTable, DkdvAtomicTable), each shape's reason
+// beside it and its measurements in docs/kernels.md §4.2. The head dims with an atomic kernel:
 template <int D> constexpr bool kSm90aAtomicDq = D == 128 || D == 64;
-template <int D> struct DkdvAtomicSm90aConfig;
-template <> struct DkdvAtomicSm90aConfig<64> { using type = DkdvWsSm90aTraits<64, 2, 3, false, true, true, 64, 64, true>; };
-template <> struct DkdvAtomicSm90aConfig<128> { using type = DkdvWsSm90aTraits<128, 2, 3, false, true>; };
 
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
@@ -1006,49 +928,20 @@ void launch_dq_sm90a_with(const FlashAttentionParams& p, const float* delta, cud
                                 item_count(p, Tr::kBr), p, stream, delta, flash::bwd_tma_maps<Tr>(p),
                                 flash::item_counter(stream, 1));
 }
-template <int D>
-void launch_dq_sm90a(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
-  if (p.T >= flash::kBwdSm90aLongT)
-    launch_dq_sm90a_with<typename flash::DqSm90aLongConfig<D>::type>(p, delta, stream);
-  else
-    launch_dq_sm90a_with<typename flash::DqSm90aConfig<D>::type>(p, delta, stream);
-}
-
-// The dK/dV kernel, likewise, in the block shape of p's length (DkdvWsSm90aConfig,
-// DkdvWsSm90aLongConfig).
+// The dK/dV kernel, likewise.
 template <class Tr>
 void launch_dkdv_sm90a_with(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
   flash::launch_item_kernel<Tr>(flash::Overlap::kNone, flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr>, Tr::kSmemBytes,
                                 item_count(p, Tr::kBc), p, stream, delta, static_cast<float*>(nullptr), 0,
                                 flash::bwd_tma_maps<Tr>(p), flash::item_counter(stream));
 }
-template <int D>
-void launch_dkdv_sm90a(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
-  // (Below the long shapes, and at d 96 and 128, every config already stores by the copy engine.)
-  if (p.T >= flash::kBwdSm90aLongT && p.causal)
-    launch_dkdv_sm90a_with<typename flash::DkdvWsSm90aLongConfig<D>::type::WithStoreByTma>(p, delta, stream);
-  else if (p.T >= flash::kBwdSm90aLongT)
-    launch_dkdv_sm90a_with<typename flash::DkdvWsSm90aLongConfig<D>::type>(p, delta, stream);
-  else
-    launch_dkdv_sm90a_with<typename flash::DkdvWsSm90aConfig<D>::type>(p, delta, stream);
-}
-
-// Block shapes: DkdvWsSm90aConfig, DkdvWsSm90aLongConfig, DqSm90aConfig, DkdvAtomicSm90aConfig
-// (above), with the reasons for them (their measurements: docs/kernels.md §4.2).
-template <int D>
-void launch_bwd_sm90a(const FlashAttentionParams& p, const float* delta, float* dq_accum, int accum_rows,
-                      cudaStream_t stream) {
-  if constexpr (flash::kSm90aAtomicDq<D>) {
-    if (p.dq_mode == FlashDq::kAtomic) {
-      using Tr = typename flash::DkdvAtomicSm90aConfig<D>::type;
-      flash::launch_item_kernel<Tr>(flash::Overlap::kNone, flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr>, Tr::kSmemBytes,
-                                    item_count(p, Tr::kBc), p, stream, delta, dq_accum,
-                                    accum_rows, flash::bwd_tma_maps<Tr>(p), flash::item_counter(stream));
-      return;
-    }
-  }
-  launch_dkdv_sm90a<D>(p, delta, stream);
-  launch_dq_sm90a<D>(p, delta, stream);
+// FlashDq::kAtomic's dK/dV kernel, which forms dQ too and adds it into dq_accum.
+template <class Tr>
+void launch_dkdv_atomic_sm90a_with(const FlashAttentionParams& p, const float* delta, float* dq_accum, int accum_rows,
+                                   cudaStream_t stream) {
+  flash::launch_item_kernel<Tr>(flash::Overlap::kNone, flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr>, Tr::kSmemBytes,
+                                item_count(p, Tr::kBc), p, stream, delta, dq_accum, accum_rows,
+                                flash::bwd_tma_maps<Tr>(p), flash::item_counter(stream));
 }
 
 }  // namespace
@@ -1069,16 +962,30 @@ bool sm90a_runs_atomic_dq(const FlashAttentionParams& p) {
   return p.D == 128 ? p.T >= 16384 : !p.causal && p.T >= 4096;
 }
 
-// Head dim 96 runs the d 128 kernels, zero-padded as in the forward (flash_fwd_sm90a): dQ, dK
-// and dV are m64n96 products (their columns past 96 would be zeros).
+// The shapes the backward's tables (sm90_shapes.h: dkdv_shape, dq_shape, dkdv_atomic_shape)
+// select for p's head dim, mask and length. Head dim 96 runs the d 128 kernels, zero-padded as in
+// the forward (flash_fwd_sm90a): dQ, dK and dV are m64n96 products (their columns past 96 would be
+// zeros); it has no atomic kernel (kSm90aAtomicDq).
 void flash_bwd_sm90a(const FlashAttentionParams& p, const float* delta, float* dq_accum, int accum_rows,
                      cudaStream_t stream) {
-  if (p.D == 64)
-    launch_bwd_sm90a<64>(p, delta, dq_accum, accum_rows, stream);
-  else if (p.D == 96)
-    launch_bwd_sm90a<96>(p, delta, dq_accum, accum_rows, stream);
-  else
-    launch_bwd_sm90a<128>(p, delta, dq_accum, accum_rows, stream);
+  auto no_shape = [&](const char* kernel) {
+    return std::invalid_argument(std::string("flash_attention_backward: no sm_90a ") + kernel + " shape for head dim " +
+                                 std::to_string(p.D));
+  };
+  // (kAtomic only where sm90a_runs_atomic_dq: the caller passes kRecompute elsewhere.)
+  if (p.dq_mode == FlashDq::kAtomic && with_named_shape(DkdvAtomicTable{}, dkdv_atomic_shape(p.D, p.causal, p.T), [&](auto tag) {
+        launch_dkdv_atomic_sm90a_with<DkdvWsSm90aTraits<typename decltype(tag)::type>>(p, delta, dq_accum, accum_rows,
+                                                                                       stream);
+      }))
+    return;
+  if (!with_named_shape(join(DkdvTable{}, DkdvVariants{}), dkdv_shape(p.D, p.causal, p.T), [&](auto tag) {
+        launch_dkdv_sm90a_with<DkdvWsSm90aTraits<typename decltype(tag)::type>>(p, delta, stream);
+      }))
+    throw no_shape("dK/dV");
+  if (!with_named_shape(join(DqTable{}, DqVariants{}), dq_shape(p.D, p.causal, p.T), [&](auto tag) {
+        launch_dq_sm90a_with<DqSm90aTraits<typename decltype(tag)::type>>(p, delta, stream);
+      }))
+    throw no_shape("dQ");
 }
 
 }  // namespace flash

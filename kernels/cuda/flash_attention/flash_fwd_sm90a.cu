@@ -24,6 +24,8 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/common.cuh"
@@ -34,6 +36,7 @@
 #include "kernels/cuda/flash_attention/sm90_pipeline.cuh"
 #include "kernels/cuda/flash_attention/sm90_ptx.cuh"
 #include "kernels/cuda/flash_attention/sm90_scheduler.cuh"
+#include "kernels/cuda/flash_attention/sm90_shapes.h"
 #include "kernels/cuda/flash_attention/tile.cuh"
 #include "kernels/cuda/flash_attention/wgmma.cuh"
 #include "kernels/cuda/tma.h"
@@ -49,45 +52,43 @@ namespace flash {
 // the consumers. The consumers take turns: named barriers pass the right to issue a tile's two
 // products around the ring of consumer warpgroups, so one warpgroup's softmax overlaps the
 // others' products rather than coinciding with them (FlashAttention-3's ping-pong).
-template <int D_, int Consumers, int Bc_, int Stages, bool QInRegisters = false, int HeadDim = D_, int TailBc = Bc_,
-          bool SkipIdle = false, bool HalfDiagonal = false, bool StoreByTma = false>
+// Shape: a forward shape of sm90_shapes.h (FwdShape's fields); the traits derive the sizes.
+template <class Shape>
 struct FwdSm90aTraits {
+  using S = Shape;
+  static constexpr int Consumers = S::consumers, Stages = S::stages;
   // O of an item staged in shared memory (per consumer, its 64 rows) and written by the tensor
   // copy engine (tma_store_4d), so the consumers go on to the next item at once rather than
   // issuing Dh/4 four-byte global stores per thread.
-  static constexpr bool kStoreByTma = StoreByTma;
-  using WithStoreByTma = FwdSm90aTraits<D_, Consumers, Bc_, Stages, QInRegisters, HeadDim, TailBc, SkipIdle,
-                                        HalfDiagonal, true>;
+  static constexpr bool kStoreByTma = S::store_by_tma;
   // Causal, two consumers on 128-row items and 128-key tiles: an item's last K/V tile is its
   // diagonal one, of whose keys the first consumer's rows reach only the first 64 — its
   // products over that tile stop there (S m64n64 and P V over 64 keys, in accumulators of their
   // own: as a prefix of the full ones ptxas serialised the wgmmas).
-  static constexpr bool kHalfDiagonal = HalfDiagonal;
+  static constexpr bool kHalfDiagonal = S::half_diagonal;
   // A consumer multiplies only the K/V tiles its own rows need: none when they all lie past T (a
   // head's last, part-filled query tile), and when causal those up to its last row's diagonal;
   // it takes the block's other tiles as turns without products.
-  static constexpr bool kSkipIdle = SkipIdle;
-  static constexpr int kD = D_;
+  static constexpr bool kSkipIdle = S::skip_idle;
+  static constexpr int kD = tile_dim<S>();
   // The head's columns (≤ kD): head dim 96 runs the d 128 tiles, which the tensor maps zero-fill
   // past column 96; the products that sum over the head's columns stop there (their k-steps
   // over the padding would add zeros), and those whose N is the head's columns run N = 96
   // (their columns past it would be zeros).
-  static constexpr int kHeadDim = HeadDim;
+  static constexpr int kHeadDim = S::head_dim;
   // S = Q K_jᵀ with Q's A fragments loaded once per item into registers (RS) instead of read from
   // shared memory at every tile (SS): a third of the product's shared-memory traffic less.
-  static constexpr bool kQInRegisters = QInRegisters;
+  static constexpr bool kQInRegisters = S::q_in_registers;
   static constexpr int kConsumers = Consumers;            // warpgroups of 64 query rows
   static constexpr int kThreads = 128 * (Consumers + 1);  // warpgroup 0 is the producer
   static constexpr int kBr = 64 * Consumers;              // query rows per block
-  static constexpr int kBc = Bc_;                         // keys per tile: S is m64 n Bc per warpgroup
+  static constexpr int kBc = S::key_tile;                 // keys per tile: S is m64 n Bc per warpgroup
   // Keys of the products over an item's last K/V tile (≤ kBc; not causal, where every item's
   // last tile is T's last, part-filled one): S = Q Kᵀ and P V stop there rather than at kBc —
   // the tile's keys past T are zero-filled and masked, and past kTailBc not multiplied at all
   // (the softmax still runs over the whole tile). fwd_last_tile_keys picks it per T.
-  static constexpr int kTailBc = TailBc;
-  template <int Tail>
-  using WithTail =
-      FwdSm90aTraits<D_, Consumers, Bc_, Stages, QInRegisters, HeadDim, Tail, SkipIdle, HalfDiagonal, StoreByTma>;
+  static constexpr int kTailBc = S::last_tile_keys ? S::last_tile_keys : kBc;
+  static constexpr bool kNarrowLastTile = S::narrow_last_tile;
   static constexpr int kStages = Stages;                  // K/V stage buffers
   static constexpr int kPanels = kD / 64;
   static constexpr int kPanelQ = kBr * sm90::kSwizzleRowBytes, kPanelKV = kBc * sm90::kSwizzleRowBytes;
@@ -99,7 +100,7 @@ struct FwdSm90aTraits {
   static constexpr int kBarrierBytes = 8 * (3 + 4 * kStages);  // the mbarriers and the item slot, after the tiles
   // kStoreByTma: per consumer an O staging tile of 64 rows (kPanels panels).
   static constexpr int kTileStage = kPanels * 64 * sm90::kSwizzleRowBytes;
-  static constexpr int kStageBytes = StoreByTma ? Consumers * kTileStage : 0;
+  static constexpr int kStageBytes = kStoreByTma ? Consumers * kTileStage : 0;
   static constexpr size_t kSmemBytes =
       size_t(kTileQ + 2 * kStages * kTileKV + kStageBytes + kBarrierBytes + sm90::kSwizzleAtomBytes);
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
@@ -108,7 +109,8 @@ struct FwdSm90aTraits {
   static_assert(kBc != 176 || !kQInRegisters, "S (88 registers), P and O leave no room for Q's fragments");
   static_assert(kTailBc % 64 == 0 || kTailBc == kBc, "the last tile's products: m64n64, m64n128 or the whole tile");
   static_assert(kTailBc <= kBc, "the last tile's products lie within the tile");
-  static_assert(!HalfDiagonal || (Consumers == 2 && Bc_ == 128 && TailBc == Bc_), "half diagonals: 128-row items, 128-key tiles");
+  static_assert(!kHalfDiagonal || (Consumers == 2 && kBc == 128 && kTailBc == kBc), "half diagonals: 128-row items, 128-key tiles");
+  static_assert(!kNarrowLastTile || kBc == 176, "last tiles as narrow as T needs: on 176-key tiles");
   static_assert(Consumers == 2 || Consumers == 3, "the register split is written for 2 or 3 consumers");
   static_assert(sm90::fits_launch_registers(kThreads, kProducerRegs, Consumers, kConsumerRegs),
                 "the hand-over must fit the registers the block is launched with (sm90_ptx.cuh, setmaxnreg)");
@@ -137,52 +139,8 @@ FwdTmaMaps fwd_tma_maps(const FlashAttentionParams& p) {  // p's row strides res
   return maps;
 }
 
-// Block shapes per head dim (docs/kernels.md §4.2 has the measurements that chose them):
-//   d 128: 2 consumers × 128-key tiles, 2 stages (168 registers at launch, 240 per consumer
-//          thread after the hand-over, 0 consumer spills, 193 KiB). 64-key tiles form S as two
-//          m64n64 products per Q read and ran slower; a third stage gained nothing.
-//   d 64:  3 consumers (192 query rows) × 128-key tiles, 2 stages (160 registers per consumer).
-//          At d 64 the softmax is as long as a tile's products, so a third consumer keeps the
-//          tensor cores busy while two of them exponentiate; a third stage gained nothing.
-// Q in registers at d 128 (S register-A, no consumer spills at 240); at d 64 (3 × 160 registers)
-// it would spill 96 bytes and ptxas would serialise the wgmmas, so d 64 reads Q from shared memory.
-// d 64's three consumers each multiply only the K/V tiles their own rows need (kSkipIdle): when
-// causal, a 192-row item's first consumer's rows stop a tile or more before its last one's, and
-// rows past T need none. d 128 (causal only: the non-causal shape is FwdSm90aNonCausalConfig)
-// halves its diagonal tile for the first consumer, whose rows reach only its first 64 keys
-// (kHalfDiagonal; at d 64's short causal shape it gains nothing and is left out). Figures:
-// docs/kernels.md §2.3.
-// O leaves through shared memory and the tensor copy engine (kStoreByTma) in every shape but d 128's
-// non-causal 176-key one (no shared memory left for the staging) and d 96's non-causal one (not
-// measured): the consumers go on to the next item at once, which pays where items are short
-// (docs/kernels.md §5.2).
-template <int D> struct FwdSm90aConfig;
-template <> struct FwdSm90aConfig<64> { using type = FwdSm90aTraits<64, 3, 128, 2, false, 64, 128, true, false, true>; };
-template <> struct FwdSm90aConfig<128> { using type = FwdSm90aTraits<128, 2, 128, 2, true, 128, 128, false, true, true>; };
-// d 96 runs d 128's shape; its products stop at the head's 96 columns, both those that sum over
-// them and those whose N they are — P V here, Pᵀ dO, dSᵀ Q, dS K in the backward (docs/kernels.md
-// §4.3; the figures in §4.2). Causal, its diagonal tile is halved as d 128's (kHalfDiagonal).
-template <> struct FwdSm90aConfig<96> { using type = FwdSm90aTraits<128, 2, 128, 2, true, 96, 128, false, true, true>; };
-// Not causal, d 128: FlashAttention-3's 176-key tiles (S m64n176: one softmax reduction, one
-// turn and one K/V stage hand-over per 176 keys rather than 128; S, P and O fill the consumers'
-// 240 registers, so Q is read from shared memory: 168 registers at launch, no consumer spills,
-// 209 KiB; docs/kernels.md §4.2). Causal keeps 128 keys with Q in registers (its diagonal
-// tiles' masked work would grow with the tile).
-template <int D> struct FwdSm90aNonCausalConfig { using type = typename FwdSm90aConfig<D>::type; };
-// Its products over an item's last tile stop where T does, rounded up to 64 or 128 keys
-// (fwd_last_tile_keys, launch_fwd_sm90a_last_tile).
-template <> struct FwdSm90aNonCausalConfig<128> { using type = FwdSm90aTraits<128, 2, 176, 2, false>; };
-template <> struct FwdSm90aNonCausalConfig<96> { using type = FwdSm90aTraits<128, 2, 128, 2, true, 96>; };
-// Causal up to T = 1024 (kFwdShortCausalMaxT), d 64: two consumers (128 query rows) with Q in
-// registers. At short causal T the 192-row tiles compute much that the mask then discards: at
-// T = 1024, 6 tiles per head (the last with 64 rows in 192) over 2–8 K/V tiles, 786,432 scores
-// per head against 589,824 with 128-row tiles and 524,800 under the mask — 1.33× the 128-row
-// tiles' work, more than the third consumer's speed-up (1.15× at causal 8k) makes up.
-// The bound: at causal 1k this shape is 1.09× the three-consumer one, from 2k slower
-// (docs/kernels.md §4.2).
-template <int D> struct FwdSm90aShortCausalConfig { using type = typename FwdSm90aConfig<D>::type; };
-template <> struct FwdSm90aShortCausalConfig<64> { using type = FwdSm90aTraits<64, 2, 128, 2, true, 64, 128, false, false, true>; };
-constexpr int64_t kFwdShortCausalMaxT = 1024;
+// Block shapes: sm90_shapes.h's forward table (FwdTable), each shape's reason beside it and its
+// measurements in docs/kernels.md §4.2.
 
 // Work items: (query tile, head, batch), numbered heaviest first when causal — the head fastest,
 // then the batch, the tile slowest and reversed, the order in which a grid of one item per block
@@ -222,13 +180,19 @@ template <class Tr>
 struct TraitsTag {
   using type = Tr;
 };
-// f(TraitsTag<Tr with kTailBc = fwd_last_tile_keys<Tr>(T)>{}).
-template <class Tr, class F>
+template <class S, int Keys>
+struct WithLastTileKeys : S {
+  static constexpr int last_tile_keys = Keys;
+};
+// f(TraitsTag<the traits of Shape>{}), with last_tile_keys = fwd_last_tile_keys(T) where the shape
+// narrows its last tile (narrow_last_tile).
+template <class Shape, class F>
 void with_last_tile_traits(int64_t T, F&& f) {
-  if constexpr (Tr::kBc == 176) {
+  using Tr = FwdSm90aTraits<Shape>;
+  if constexpr (Tr::kNarrowLastTile) {
     const int keys = fwd_last_tile_keys<Tr>(T);
-    if (keys == 64) return f(TraitsTag<typename Tr::template WithTail<64>>{});
-    if (keys == 128) return f(TraitsTag<typename Tr::template WithTail<128>>{});
+    if (keys == 64) return f(TraitsTag<FwdSm90aTraits<WithLastTileKeys<Shape, 64>>>{});
+    if (keys == 128) return f(TraitsTag<FwdSm90aTraits<WithLastTileKeys<Shape, 128>>>{});
   }
   f(TraitsTag<Tr>{});
 }
@@ -503,9 +467,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
 namespace {
 
-// Block shapes: FwdSm90aConfig, FwdSm90aNonCausalConfig, FwdSm90aShortCausalConfig (above), with
-// the measurements that chose them. The tensor maps are encoded on the host at every call (host
-// time not measured).
+// The tensor maps are encoded on the host at every call (host time not measured).
 //
 // The grid: one block per SM, each taking several work items, the next one claimed from a
 // counter (launch.cuh, item_counter): a block's start and epilogue overlap the next item's loads,
@@ -513,45 +475,33 @@ namespace {
 // T too, where a static round-robin split of the items is less even than the hardware's handing
 // out of blocks as SMs free up (docs/kernels.md §5.3).
 template <class Tr>
-void launch_fwd_sm90a(const FlashAttentionParams& p, cudaStream_t stream) {
+void launch_fwd_sm90a_traits(const FlashAttentionParams& p, cudaStream_t stream) {
   flash::launch_item_kernel<Tr>(flash::Overlap::kNone, flash::flash_fwd_sm90a_kernel<Tr>, Tr::kSmemBytes,
                                 flash::fwd_work_items<Tr>(int(p.T), int(p.H), int(p.B)), p,
                                 stream, flash::fwd_tma_maps<Tr>(p), flash::item_counter(stream));
 }
-// Not causal: the products over every item's last K/V tile as wide as T's last tile needs
-// (fwd_last_tile_keys), rounded up to 64 or 128 keys: products over keys past T multiply zeros
-// at full cost (docs/kernels.md §2.3).
-template <class Tr>
-void launch_fwd_sm90a_last_tile(const FlashAttentionParams& p, cudaStream_t stream) {
-  flash::with_last_tile_traits<Tr>(p.T, [&](auto tr) { launch_fwd_sm90a<typename decltype(tr)::type>(p, stream); });
-}
-// The block shape of head dim D for p's mask and length (FwdSm90aConfig, FwdSm90aNonCausalConfig,
-// FwdSm90aShortCausalConfig).
-template <int D>
-void launch_fwd_sm90a_for(const FlashAttentionParams& p, cudaStream_t stream) {
-  if (p.causal && p.T <= flash::kFwdShortCausalMaxT)
-    launch_fwd_sm90a<typename flash::FwdSm90aShortCausalConfig<D>::type>(p, stream);
-  else if (p.causal)
-    launch_fwd_sm90a<typename flash::FwdSm90aConfig<D>::type>(p, stream);
-  else
-    launch_fwd_sm90a_last_tile<typename flash::FwdSm90aNonCausalConfig<D>::type>(p, stream);
+// A shape of sm90_shapes.h; not causal, on 176-key tiles, the products over every item's last K/V
+// tile as wide as T's last tile needs (fwd_last_tile_keys), rounded up to 64 or 128 keys:
+// products over keys past T multiply zeros at full cost (docs/kernels.md §2.3).
+template <class Shape>
+void launch_fwd_sm90a(const FlashAttentionParams& p, cudaStream_t stream) {
+  flash::with_last_tile_traits<Shape>(p.T, [&](auto tr) { launch_fwd_sm90a_traits<typename decltype(tr)::type>(p, stream); });
 }
 
 }  // namespace
 
 namespace flash {
 
-// Head dim 96 runs the d 128 kernel: its tensor maps end each head at column 96, so the second
-// 64-column panel of every tile is zero-filled past it (tma.h); S = Q Kᵀ stops at column 96
-// (kHeadDim), and O = P V is an m64n96 product (its columns past 96 would be zeros), stored to
+// The shape the forward's table (sm90_shapes.h, fwd_shape) selects for p's head dim, mask and
+// length. Head dim 96 runs the d 128 kernel: its tensor maps end each head at column 96, so the
+// second 64-column panel of every tile is zero-filled past it (tma.h); S = Q Kᵀ stops at column
+// 96 (kHeadDim), and O = P V is an m64n96 product (its columns past 96 would be zeros), stored to
 // column 96.
 void flash_fwd_sm90a(const FlashAttentionParams& p, cudaStream_t stream) {
-  if (p.D == 64)
-    launch_fwd_sm90a_for<64>(p, stream);
-  else if (p.D == 96)
-    launch_fwd_sm90a_for<96>(p, stream);
-  else
-    launch_fwd_sm90a_for<128>(p, stream);
+  const char* shape = fwd_shape(p.D, p.causal, p.T);
+  if (!with_named_shape(join(FwdTable{}, FwdVariants{}), shape,
+                        [&](auto tag) { launch_fwd_sm90a<typename decltype(tag)::type>(p, stream); }))
+    throw std::invalid_argument("flash_attention_forward: no sm_90a shape for head dim " + std::to_string(p.D));
 }
 
 }  // namespace flash

@@ -67,7 +67,7 @@ __device__ __forceinline__ ItemTile causal_item_tile(int w, int H, int B, int n_
   return {hb % H, hb / H, (heaviest_last ? n_tiles - 1 - z : z) * rows};
 }
 // grouped = false: every head in one group (the d 128 atomic dK/dV kernel's order, see
-// DkdvAtomicSm90aConfig).
+// dkdv_atomic_d128 in sm90_shapes.h).
 __device__ __forceinline__ ItemTile item_tile(int w, int H, int B, int n_tiles, int rows, bool causal,
                                               bool heaviest_last, bool grouped = true) {
   if (!causal) return {(w / n_tiles) % H, w / (n_tiles * H), (w % n_tiles) * rows};
