@@ -222,7 +222,7 @@ void with_table_shape(List list, const char* name, F&& f) {
 }
 void forward_sm90a(const FlashAttentionParams& p_in) {
   const FlashAttentionParams p = flash::with_resolved_row_strides(p_in);
-  with_table_shape(flash::FwdTable{}, flash::fwd_shape(p.D, p.causal, table_t(p.T)),
+  with_table_shape(flash::join(flash::FwdTable{}, flash::FwdVariants{}), flash::fwd_shape(p.D, p.causal, table_t(p.T), flash::variant_name(p.variant)),
                    [&](auto tag) { forward_sm90a_with<typename decltype(tag)::type>(p); });
 }
 
@@ -257,7 +257,7 @@ void backward_sm90a(const FlashAttentionParams& p_in) {
   }
   // The tables take the long shapes from T = kBwdSm90aLongT; here from T = 256 (table_t), so that
   // their stages, turns and ragged tails run too (at 256, 300 and 600).
-  with_table_shape(flash::DkdvTable{}, flash::dkdv_shape(p.D, p.causal, table_t(p.T)),
+  with_table_shape(flash::join(flash::DkdvTable{}, flash::DkdvVariants{}), flash::dkdv_shape(p.D, p.causal, table_t(p.T), flash::variant_name(p.variant)),
                    [&](auto tag) { dkdv_sm90a_with<typename decltype(tag)::type>(p, ws.delta); });
   auto run_dq = [&](auto tag) {
     using Dq = flash::DqSm90aTraits<typename decltype(tag)::type>;
@@ -270,18 +270,21 @@ void backward_sm90a(const FlashAttentionParams& p_in) {
   // (two Q/dO buffers, kQBuffers), so that its buffers alternate over the several items each of
   // the 3 blocks takes (the cases B 2 × H 3 non-causal and B 2 × H 8 causal).
   const bool short_dq_at_300 = D == 64 && p.T == 300;
-  with_table_shape(flash::DqTable{}, flash::dq_shape(p.D, p.causal, short_dq_at_300 ? p.T : table_t(p.T)), run_dq);
+  with_table_shape(flash::join(flash::DqTable{}, flash::DqVariants{}),
+                   flash::dq_shape(p.D, p.causal, short_dq_at_300 ? p.T : table_t(p.T), flash::variant_name(p.variant)), run_dq);
 }
 
 struct Sm90aCase {
   Case shape;
   bool packed;  // q, k, v read from one (B, T, 3·H·D) qkv buffer, as the model passes them
   FlashDq dq_mode = FlashDq::kRecompute;
+  const char* variant = nullptr;  // a variant of the development registry (FlashAttentionParams::variant)
 };
 void PrintTo(const Sm90aCase& e, std::ostream* os) {
   *os << "B" << e.shape.B << " T" << e.shape.T << " H" << e.shape.H << " D" << e.shape.D
       << (e.shape.causal ? " causal" : " full") << (e.packed ? " packed qkv" : "")
-      << (e.dq_mode == FlashDq::kAtomic ? " atomic dQ" : "");
+      << (e.dq_mode == FlashDq::kAtomic ? " atomic dQ" : "") << (e.variant ? " variant " : "")
+      << (e.variant ? e.variant : "");
 }
 
 class FlashSm90aEmulated : public ::testing::TestWithParam<Sm90aCase> {};
@@ -305,6 +308,8 @@ TEST_P(FlashSm90aEmulated, MatchesDoubleReference) {
   p.dout = dout.bits.data(), p.workspace = workspace.data();
   p.B = c.B, p.T = c.T, p.H = c.H, p.D = c.D, p.scale = float(scale), p.causal = c.causal;
   p.dq_mode = dq_mode;
+  p.variant = uint8_t(flash::variant_id(GetParam().variant));
+  ASSERT_TRUE(!GetParam().variant || p.variant != 0) << GetParam().variant;
   const size_t hd = size_t(c.H * c.D), rows = size_t(c.B * c.T), w = 3 * hd;
   // Contiguous dq, dk, dv, or (packed) one (B, T, 3·H·D) d(qkv) buffer beside a packed qkv input.
   std::vector<tg::bf16> dq(n, nan_bf16), dk(n, nan_bf16), dv(n, nan_bf16);
@@ -392,14 +397,68 @@ std::vector<Sm90aCase> sm90a_cases() {
   return out;
 }
 
+// Each variant of the development registry (sm90_shapes.h), at each mask it takes and a T whose
+// table_t lies in its range (129 or 260: several items per block, ragged tails); the launchers'
+// selection runs it there (fwd_shape, dkdv_shape, dq_shape with the variant's name), the other
+// kernel of the pass the table's shape.
+std::vector<Sm90aCase> variant_cases() {
+  std::vector<Sm90aCase> out;
+  auto add = [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    for (bool causal : {false, true})
+      for (int64_t T : {260, 129})
+        if (flash::applies<S>(S::head_dim, causal, table_t(T))) {
+          out.push_back({{2, T, 3, S::head_dim, causal, 0.0}, false, FlashDq::kRecompute, S::name});
+          break;
+        }
+  };
+  flash::for_each_shape(flash::FwdVariants{}, add);
+  flash::for_each_shape(flash::DkdvVariants{}, add);
+  flash::for_each_shape(flash::DqVariants{}, add);
+  return out;
+}
+
 std::string sm90a_case_name(const ::testing::TestParamInfo<Sm90aCase>& info) {
   const Case& c = info.param.shape;
   return "B" + std::to_string(c.B) + "_T" + std::to_string(c.T) + "_H" + std::to_string(c.H) + "_D" +
          std::to_string(c.D) + (c.causal ? "_causal" : "_full") + (info.param.packed ? "_packed" : "") +
-         (c.scale < 0 ? "_negative_scale" : "") + (info.param.dq_mode == FlashDq::kAtomic ? "_atomic_dq" : "");
+         (c.scale < 0 ? "_negative_scale" : "") + (info.param.dq_mode == FlashDq::kAtomic ? "_atomic_dq" : "") +
+         (info.param.variant ? std::string("_") + info.param.variant : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, FlashSm90aEmulated, ::testing::ValuesIn(sm90a_cases()), sm90a_case_name);
+INSTANTIATE_TEST_SUITE_P(Variants, FlashSm90aEmulated, ::testing::ValuesIn(variant_cases()), sm90a_case_name);
+
+// Every variant applies somewhere (its case above exists), and is selected there only when named.
+TEST(ShapeTables, VariantsRunOnlyWhereNamedAndApplicable) {
+  const std::vector<Sm90aCase> vc = variant_cases();
+  int n = 0;
+  auto check = [&](auto tag, auto select) {
+    using S = typename decltype(tag)::type;
+    ++n;
+    const auto it = std::find_if(vc.begin(), vc.end(), [](const Sm90aCase& e) { return std::string(e.variant) == S::name; });
+    ASSERT_NE(it, vc.end()) << S::name << " applies at no case";
+    const Case& c = it->shape;
+    EXPECT_EQ(std::string(select(c.D, c.causal, table_t(c.T), S::name)), S::name);
+    EXPECT_NE(std::string(select(c.D, c.causal, table_t(c.T), nullptr)), S::name) << "a variant is not in a table";
+    const int64_t other_d = S::head_dim == 64 ? 128 : 64;
+    EXPECT_NE(std::string(select(other_d, c.causal, table_t(c.T), S::name)), S::name) << "only at its head dim";
+    EXPECT_TRUE(flash::is_sm90a_variant(S::name));
+  };
+  flash::for_each_shape(flash::FwdVariants{}, [&](auto tag) { check(tag, flash::fwd_shape); });
+  flash::for_each_shape(flash::DkdvVariants{}, [&](auto tag) { check(tag, flash::dkdv_shape); });
+  flash::for_each_shape(flash::DqVariants{}, [&](auto tag) { check(tag, flash::dq_shape); });
+  EXPECT_EQ(n, 9);
+  EXPECT_FALSE(flash::is_sm90a_variant("fwd_d64")) << "table shapes are not variants";
+  EXPECT_FALSE(flash::is_sm90a_variant("no_such_variant"));
+  // Numbered from 1 in the order of the lists (FlashAttentionParams::variant), 0 for none.
+  for (int id = 1; id <= n; ++id) EXPECT_EQ(flash::variant_id(flash::variant_name(id)), id);
+  EXPECT_EQ(flash::variant_name(0), nullptr);
+  EXPECT_EQ(flash::variant_name(n + 1), nullptr);
+  EXPECT_EQ(flash::variant_id("fwd_d64"), 0);
+  // The pointers, the two modes, B, T, H, D, scale with causal and the variant, the eight row strides.
+  static_assert(sizeof(FlashAttentionParams) == 10 * 8 + 2 * 4 + 4 * 8 + 8 + 8 * 8, "variant in the padding after causal");
+}
 
 // The emulator's own check on wgmma operands: a product whose shared-memory operand tile, register
 // A fragments or accumulator are written between its issue and its wait (the hardware may read

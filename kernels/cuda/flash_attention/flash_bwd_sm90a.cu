@@ -978,11 +978,11 @@ void flash_bwd_sm90a(const FlashAttentionParams& p, const float* delta, float* d
                                                                                        stream);
       }))
     return;
-  if (!with_named_shape(join(DkdvTable{}, DkdvVariants{}), dkdv_shape(p.D, p.causal, p.T), [&](auto tag) {
+  if (!with_named_shape(join(DkdvTable{}, DkdvVariants{}), dkdv_shape(p.D, p.causal, p.T, variant_name(p.variant)), [&](auto tag) {
         launch_dkdv_sm90a_with<DkdvWsSm90aTraits<typename decltype(tag)::type>>(p, delta, stream);
       }))
     throw no_shape("dK/dV");
-  if (!with_named_shape(join(DqTable{}, DqVariants{}), dq_shape(p.D, p.causal, p.T), [&](auto tag) {
+  if (!with_named_shape(join(DqTable{}, DqVariants{}), dq_shape(p.D, p.causal, p.T, variant_name(p.variant)), [&](auto tag) {
         launch_dq_sm90a_with<DqSm90aTraits<typename decltype(tag)::type>>(p, delta, stream);
       }))
     throw no_shape("dQ");

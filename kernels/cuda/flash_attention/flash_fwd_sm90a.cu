@@ -498,7 +498,7 @@ namespace flash {
 // 96 (kHeadDim), and O = P V is an m64n96 product (its columns past 96 would be zeros), stored to
 // column 96.
 void flash_fwd_sm90a(const FlashAttentionParams& p, cudaStream_t stream) {
-  const char* shape = fwd_shape(p.D, p.causal, p.T);
+  const char* shape = fwd_shape(p.D, p.causal, p.T, variant_name(p.variant));
   if (!with_named_shape(join(FwdTable{}, FwdVariants{}), shape,
                         [&](auto tag) { launch_fwd_sm90a<typename decltype(tag)::type>(p, stream); }))
     throw std::invalid_argument("flash_attention_forward: no sm_90a shape for head dim " + std::to_string(p.D));

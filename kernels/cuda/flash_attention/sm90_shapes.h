@@ -304,6 +304,49 @@ struct DqD96 : DqD128 {
   static constexpr int head_dim = 96;
 };
 
+// ───────────────────────── the development registry ─────────────────────────
+// Variants kept for comparison: each the alternative a row of docs/kernels.md measured against
+// the kept shape, where that A/B may be worth running again.
+
+struct FwdD64Causal192Rows : FwdD64 {  // against fwd_d64_short_causal (§4.2: causal 1k 267 → 290)
+  static constexpr const char* name = "fwd_d64_causal_192rows";
+  static constexpr Mask mask = Mask::kCausal;
+  static constexpr int64_t max_t = kFwdShortCausalMaxT;
+};
+struct FwdD128NonCausal128Keys : FwdD128Causal {  // against 176-key tiles (§4.2: 1.024×)
+  static constexpr const char* name = "fwd_d128_noncausal_128keys";
+  static constexpr Mask mask = Mask::kNonCausal;
+  static constexpr bool half_diagonal = false;
+};
+struct FwdD128NonCausalFullLastTile : FwdD128NonCausal {  // against narrow last tiles (§2.3)
+  static constexpr const char* name = "fwd_d128_noncausal_full_last_tile";
+  static constexpr bool narrow_last_tile = false;
+};
+struct FwdD128CausalQSmem : FwdD128Causal {  // against Q in registers (§4.2: 1.017×)
+  static constexpr const char* name = "fwd_d128_causal_q_smem";
+  static constexpr bool q_in_registers = false;
+};
+struct FwdD128CausalFullDiagonal : FwdD128Causal {  // against half diagonals (§2.3)
+  static constexpr const char* name = "fwd_d128_causal_full_diagonal";
+  static constexpr bool half_diagonal = false;
+};
+struct DkdvD64LongTwoConsumers : DkdvD64 {  // against 3 consumers from 2k (§4.2: 1.023×)
+  static constexpr const char* name = "dkdv_d64_long_two_consumers";
+  static constexpr int64_t min_t = kBwdSm90aLongT, max_t = kAnyT;
+};
+struct DkdvD64LongNonCausalStoreByTma : DkdvD64LongCausal {  // against register stores (§5.2, §9)
+  static constexpr const char* name = "dkdv_d64_long_noncausal_store_by_tma";
+  static constexpr Mask mask = Mask::kNonCausal;
+};
+struct DqD64LongTwoConsumers : DqD64 {  // against 3 × 96 keys from 2k (§4.2)
+  static constexpr const char* name = "dq_d64_long_two_consumers";
+  static constexpr int64_t min_t = kBwdSm90aLongT, max_t = kAnyT;
+};
+struct DqD64OneQBuffer : DqD64 {  // against two Q/dO buffers below 2k (§4.2: causal 1k 272 → 280)
+  static constexpr const char* name = "dq_d64_one_q_buffer";
+  static constexpr int q_buffers = 1;
+};
+
 template <class... S>
 struct ShapeList {};
 template <class S>
@@ -319,10 +362,11 @@ using FwdTable = ShapeList<FwdD64ShortCausal, FwdD64, FwdD128Causal, FwdD128NonC
 using DkdvTable = ShapeList<DkdvD64, DkdvD64LongCausal, DkdvD64LongNonCausal, DkdvD128, DkdvD96>;
 using DkdvAtomicTable = ShapeList<DkdvAtomicD64, DkdvAtomicD128>;
 using DqTable = ShapeList<DqD64, DqD64Long, DqD128, DqD96>;
-// The development registry's variants (none yet).
-using FwdVariants = ShapeList<>;
-using DkdvVariants = ShapeList<>;
-using DqVariants = ShapeList<>;
+// The development registry (the tables are not searched for these).
+using FwdVariants = ShapeList<FwdD64Causal192Rows, FwdD128NonCausal128Keys, FwdD128NonCausalFullLastTile,
+                              FwdD128CausalQSmem, FwdD128CausalFullDiagonal>;
+using DkdvVariants = ShapeList<DkdvD64LongTwoConsumers, DkdvD64LongNonCausalStoreByTma>;
+using DqVariants = ShapeList<DqD64LongTwoConsumers, DqD64OneQBuffer>;
 
 // The name of the first shape of a list that applies at (D, causal, T); nullptr if none does.
 template <class... S>
@@ -372,6 +416,25 @@ inline const char* dq_shape(int64_t D, bool causal, int64_t T, const char* varia
 // Whether `name` is a variant of the registry (of any kernel).
 inline bool is_sm90a_variant(const char* name) {
   return holds(FwdVariants{}, name) || holds(DkdvVariants{}, name) || holds(DqVariants{}, name);
+}
+// The registry's variants numbered from 1, forward, dK/dV, dQ (FlashAttentionParams::variant; 0:
+// none): the name of number `id` (nullptr for 0 or past the last), and the number of `name`.
+using AllVariants = decltype(join(join(FwdVariants{}, DkdvVariants{}), DqVariants{}));
+inline const char* variant_name(int id) {
+  const char* name = nullptr;
+  int i = 0;
+  for_each_shape(AllVariants{}, [&](auto tag) {
+    if (++i == id) name = decltype(tag)::type::name;
+  });
+  return name;
+}
+inline int variant_id(const char* name) {
+  int i = 0, id = 0;
+  for_each_shape(AllVariants{}, [&](auto tag) {
+    ++i;
+    if (name && std::strcmp(name, decltype(tag)::type::name) == 0) id = i;
+  });
+  return id;
 }
 
 }  // namespace tg::cuda::flash
