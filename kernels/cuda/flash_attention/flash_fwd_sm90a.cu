@@ -33,6 +33,7 @@
 #include "kernels/cuda/flash_attention/kernel_traits.cuh"
 #include "kernels/cuda/flash_attention/launch.cuh"
 #include "kernels/cuda/flash_attention/sm90_epilogue.cuh"
+#include "kernels/cuda/flash_attention/sm90_fwd_mainloop.cuh"
 #include "kernels/cuda/flash_attention/sm90_pipeline.cuh"
 #include "kernels/cuda/flash_attention/sm90_ptx.cuh"
 #include "kernels/cuda/flash_attention/sm90_scheduler.cuh"
@@ -197,25 +198,11 @@ void with_last_tile_traits(int64_t T, F&& f) {
   f(TraitsTag<Tr>{});
 }
 
-// The first N / 8 rows of a fragment array of S columns (N of them) / the first N / 16 k-steps of
-// its A fragments: the products over an item's last, part-filled K/V tile (kTailBc).
-template <int N, int R>
-__device__ __forceinline__ float (&first_cols(float (&s)[R][4]))[N / 8][4] {
-  static_assert(N / 8 <= R, "within the array");
-  return reinterpret_cast<float (&)[N / 8][4]>(s);
-}
-template <int N, int R>
-__device__ __forceinline__ const uint32_t (&first_k_steps(const uint32_t (&a)[R][4]))[N / 16][4] {
-  static_assert(N / 16 <= R, "within the array");
-  return reinterpret_cast<const uint32_t (&)[N / 16][4]>(a);
-}
-
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     flash_fwd_sm90a_kernel(const FlashAttentionParams p, const __grid_constant__ FwdTmaMaps maps,
                            unsigned* item_counter) {
   constexpr int Bc = Tr::kBc, NS = Tr::kStages, C = Tr::kConsumers;
-  constexpr int Bt = Tr::kTailBc;  // keys of the products over an item's last K/V tile
   // The head's columns: S = Q Kᵀ sums over them and O = P V is that wide (m64n96 at head dim 96,
   // reading V's first panel and half its second, rather than m64n128 over the zero padding).
   constexpr int Dh = Tr::kHeadDim;
@@ -273,73 +260,28 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // A consumer warpgroup: rows [q0 + 64c, +64) of each item's query tile.
   sm90::setmaxnreg_inc<Tr::kConsumerRegs>();
   const int c = wg - 1, warp = (tid % 128) / 32, lane = tid & 31;
-  const float scale2 = p.scale * kLog2e;  // > 0: the launcher sends other scales to flash_fwd.cu
-  const unsigned char* sQw = sQ + 64 * c * sm90::kSwizzleRowBytes;
   // The turn to issue products passes around the ring: this warpgroup waits on barrier 1 + c
   // (its 128 threads and the previous warpgroup's arrival) and hands on to the next one's. The
   // ring runs on across a block's items; only the last consumer's very last turn hands on to no
   // one (consumer 0 has taken all of its turns).
-  const int my_turn = 1 + c, next_turn = 1 + (c + 1) % C;
-  auto release = [&](uint64_t* bar) {  // this warp is done reading a stage (its wgmma has retired)
-    sm90::mbarrier_arrive_warp(bar);
-  };
-  int seq = 0;  // as the producer's
   uint32_t qf[Tr::kQInRegisters ? Dh / 16 : 1][4];  // kQInRegisters: this warp's Q rows, per item
-  // The products over tile j's first n keys: n is Bc, or Bt for an item's last tile, a constant
-  // at every call, so that each call inlines one product (a wgmma issued conditionally inside a
-  // loop makes ptxas serialise them all). S = Q K_jᵀ:
-  auto issue_s = [&](float (&s)[Bc / 8][4], int j, int n) {
-    const int st = (seq + j) % NS;
-    sm90::mbarrier_wait(&kv.k_full[st], uint32_t((seq + j) / NS) & 1);
-    const unsigned char* Kj = sK + st * Tr::kTileKV;
-    sm90::wgmma_fence();
-    if (n == Bt && Bt != Bc) {
-      if constexpr (Tr::kQInRegisters)
-        sm90::wgmma_abt_rs<Dh, Bt>(first_cols<Bt>(s), qf, Kj, Tr::kPanelKV);
-      else
-        sm90::wgmma_abt_ss<Dh, Bt>(first_cols<Bt>(s), sQw, Tr::kPanelQ, Kj, Tr::kPanelKV);
-    } else {
-      if constexpr (Tr::kQInRegisters)
-        sm90::wgmma_abt_rs<Dh, Bc>(s, qf, Kj, Tr::kPanelKV);
-      else
-        sm90::wgmma_abt_ss<Dh, Bc>(s, sQw, Tr::kPanelQ, Kj, Tr::kPanelKV);
-    }
-    sm90::wgmma_commit();
-  };
-  // O += P V_j:
-  auto issue_pv = [&](float (&o)[Dh / 8][4], const uint32_t (&pf)[Bc / 16][4], int j, int n) {
-    const int st = (seq + j) % NS;
-    sm90::mbarrier_wait(&kv.v_full[st], uint32_t((seq + j) / NS) & 1);
-    sm90::wgmma_fence();
-    if (n == Bt && Bt != Bc)
-      sm90::wgmma_ab_rs<Dh, Bt>(o, first_k_steps<Bt>(pf), sV + st * Tr::kTileKV, Tr::kPanelKV);
-    else
-      sm90::wgmma_ab_rs<Dh, Bc>(o, pf, sV + st * Tr::kTileKV, Tr::kPanelKV);
-    sm90::wgmma_commit();
-  };
+  const FwdConsumer<Tr> cs{kv, sK, sV, sQ + 64 * c * sm90::kSwizzleRowBytes, qf, c, 1 + c, 1 + (c + 1) % C,
+                           p.scale * kLog2e};  // (scale > 0: the launcher sends other scales to flash_fwd.cu)
+  int seq = 0;  // as the producer's
   if (c == C - 1) sm90::named_barrier_arrive(1, 256);  // consumer 0 takes the first turn
 
   for (int it = 0, last_item = 0; !last_item; ++it) {
     sm90::mbarrier_wait(q_full, uint32_t(it) & 1);  // Q and the item slot
-    if constexpr (Tr::kQInRegisters) sm90::load_a_frags_swizzled<Dh>(qf, sQw, Tr::kPanelQ, 16 * warp, lane);
+    if constexpr (Tr::kQInRegisters) sm90::load_a_frags_swizzled<Dh>(qf, cs.sQw, Tr::kPanelQ, 16 * warp, lane);
     const sm90::ItemSlot slot = sm90::read_item_slot(s_item, lane);
-    const int w = slot.item;
     last_item = slot.next >= n_items;
-    const FwdWorkItem item = fwd_work_item<Tr>(w, T, H, B, causal);
+    const FwdWorkItem item = fwd_work_item<Tr>(slot.item, T, H, B, causal);
     const int n_kb = item.n_kb;
     const int row0 = item.q0 + 64 * c + 16 * warp;  // this warp's first query row
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    auto softmax = [&](float (&s)[Bc / 8][4], int j, float (&alpha)[2], float (&sum)[2]) {
-      const int k0 = j * Bc;
-      if (k0 + Bc > T || (causal && k0 + Bc - 1 > row0))
-        mask_tile<Bc>(s, row0, k0, lane, [=](int q, int k) { return k >= T || (causal && k > q); });
-      update_row_max_raw<Bc>(m, alpha, s, scale2);
-      exp2_rows_raw<Bc>(s, m, sum, scale2);
-    };
-
     float o[Dh / 8][4];  // (16, Dh) per warp: the warpgroup's (64, Dh) accumulator
     zero(o);
-    float s[Bc / 8][4], alpha[2], sum[2];
+    float s[Bc / 8][4];
     uint32_t pf[Bc / 16][4];
 
     // The tiles this consumer's rows need: all n_kb, or with kSkipIdle none when its rows all lie
@@ -352,110 +294,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       n_need = r0 >= T ? 0 : causal ? min(n_kb, r1 / Bc + 1) : n_kb;
     }
     if (!Tr::kSkipIdle || n_need > 0) {
-      // Turn 0: S of tile 0. Turn j: S of tile j and P_{j−1} V_{j−1}. Q is released once the
-      // item's last S has landed, so the next item's Q loads under this one's tail.
-      sm90::named_barrier_sync(my_turn, 256);
-      issue_s(s, 0, Bc);
-      if (c != C - 1 || n_kb > 1 || !last_item) sm90::named_barrier_arrive(next_turn, 256);
-      sm90::wgmma_wait<0>();
-      release(&kv.k_empty[seq % NS]);
-      if (n_need == 1) release(q_empty);
-      softmax(s, 0, alpha, sum);
-      rescale_accumulate<Dh>(o, l, alpha, sum);
-      acc_to_a<Bc>(pf, s);
-      // Turn j ≥ 1: S of tile j with P_{j−1} V_{j−1}, then tile j's softmax and P; over n keys of
-      // tile j (Bc, or Bt for the last tile, which then runs after the loop).
-      auto turn = [&](int j, int n) {
-        sm90::named_barrier_sync(my_turn, 256);
-        issue_s(s, j, n);
-        issue_pv(o, pf, j - 1, Bc);
-        if (c != C - 1 || j + 1 < n_kb || !last_item) sm90::named_barrier_arrive(next_turn, 256);
-        sm90::wgmma_wait<1>();  // S of tile j has landed; P_{j−1} V_{j−1} may still run
-        release(&kv.k_empty[(seq + j) % NS]);
-        if (j + 1 == n_need) release(q_empty);
-        softmax(s, j, alpha, sum);  // (over the whole tile: its keys past T are masked)
-        sm90::wgmma_wait<0>();  // P_{j−1} V_{j−1} has landed: O may be rescaled and pf rewritten
-        release(&kv.v_empty[(seq + j - 1) % NS]);
-        rescale_accumulate<Dh>(o, l, alpha, sum);
-        acc_to_a<Bc>(pf, s);
-      };
-      if constexpr (Tr::kHalfDiagonal) {
-        // Causal: the first consumer's last tile (the item's diagonal one, its rows q0..q0+63)
-        // over its first 64 keys, when it is not also the item's first.
-        const bool half = causal && c == 0 && n_need >= 2;
-        for (int j = 1; j < n_need - (half ? 1 : 0); ++j) turn(j, Bc);
-        if (half) {
-          const int j = n_need - 1, st = (seq + j) % NS;
-          float sh[8][4];
-          uint32_t ph[4][4];
-          sm90::named_barrier_sync(my_turn, 256);
-          sm90::mbarrier_wait(&kv.k_full[st], uint32_t((seq + j) / NS) & 1);
-          sm90::wgmma_fence();
-          if constexpr (Tr::kQInRegisters)
-            sm90::wgmma_abt_rs<Dh, 64>(sh, qf, sK + st * Tr::kTileKV, Tr::kPanelKV);
-          else
-            sm90::wgmma_abt_ss<Dh, 64>(sh, sQw, Tr::kPanelQ, sK + st * Tr::kTileKV, Tr::kPanelKV);
-          sm90::wgmma_commit();
-          issue_pv(o, pf, j - 1, Bc);
-          if (c != C - 1 || j + 1 < n_kb || !last_item) sm90::named_barrier_arrive(next_turn, 256);
-          sm90::wgmma_wait<1>();  // S of tile j has landed; P_{j−1} V_{j−1} may still run
-          release(&kv.k_empty[st]);
-          release(q_empty);
-          mask_tile<64>(sh, row0, j * Bc, lane, [=](int q, int k) { return k >= T || k > q; });
-          update_row_max_raw<64>(m, alpha, sh, scale2);
-          exp2_rows_raw<64>(sh, m, sum, scale2);
-          sm90::wgmma_wait<0>();  // P_{j−1} V_{j−1} has landed: O may be rescaled
-          release(&kv.v_empty[(seq + j - 1) % NS]);
-          rescale_accumulate<Dh>(o, l, alpha, sum);
-          acc_to_a<64>(ph, sh);
-          sm90::mbarrier_wait(&kv.v_full[st], uint32_t((seq + j) / NS) & 1);
-          sm90::wgmma_fence();
-          sm90::wgmma_ab_rs<Dh, 64>(o, ph, sV + st * Tr::kTileKV, Tr::kPanelKV);
-          sm90::wgmma_commit();
-        } else {
-          issue_pv(o, pf, n_need - 1, Bc);
-        }
-      } else if constexpr (Bt == Bc) {
-        for (int j = 1; j < n_need; ++j) turn(j, Bc);
-        issue_pv(o, pf, n_need - 1, Bc);
-      } else {  // (n_kb ≥ 2: fwd_last_tile_keys)
-        for (int j = 1; j + 1 < n_need; ++j) turn(j, Bc);
-        turn(n_need - 1, Bt);
-        issue_pv(o, pf, n_need - 1, Bt);
-      }
-      sm90::wgmma_wait<0>();
-      release(&kv.v_empty[(seq + n_need - 1) % NS]);
+      FwdItemLoop<Tr> loop{cs, q_empty, seq, n_kb, n_need, bool(last_item), T, causal, row0, lane, o, m, l, s, pf};
+      loop.run();
     }
     if constexpr (Tr::kSkipIdle) {
       // Tiles n_need.. (nothing of them reaches this consumer's rows): turns without products. Q
       // is released with the consumer's last S, or here when it has none.
-      if (n_need == 0) release(q_empty);
-      sm90::idle_turns<NS>(kv, seq, n_need, n_kb, my_turn, next_turn, c != C - 1 || !last_item);
+      if (n_need == 0) cs.release(q_empty);
+      sm90::idle_turns<NS>(kv, seq, n_need, n_kb, cs.my_turn, cs.next_turn, c != C - 1 || !last_item);
     }
     seq += n_kb;
-
-    // O = acc / l; lse = m·scale + ln l (m is a raw score), natural-log units as the CPU defines it.
-    tg::bf16* O = p.o + int64_t(item.b) * T * p.o_row_stride + item.h * p.D;
-    float* L = p.lse + (int64_t(item.b) * H + item.h) * T;
-    float inv_l[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      l[i] = quad_sum(l[i]);
-      inv_l[i] = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-    }
-    if constexpr (Tr::kStoreByTma) {
-      sm90::store_tile_by_tma<Dh, Tr::kPanels>(c, tid % 128 == 0, sStage + c * Tr::kTileStage, o, inv_l, &maps.o, item.h,
-                                               item.q0 + 64 * c, item.b, T, warp, lane);
-    } else {
-      store_rows<Dh>(O, int(p.o_row_stride), o, inv_l, row0, T, lane);
-    }
-    if ((lane & 3) == 0) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int row = row0 + (lane >> 2) + 8 * i;
-        if (row < T) L[row] = m[i] * p.scale + logf(l[i]);
-      }
-    }
+    fwd_epilogue<Tr>(p, maps.o, sStage, T, H, item.h, item.b, item.q0, c, tid % 128 == 0, warp, lane, row0, o, m, l);
   }
   if constexpr (Tr::kStoreByTma)
     if (tid % 128 == 0) sm90::bulk_wait<0>();  // the last stores done before the block exits

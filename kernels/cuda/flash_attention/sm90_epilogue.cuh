@@ -3,7 +3,9 @@
 // stored by the tensor copy engine (or, in tile.cuh's store_rows, from registers).
 #pragma once
 
+#include "kernels/cuda/flash_attention/flash.h"
 #include "kernels/cuda/flash_attention/sm90_ptx.cuh"
+#include "kernels/cuda/flash_attention/tile.cuh"
 
 namespace tg::cuda::flash::sm90 {
 
@@ -70,3 +72,41 @@ __device__ __forceinline__ void store_tile_by_tma(int consumer, bool issuer, uns
 }
 
 }  // namespace tg::cuda::flash::sm90
+
+namespace tg::cuda::flash {
+
+// The forward's epilogue of one consumer's 64 rows of an item (head h, batch b, query tile q0;
+// Tr: FwdSm90aTraits): O = acc / l, staged in shared memory and stored by the copy engine through
+// o_map (kStoreByTma) or stored from registers, and lse = m·scale + ln l (m is a raw score),
+// natural-log units as the CPU defines it. l is summed over the quad first. issuer: the
+// warpgroup's first thread (store_staged_by_tma's); row0: this warp's first query row.
+template <class Tr, class Map>
+__device__ __forceinline__ void fwd_epilogue(const FlashAttentionParams& p, const Map& o_map, unsigned char* sStage, int T,
+                                             int H, int h, int b, int q0, int c, bool issuer, int warp, int lane,
+                                             int row0, const float (&o)[Tr::kHeadDim / 8][4], const float (&m)[2],
+                                             float (&l)[2]) {
+  constexpr int Dh = Tr::kHeadDim;
+  tg::bf16* O = p.o + int64_t(b) * T * p.o_row_stride + h * p.D;
+  float* L = p.lse + (int64_t(b) * H + h) * T;
+  float inv_l[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] = quad_sum(l[i]);
+    inv_l[i] = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+  }
+  if constexpr (Tr::kStoreByTma) {
+    sm90::store_tile_by_tma<Dh, Tr::kPanels>(c, issuer, sStage + c * Tr::kTileStage, o, inv_l, &o_map, h, q0 + 64 * c, b,
+                                             T, warp, lane);
+  } else {
+    store_rows<Dh>(O, int(p.o_row_stride), o, inv_l, row0, T, lane);
+  }
+  if ((lane & 3) == 0) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = row0 + (lane >> 2) + 8 * i;
+      if (row < T) L[row] = m[i] * p.scale + logf(l[i]);
+    }
+  }
+}
+
+}  // namespace tg::cuda::flash
