@@ -15,7 +15,7 @@ import sys
 # The Hopper headers the sm_90a kernels include, each after those it uses. A header added to the
 # kernels is added here, or the emulator test does not compile.
 SM90_HEADERS = ("sm90_shapes.h", "sm90_ptx.cuh", "sm90_scheduler.cuh", "sm90_pipeline.cuh", "wgmma.cuh",
-                "sm90_epilogue.cuh", "sm90_fwd_mainloop.cuh")
+                "sm90_epilogue.cuh", "sm90_fwd_mainloop.cuh", "sm90_bwd_mainloop.cuh")
 
 # tile.cuh functions that emu.h provides instead (each is a PTX wrapper).
 PRIMITIVES = {"smem_addr", "cp_async_16", "cp_async_4", "cp_async_commit", "cp_async_wait", "ldmatrix_x4",
