@@ -3,7 +3,7 @@
 Reads the CSV of `ncu --import REPORT --page source --csv --print-source sass` (a report taken with
 `--set full`, whose warp-state sampling counts, per SASS instruction, the samples at which a warp
 sat on it) and splits the kernel at its register hand-over: the code after
-`USETMAXREG.TRY_ALLOC` (setmaxnreg.inc, wgmma.cuh) up to `USETMAXREG.DEALLOC` is the consumer
+`USETMAXREG.TRY_ALLOC` (setmaxnreg.inc, sm90_ptx.cuh) up to `USETMAXREG.DEALLOC` is the consumer
 warpgroups', the rest the producers'. Prints, per part, the instructions with the most samples,
 as a share of the part's samples: a `WARPGROUP.DEPBAR` is a wait for the warpgroup's own
 products (wgmma_wait), a branch after `SYNCS.PHASECHK.TRANS64.TRYWAIT` an mbarrier wait, an

@@ -616,6 +616,10 @@ int bench_attention(const cli::Args& a) {
   const int64_t min_t = a.get_int("min-t", 1024);  // e.g. --min-t 8192 --max-t 8192: one T (for ncu)
   const int64_t only_d = a.get_int("head-dim", 0);  // 0: 64 and 128
   const int64_t masks = a.get_int("causal", 2);     // 1: causal only, 0: non-causal only, 2: both
+  // --variant NAME: a shape of the wgmma kernels' development registry (cuda::flash_attention_variants,
+  // docs/kernels.md §4.4) instead of the one the launchers select, wherever it applies; the others
+  // run the launchers' shapes. tools/attention_ab.sh compares variants so, from one binary.
+  const std::string variant = a.get("variant", "");
   const char* fn = "tilegrad bench attention";
   TG_CHECK(runs >= 1, fn, ": --steps ", runs, " times nothing; give at least 1");
   TG_CHECK(only_d == 0 || only_d == 32 || only_d == 64 || only_d == 96 || only_d == 128, fn, ": --head-dim ", only_d,
@@ -627,6 +631,12 @@ int bench_attention(const cli::Args& a) {
   TG_CHECK(masks >= 0 && masks <= 2, fn, ": --causal takes 1 (causal only), 0 (non-causal only) or 2 (both), got ",
            masks);
 #ifdef TILEGRAD_HAVE_CUDA
+  const int variant_id = variant.empty() ? 0 : cuda::flash_attention_variant(variant);
+  if (!variant.empty() && variant_id == 0) {
+    std::string names;
+    for (const cuda::FlashVariant& v : cuda::flash_attention_variants()) names += " " + v.name;
+    TG_CHECK(false, fn, ": --variant ", variant, " is not in the registry; give one of:", names);
+  }
   TG_CHECK(cuda_device_count() > 0, fn, ": needs a CUDA GPU");
   const Device dev = Device::cuda(0);
   // bwd: the default, deterministic backward (dQ in a pass of its own); atomic: the opt-in
@@ -665,6 +675,7 @@ int bench_attention(const cli::Args& a) {
         p.lse = lse.data<float>(), p.dout = dout.data<bf16>(), p.dq = dq.data<bf16>(), p.dk = dk.data<bf16>();
         p.dv = dv.data<bf16>(), p.workspace = ws.raw();
         p.B = B, p.T = T, p.H = H, p.D = D, p.scale = float(1.0 / std::sqrt(double(D))), p.causal = causal;
+        p.variant = uint8_t(variant_id);
         auto fwd = [&] { cuda::flash_attention_forward(p, detail::cuda_stream()); };
         auto bwd = [&] { cuda::flash_attention_backward(p, detail::cuda_stream()); };
         // Seconds of one forward, and of one backward given the forward's (the reference
@@ -703,10 +714,11 @@ int bench_attention(const cli::Args& a) {
                     causal ? "yes" : "no", tf * 1e3, tb * 1e3, flops / tf / 1e12, rate(bf, tb), rate(bf, tb_atomic));
         if (compare) std::printf(" %-7.1f %-7.1f", flops / tf_mma / 1e12, bf / tb_mma);
         std::printf("\n");
-        std::printf("{\"bench\":\"attention\",\"impl\":\"tilegrad\",\"d\":%lld,\"T\":%lld,\"B\":%lld,\"H\":%lld,"
-                    "\"protocol\":\"%s\",\"causal\":%s,\"fwd_ms\":%.4f,\"bwd_ms\":%.4f,\"fwd_tflops\":%.1f,\"bwd_tflops\":%.1f,"
+        std::printf("{\"bench\":\"attention\",\"impl\":\"tilegrad\",\"variant\":\"%s\",\"d\":%lld,\"T\":%lld,"
+                    "\"B\":%lld,\"H\":%lld,\"protocol\":\"%s\",\"causal\":%s,\"fwd_ms\":%.4f,\"bwd_ms\":%.4f,\"fwd_tflops\":%.1f,\"bwd_tflops\":%.1f,"
                     "\"bwd_atomic_tflops\":%.1f",
-                    (long long)D, (long long)T, (long long)B, (long long)H, protocol.c_str(), causal ? "true" : "false", tf * 1e3,
+                    variant.empty() ? "default" : variant.c_str(), (long long)D, (long long)T, (long long)B, (long long)H,
+                    protocol.c_str(), causal ? "true" : "false", tf * 1e3,
                     tb * 1e3, flops / tf / 1e12, rate(bf, tb), rate(bf, tb_atomic));
         if (compare)
           std::printf(",\"fwd_mma_sync_tflops\":%.1f,\"bwd_mma_sync_tflops\":%.1f", flops / tf_mma / 1e12, bf / tb_mma);

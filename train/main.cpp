@@ -286,7 +286,11 @@ std::vector<cli::Command> commands() {
         {"--atomic", "0|1|2",
          "attention: 0 skips the opt-in atomic-dQ backward (its column reads 0); 2 times its kernel at every shape "
          "(FlashDq::kAtomicKernel), not only where kAtomic takes it",
-         "1"}},
+         "1"},
+        {"--variant", "NAME",
+         "attention: a wgmma kernel shape of the development registry (docs/kernels.md §4.4) instead of the "
+         "launchers' shape, wherever it applies (its kernel, head dim, mask and T); an unknown name lists them",
+         ""}},
        [](const cli::Args& a) {
          if (a.positional[0] == "train") {
            TG_CHECK(a.positional.size() == 2, "tilegrad bench train: needs a CONFIG");

@@ -14,7 +14,7 @@ namespace tg::cuda {
 // at base + z·z_stride + r·row_stride + h·head_dim + c (strides in elements, each a multiple of
 // 8, as is head_dim; base 16-byte aligned), for c < head_dim, h < heads, r < rows, z < depth.
 // Boxes are 64 × 1 × box_rows × 1 (64 bf16 = one 128-byte row, the 128-byte swizzle of
-// kernels/cuda/flash_attention/wgmma.cuh), and elements out of range read as zero — so a box that
+// kernels/cuda/flash_attention/sm90_ptx.cuh), and elements out of range read as zero — so a box that
 // reaches past the end of one sequence (r ≥ rows) is zero-filled, never the next one's rows, and
 // one that reaches past a head's last column (c ≥ head_dim: head dim 96 read as two 64-column
 // panels) is zero-filled, never the next head's columns. A stored box's elements out of range

@@ -68,12 +68,14 @@ std::string skip_reason(FlashKernels kernels) {
   return "";
 }
 
-using KernelCase = std::tuple<Case, FlashKernels>;
+// A case, the kernel family, and a variant of the wgmma kernels' development registry ("": the
+// shapes the launchers select).
+using KernelCase = std::tuple<Case, FlashKernels, std::string>;
 
 class FlashAttentionTest : public ::testing::TestWithParam<KernelCase> {};
 
 TEST_P(FlashAttentionTest, MatchesDoubleReference) {
-  const auto [c, kernels] = GetParam();
+  const auto [c, kernels, variant] = GetParam();
   if (const std::string why = skip_reason(kernels); !why.empty()) GTEST_SKIP() << why;
   const Problem pr = make_problem(c);
   const size_t n = pr.n, n_lse = pr.n_lse;
@@ -99,6 +101,8 @@ TEST_P(FlashAttentionTest, MatchesDoubleReference) {
   p.scale = float(scale);
   p.causal = c.causal;
   p.kernels = kernels;
+  p.variant = uint8_t(variant.empty() ? 0 : tg::cuda::flash_attention_variant(variant));
+  ASSERT_TRUE(variant.empty() || p.variant != 0) << variant;
 
   // Forward.
   d_o.poison();
@@ -173,7 +177,8 @@ class FlashAttentionPackedTest : public ::testing::TestWithParam<KernelCase> {};
 // Checked against the double reference (same tolerances as above) and bitwise against the
 // contiguous layout: the strides only move addresses, never the arithmetic.
 TEST_P(FlashAttentionPackedTest, MatchesContiguousBitwise) {
-  const auto [c, kernels] = GetParam();
+  const auto [c, kernels, variant] = GetParam();
+  (void)variant;  // (packed cases run the launchers' shapes)
   if (const std::string why = skip_reason(kernels); !why.empty()) GTEST_SKIP() << why;
   const size_t hd = size_t(c.H * c.D), rows = size_t(c.B * c.T);
   const size_t w = 3 * hd, wo = hd + 8;  // packed qkv / d(qkv) row; padded o, dout row
@@ -294,7 +299,7 @@ std::vector<Case> cases() {
   for (int64_t D : {64, 128})
     for (bool causal : {false, true}) out.push_back({1, 4096, 1, D, causal, 0.0});
   // d 64's long-T dK/dV shape on sm_90a (three consumers, 192-key blocks, from T = 2048:
-  // DkdvWsSm90aLongConfig), causal, with a ragged last key block and query tile (4200 = 21 · 192 +
+  // dkdv_d64_long_causal), causal, with a ragged last key block and query tile (4200 = 21 · 192 +
   // 168 = 65 · 64 + 40).
   out.push_back({1, 4200, 1, 64, true, 0.0});
   out.push_back({1, 2048, 1, 128, true, 0.0});
@@ -319,7 +324,22 @@ std::vector<KernelCase> with_families(const std::vector<Case>& shapes) {
   std::vector<KernelCase> out;
   for (const Case& c : shapes)
     for (FlashKernels k : {FlashKernels::kMmaSync, FlashKernels::kWgmma})
-      if (k != FlashKernels::kWgmma || c.D != 32) out.emplace_back(c, k);
+      if (k != FlashKernels::kWgmma || c.D != 32) out.emplace_back(c, k, "");
+  return out;
+}
+
+// Each variant of the development registry (flash_attention_variants) on the wgmma kernels, at a
+// case where it applies: its head dim, each mask it takes, a ragged T in its range. A test filter
+// selects one (e.g. --gtest_filter='Variants/*fwd_d128_noncausal_128keys*'), so that an A/B of two
+// variants (tools/attention_ab.sh) tests each from the same binary.
+std::vector<KernelCase> variant_cases() {
+  std::vector<KernelCase> out;
+  for (const tg::cuda::FlashVariant& v : tg::cuda::flash_attention_variants())
+    for (bool causal : {false, true}) {
+      if ((v.mask == 1 && !causal) || (v.mask == 2 && causal)) continue;
+      const int64_t T = std::min(std::max<int64_t>(v.min_t + 67, 1067), v.max_t);
+      out.emplace_back(Case{1, T, 2, v.head_dim, causal, 0.0}, FlashKernels::kWgmma, v.name);
+    }
   return out;
 }
 
@@ -332,12 +352,13 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
 }
 
 std::string kernel_case_name(const ::testing::TestParamInfo<KernelCase>& info) {
-  const auto& [c, kernels] = info.param;
+  const auto& [c, kernels, variant] = info.param;
   return case_name(::testing::TestParamInfo<Case>(c, info.index)) +
-         (kernels == FlashKernels::kWgmma ? "_wgmma" : "_mma_sync");
+         (kernels == FlashKernels::kWgmma ? "_wgmma" : "_mma_sync") + (variant.empty() ? "" : "_" + variant);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, FlashAttentionTest, ::testing::ValuesIn(with_families(cases())), kernel_case_name);
+INSTANTIATE_TEST_SUITE_P(Variants, FlashAttentionTest, ::testing::ValuesIn(variant_cases()), kernel_case_name);
 
 INSTANTIATE_TEST_SUITE_P(Packed, FlashAttentionPackedTest, ::testing::ValuesIn(with_families(packed_cases())),
                          kernel_case_name);

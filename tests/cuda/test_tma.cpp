@@ -1,6 +1,6 @@
 // The tensor copy engine (TMA) on the GPU, the primitive the attention kernels load with:
 // tests/cuda/tma_probe.cu loads two 64 × 64 boxes of a strided bf16 matrix of heads into one
-// 128-byte-swizzled shared tile and reads them back through wgmma.cuh's swizzled_offset; each must
+// 128-byte-swizzled shared tile and reads them back through sm90_ptx.cuh's swizzled_offset; each must
 // equal the matrix's box, rows past the end and columns past the head's last as zeros.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// The sm_90a wgmma primitives (kernels/cuda/flash_attention/wgmma.cuh) on the GPU: descriptors,
+// The sm_90a wgmma primitives (kernels/cuda/flash_attention/sm90_ptx.cuh, wgmma.cuh) on the GPU: descriptors,
 // the 128-byte swizzle, both operand majors and both A sources, and the accumulator and A
 // register layouts, against products computed on the CPU in double.
 #include <gtest/gtest.h>

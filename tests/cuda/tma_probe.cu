@@ -3,7 +3,7 @@
 
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/flash_attention/wgmma.cuh"
+#include "kernels/cuda/flash_attention/sm90_ptx.cuh"
 #include "kernels/cuda/tma.h"
 
 namespace tg::testing {
@@ -13,7 +13,7 @@ namespace sm90 = tg::cuda::flash::sm90;
 constexpr int kBox = 64;                         // rows and bf16 columns of a box: 128-byte rows
 constexpr uint32_t kBoxBytes = kBox * kBox * 2;  // 8 KiB
 
-// With wgmma.cuh's primitives, as the attention kernels' producers use them.
+// With sm90_ptx.cuh's primitives, as the attention kernels' producers use them.
 __global__ void __launch_bounds__(128) tma_probe_kernel(const __grid_constant__ CUtensorMap map, int3 box0, int3 box1,
                                                         uint16_t* out0, uint16_t* out1) {
   extern __shared__ unsigned char raw[];

@@ -19,7 +19,7 @@
 #include "kernels/cuda/flash_attention/flash.h"
 #include "kernels/cuda/flash_attention/kernel_traits.cuh"
 #include "tile_emu.cuh"
-#include "wgmma_emu.cuh"
+#include "sm90_emu.cuh"
 #include "flash_fwd_emu.h"
 #include "flash_bwd_emu.h"
 #include "flash_fwd_sm90a_emu.h"
@@ -199,28 +199,36 @@ struct ItemCounter {
 // tests/cuda/test_wgmma.cpp found it on the H200; the launch sequences of their launchers.
 // The forward: a producer thread on TMA and mbarriers, consumers taking turns.
 template <class Tr>
-void forward_sm90a_with(const FlashAttentionParams& p) {
+void forward_sm90a_traits(const FlashAttentionParams& p) {
   const flash::FwdTmaMaps maps = flash::fwd_tma_maps<Tr>(p);
   ItemCounter counter;
   emu_launch(item_grid(p, Tr::kBr), Tr::kThreads, Tr::kSmemBytes,
              [&] { flash::flash_fwd_sm90a_kernel<Tr>(p, maps, counter.words); });
 }
-template <int D>
+// A shape of sm90_shapes.h, its last tile's products as narrow as the launcher makes them
+// (fwd_last_tile_keys).
+template <class Shape>
+void forward_sm90a_with(const FlashAttentionParams& p) {
+  flash::with_last_tile_traits<Shape>(p.T, [&](auto tr) { forward_sm90a_traits<typename decltype(tr)::type>(p); });
+}
+// The shape the forward's table selects (flash::fwd_shape) for a T scaled so that the emulated
+// lengths reach its thresholds: the table's short causal shape, up to kFwdShortCausalMaxT there,
+// runs here below T = 256, so that the causal cases at 256, 300 and 600 run the long-T shape.
+int64_t table_t(int64_t T) { return T >= 256 ? flash::kBwdSm90aLongT : T; }
+template <class List, class F>
+void with_table_shape(List list, const char* name, F&& f) {
+  ASSERT_TRUE(name != nullptr) << "no shape in the table";
+  ASSERT_TRUE(flash::with_named_shape(list, name, f)) << name;
+}
 void forward_sm90a(const FlashAttentionParams& p_in) {
   const FlashAttentionParams p = flash::with_resolved_row_strides(p_in);
-  // The launcher takes FwdSm90aShortCausalConfig up to T = kFwdShortCausalMaxT; here below
-  // T = 256, so that the causal cases at 256, 300 and 600 run the long-T shape.
-  if (p.causal && p.T < 256)
-    forward_sm90a_with<typename flash::FwdSm90aShortCausalConfig<D>::type>(p);
-  else if (p.causal)
-    forward_sm90a_with<typename flash::FwdSm90aConfig<D>::type>(p);
-  else  // the last tile's products as narrow as the launcher makes them (fwd_last_tile_keys)
-    flash::with_last_tile_traits<typename flash::FwdSm90aNonCausalConfig<D>::type>(
-        p.T, [&](auto tr) { forward_sm90a_with<typename decltype(tr)::type>(p); });
+  with_table_shape(flash::join(flash::FwdTable{}, flash::FwdVariants{}), flash::fwd_shape(p.D, p.causal, table_t(p.T), flash::variant_name(p.variant)),
+                   [&](auto tag) { forward_sm90a_with<typename decltype(tag)::type>(p); });
 }
 
-template <class Tr>
+template <class Shape>
 void dkdv_sm90a_with(const FlashAttentionParams& p, const float* delta) {
+  using Tr = flash::DkdvWsSm90aTraits<Shape>;
   const flash::BwdTmaMaps maps = flash::bwd_tma_maps<Tr>(p);
   ItemCounter counter;
   emu_launch(item_grid(p, Tr::kBc), Tr::kThreads, Tr::kSmemBytes, [&] {
@@ -235,7 +243,7 @@ void backward_sm90a(const FlashAttentionParams& p_in) {
   delta_pass<D>(p, ws);
   if constexpr (flash::kSm90aAtomicDq<D>) {
     if (p.dq_mode == FlashDq::kAtomic) {
-      using Atomic = typename flash::DkdvAtomicSm90aConfig<D>::type;
+      using Atomic = flash::DkdvWsSm90aTraits<std::conditional_t<D == 64, flash::DkdvAtomicD64, flash::DkdvAtomicD128>>;
       const int accum_rows = int(Ws::accum_rows(p.T));
       std::memset(ws.dq_accum, 0, Ws::accum_bytes(p.B, p.T, p.H));
       const flash::BwdTmaMaps maps = flash::bwd_tma_maps<Atomic>(p);
@@ -247,16 +255,12 @@ void backward_sm90a(const FlashAttentionParams& p_in) {
       return;
     }
   }
-  // The launchers take DkdvWsSm90aLongConfig and DqSm90aLongConfig from T = kBwdSm90aLongT; here
-  // from T = 256, so that their stages, turns and ragged tails run too (at 256, 300 and 600).
-  if (p.T >= 256 && p.causal)
-    dkdv_sm90a_with<typename flash::DkdvWsSm90aLongConfig<D>::type::WithStoreByTma>(p, ws.delta);
-  else if (p.T >= 256)
-    dkdv_sm90a_with<typename flash::DkdvWsSm90aLongConfig<D>::type>(p, ws.delta);
-  else
-    dkdv_sm90a_with<typename flash::DkdvWsSm90aConfig<D>::type>(p, ws.delta);
-  auto run_dq = [&](auto traits) {
-    using Dq = decltype(traits);
+  // The tables take the long shapes from T = kBwdSm90aLongT; here from T = 256 (table_t), so that
+  // their stages, turns and ragged tails run too (at 256, 300 and 600).
+  with_table_shape(flash::join(flash::DkdvTable{}, flash::DkdvVariants{}), flash::dkdv_shape(p.D, p.causal, table_t(p.T), flash::variant_name(p.variant)),
+                   [&](auto tag) { dkdv_sm90a_with<typename decltype(tag)::type>(p, ws.delta); });
+  auto run_dq = [&](auto tag) {
+    using Dq = flash::DqSm90aTraits<typename decltype(tag)::type>;
     const flash::BwdTmaMaps maps = flash::bwd_tma_maps<Dq>(p);
     ItemCounter dq_counter;
     emu_launch(item_grid(p, Dq::kBr), Dq::kThreads, Dq::kSmemBytes,
@@ -266,21 +270,21 @@ void backward_sm90a(const FlashAttentionParams& p_in) {
   // (two Q/dO buffers, kQBuffers), so that its buffers alternate over the several items each of
   // the 3 blocks takes (the cases B 2 × H 3 non-causal and B 2 × H 8 causal).
   const bool short_dq_at_300 = D == 64 && p.T == 300;
-  if (p.T >= 256 && !short_dq_at_300)
-    run_dq(typename flash::DqSm90aLongConfig<D>::type{});
-  else
-    run_dq(typename flash::DqSm90aConfig<D>::type{});
+  with_table_shape(flash::join(flash::DqTable{}, flash::DqVariants{}),
+                   flash::dq_shape(p.D, p.causal, short_dq_at_300 ? p.T : table_t(p.T), flash::variant_name(p.variant)), run_dq);
 }
 
 struct Sm90aCase {
   Case shape;
   bool packed;  // q, k, v read from one (B, T, 3·H·D) qkv buffer, as the model passes them
   FlashDq dq_mode = FlashDq::kRecompute;
+  const char* variant = nullptr;  // a variant of the development registry (FlashAttentionParams::variant)
 };
 void PrintTo(const Sm90aCase& e, std::ostream* os) {
   *os << "B" << e.shape.B << " T" << e.shape.T << " H" << e.shape.H << " D" << e.shape.D
       << (e.shape.causal ? " causal" : " full") << (e.packed ? " packed qkv" : "")
-      << (e.dq_mode == FlashDq::kAtomic ? " atomic dQ" : "");
+      << (e.dq_mode == FlashDq::kAtomic ? " atomic dQ" : "") << (e.variant ? " variant " : "")
+      << (e.variant ? e.variant : "");
 }
 
 class FlashSm90aEmulated : public ::testing::TestWithParam<Sm90aCase> {};
@@ -304,6 +308,8 @@ TEST_P(FlashSm90aEmulated, MatchesDoubleReference) {
   p.dout = dout.bits.data(), p.workspace = workspace.data();
   p.B = c.B, p.T = c.T, p.H = c.H, p.D = c.D, p.scale = float(scale), p.causal = c.causal;
   p.dq_mode = dq_mode;
+  p.variant = uint8_t(flash::variant_id(GetParam().variant));
+  ASSERT_TRUE(!GetParam().variant || p.variant != 0) << GetParam().variant;
   const size_t hd = size_t(c.H * c.D), rows = size_t(c.B * c.T), w = 3 * hd;
   // Contiguous dq, dk, dv, or (packed) one (B, T, 3·H·D) d(qkv) buffer beside a packed qkv input.
   std::vector<tg::bf16> dq(n, nan_bf16), dk(n, nan_bf16), dv(n, nan_bf16);
@@ -326,7 +332,7 @@ TEST_P(FlashSm90aEmulated, MatchesDoubleReference) {
   // Head dim 96 runs the d 128 tiles, zero-padded past column 96 (flash_fwd_sm90a).
   const bool mma_sync_forward = !(p.scale > 0.0f);
   with_head_dim<64, 96, 128>(c.D, [&](auto d) {
-    mma_sync_forward ? forward<d()>(p) : forward_sm90a<d()>(p);
+    mma_sync_forward ? forward<d()>(p) : forward_sm90a(p);
     backward_sm90a<d()>(p);
   });
   if (GetParam().packed)
@@ -391,14 +397,68 @@ std::vector<Sm90aCase> sm90a_cases() {
   return out;
 }
 
+// Each variant of the development registry (sm90_shapes.h), at each mask it takes and a T whose
+// table_t lies in its range (129 or 260: several items per block, ragged tails); the launchers'
+// selection runs it there (fwd_shape, dkdv_shape, dq_shape with the variant's name), the other
+// kernel of the pass the table's shape.
+std::vector<Sm90aCase> variant_cases() {
+  std::vector<Sm90aCase> out;
+  auto add = [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    for (bool causal : {false, true})
+      for (int64_t T : {260, 129})
+        if (flash::applies<S>(S::head_dim, causal, table_t(T))) {
+          out.push_back({{2, T, 3, S::head_dim, causal, 0.0}, false, FlashDq::kRecompute, S::name});
+          break;
+        }
+  };
+  flash::for_each_shape(flash::FwdVariants{}, add);
+  flash::for_each_shape(flash::DkdvVariants{}, add);
+  flash::for_each_shape(flash::DqVariants{}, add);
+  return out;
+}
+
 std::string sm90a_case_name(const ::testing::TestParamInfo<Sm90aCase>& info) {
   const Case& c = info.param.shape;
   return "B" + std::to_string(c.B) + "_T" + std::to_string(c.T) + "_H" + std::to_string(c.H) + "_D" +
          std::to_string(c.D) + (c.causal ? "_causal" : "_full") + (info.param.packed ? "_packed" : "") +
-         (c.scale < 0 ? "_negative_scale" : "") + (info.param.dq_mode == FlashDq::kAtomic ? "_atomic_dq" : "");
+         (c.scale < 0 ? "_negative_scale" : "") + (info.param.dq_mode == FlashDq::kAtomic ? "_atomic_dq" : "") +
+         (info.param.variant ? std::string("_") + info.param.variant : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, FlashSm90aEmulated, ::testing::ValuesIn(sm90a_cases()), sm90a_case_name);
+INSTANTIATE_TEST_SUITE_P(Variants, FlashSm90aEmulated, ::testing::ValuesIn(variant_cases()), sm90a_case_name);
+
+// Every variant applies somewhere (its case above exists), and is selected there only when named.
+TEST(ShapeTables, VariantsRunOnlyWhereNamedAndApplicable) {
+  const std::vector<Sm90aCase> vc = variant_cases();
+  int n = 0;
+  auto check = [&](auto tag, auto select) {
+    using S = typename decltype(tag)::type;
+    ++n;
+    const auto it = std::find_if(vc.begin(), vc.end(), [](const Sm90aCase& e) { return std::string(e.variant) == S::name; });
+    ASSERT_NE(it, vc.end()) << S::name << " applies at no case";
+    const Case& c = it->shape;
+    EXPECT_EQ(std::string(select(c.D, c.causal, table_t(c.T), S::name)), S::name);
+    EXPECT_NE(std::string(select(c.D, c.causal, table_t(c.T), nullptr)), S::name) << "a variant is not in a table";
+    const int64_t other_d = S::head_dim == 64 ? 128 : 64;
+    EXPECT_NE(std::string(select(other_d, c.causal, table_t(c.T), S::name)), S::name) << "only at its head dim";
+    EXPECT_TRUE(flash::is_sm90a_variant(S::name));
+  };
+  flash::for_each_shape(flash::FwdVariants{}, [&](auto tag) { check(tag, flash::fwd_shape); });
+  flash::for_each_shape(flash::DkdvVariants{}, [&](auto tag) { check(tag, flash::dkdv_shape); });
+  flash::for_each_shape(flash::DqVariants{}, [&](auto tag) { check(tag, flash::dq_shape); });
+  EXPECT_EQ(n, 9);
+  EXPECT_FALSE(flash::is_sm90a_variant("fwd_d64")) << "table shapes are not variants";
+  EXPECT_FALSE(flash::is_sm90a_variant("no_such_variant"));
+  // Numbered from 1 in the order of the lists (FlashAttentionParams::variant), 0 for none.
+  for (int id = 1; id <= n; ++id) EXPECT_EQ(flash::variant_id(flash::variant_name(id)), id);
+  EXPECT_EQ(flash::variant_name(0), nullptr);
+  EXPECT_EQ(flash::variant_name(n + 1), nullptr);
+  EXPECT_EQ(flash::variant_id("fwd_d64"), 0);
+  // The pointers, the two modes, B, T, H, D, scale with causal and the variant, the eight row strides.
+  static_assert(sizeof(FlashAttentionParams) == 10 * 8 + 2 * 4 + 4 * 8 + 8 + 8 * 8, "variant in the padding after causal");
+}
 
 // The emulator's own check on wgmma operands: a product whose shared-memory operand tile, register
 // A fragments or accumulator are written between its issue and its wait (the hardware may read
@@ -515,13 +575,44 @@ TEST(CausalItemOrder, GroupsOfHeadsHeaviestFirst) {
     }
 }
 
+// The shape tables (sm90_shapes.h): each (head dim, mask, T) the wgmma kernels take has a shape,
+// and the thresholds fall where docs/kernels.md §4.2 puts them.
+TEST(ShapeTables, EveryCaseHasTheDocumentedShape) {
+  auto str = [](const char* s) { return std::string(s ? s : "(none)"); };
+  for (int64_t D : {64, 96, 128})
+    for (bool causal : {false, true})
+      for (int64_t T : {1, 17, 1023, 1024, 1025, 2047, 2048, 4096, 32768}) {
+        EXPECT_NE(flash::fwd_shape(D, causal, T), nullptr) << D << " " << causal << " " << T;
+        EXPECT_NE(flash::dkdv_shape(D, causal, T), nullptr) << D << " " << causal << " " << T;
+        EXPECT_NE(flash::dq_shape(D, causal, T), nullptr) << D << " " << causal << " " << T;
+        EXPECT_EQ(flash::dkdv_atomic_shape(D, causal, T) != nullptr, D != 96) << D << " " << causal << " " << T;
+      }
+  EXPECT_EQ(str(flash::fwd_shape(64, true, 1024)), "fwd_d64_short_causal");
+  EXPECT_EQ(str(flash::fwd_shape(64, true, 1025)), "fwd_d64");
+  EXPECT_EQ(str(flash::fwd_shape(64, false, 17)), "fwd_d64");
+  EXPECT_EQ(str(flash::fwd_shape(128, true, 17)), "fwd_d128_causal");
+  EXPECT_EQ(str(flash::fwd_shape(128, false, 8192)), "fwd_d128_noncausal");
+  EXPECT_EQ(str(flash::fwd_shape(96, true, 8192)), "fwd_d96_causal");
+  EXPECT_EQ(str(flash::fwd_shape(96, false, 8192)), "fwd_d96_noncausal");
+  EXPECT_EQ(str(flash::dkdv_shape(64, true, 2047)), "dkdv_d64");
+  EXPECT_EQ(str(flash::dkdv_shape(64, true, 2048)), "dkdv_d64_long_causal");
+  EXPECT_EQ(str(flash::dkdv_shape(64, false, 2048)), "dkdv_d64_long_noncausal");
+  EXPECT_EQ(str(flash::dkdv_shape(128, true, 2048)), "dkdv_d128");
+  EXPECT_EQ(str(flash::dkdv_shape(96, false, 17)), "dkdv_d96");
+  EXPECT_EQ(str(flash::dq_shape(64, false, 2047)), "dq_d64");
+  EXPECT_EQ(str(flash::dq_shape(64, true, 2048)), "dq_d64_long");
+  EXPECT_EQ(str(flash::dq_shape(128, true, 1)), "dq_d128");
+  EXPECT_EQ(str(flash::dq_shape(96, true, 1)), "dq_d96");
+  EXPECT_EQ(flash::fwd_shape(32, true, 1024), nullptr) << "head dim 32 has no wgmma shape";
+}
+
 // The non-causal forward's products over T's last K/V tile (flash::fwd_last_tile_keys): on
 // 176-key tiles the narrowest of 64, 128 and 176 keys that holds the T − (n_kb − 1)·176 keys of
 // T's last tile, and the whole tile where it is the item's only one; whole tiles on 128-key ones.
 // Checked against that definition over every T to 2000, and at the benchmark's lengths.
 TEST(ForwardLastTile, NarrowestWidthThatHoldsTsLastTile) {
-  using Wide = typename flash::FwdSm90aNonCausalConfig<128>::type;  // 176-key tiles
-  using Narrow = typename flash::FwdSm90aConfig<64>::type;          // 128-key tiles
+  using Wide = flash::FwdSm90aTraits<flash::FwdD128NonCausal>;  // 176-key tiles
+  using Narrow = flash::FwdSm90aTraits<flash::FwdD64>;           // 128-key tiles
   static_assert(Wide::kBc == 176 && Narrow::kBc == 128, "the shapes this test is about");
   for (int64_t T = 1; T <= 2000; ++T) {
     const int64_t n_kb = (T + 175) / 176, last = T - (n_kb - 1) * 176;  // keys in T's last tile

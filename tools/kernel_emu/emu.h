@@ -257,7 +257,7 @@ inline void red_add_f32x2(float* p, float a, float b) { p[0] += a, p[1] += b; }
 
 }  // namespace tg::cuda::flash
 
-// ── The sm_90a primitives of kernels/cuda/flash_attention/wgmma.cuh ──
+// ── The sm_90a primitives of kernels/cuda/flash_attention/sm90_ptx.cuh ──
 // Shared addresses are offsets into the block's emulated shared memory. wgmma follows the layouts
 // tests/cuda/test_wgmma.cpp verified on the H200: 128-byte swizzle (address bits 4-6 ^= bits
 // 7-9), K-major operand element (row, k) at start + (row/8)·SBO + (row%8)·128 + 2k, MN-major
@@ -631,18 +631,18 @@ inline void emu_named_arrive(int id, int threads, bool wait) {
 }
 inline void named_barrier_sync(int id, int threads) { emu_named_arrive(id, threads, true); }
 inline void named_barrier_arrive(int id, int threads) { emu_named_arrive(id, threads, false); }
-// The dynamic item counter (wgmma.cuh): blocks run one at a time here, so the first block claims
+// The dynamic item counter (sm90_scheduler.cuh): blocks run one at a time here, so the first block claims
 // every item past the grid's first ones — the multi-item path, and each item claimed once.
 inline int claim_item(unsigned* counter) { return int(gridDim.x + std::atomic_ref<unsigned>(*counter).fetch_add(1)); }
 inline void release_items(unsigned* counter) {
   if (std::atomic_ref<unsigned>(counter[1]).fetch_add(1) == gridDim.x - 1) counter[0] = counter[1] = 0;
 }
-// Programmatic dependent launch (wgmma.cuh): kernels run one after another here, so the previous
+// Programmatic dependent launch (sm90_ptx.cuh): kernels run one after another here, so the previous
 // one has always completed.
 inline void launch_dependents() {}
 inline void wait_previous_grid() {}
 // setmaxnreg moves registers within what the block was launched with (threads × the launch-bounds
-// cap: wgmma.cuh): a dec gives the warpgroup's surplus back, an inc waits until enough is free —
+// cap: sm90_ptx.cuh): a dec gives the warpgroup's surplus back, an inc waits until enough is free —
 // forever, on the GPU, if the split does not fit; here a deadlock report. One thread per
 // warpgroup keeps the account.
 inline void emu_setmaxnreg(int n, bool inc) {

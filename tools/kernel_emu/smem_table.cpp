@@ -11,7 +11,7 @@
 #include "kernels/cuda/flash_attention/flash.h"
 #include "kernels/cuda/flash_attention/kernel_traits.cuh"
 #include "tile_emu.cuh"
-#include "wgmma_emu.cuh"
+#include "sm90_emu.cuh"
 #include "flash_fwd_sm90a_emu.h"
 #include "flash_bwd_sm90a_emu.h"
 
@@ -28,23 +28,22 @@ void row(const char* kernel, const char* where) {
 
 int main() {
   std::printf("| kernel | where (launcher) | threads | shared memory |\n|---|---|---|---|\n");
-  row<FwdSm90aShortCausalConfig<64>::type>("forward d 64", "causal T ≤ kFwdShortCausalMaxT");
-  row<FwdSm90aConfig<64>::type>("forward d 64", "causal, longer T");
-  row<FwdSm90aNonCausalConfig<64>::type>("forward d 64", "non-causal");
-  row<FwdSm90aConfig<128>::type>("forward d 128", "causal");
-  row<FwdSm90aNonCausalConfig<128>::type>("forward d 128", "non-causal (176-key tiles)");
-  row<FwdSm90aConfig<96>::type>("forward d 96", "causal");
-  row<FwdSm90aNonCausalConfig<96>::type>("forward d 96", "non-causal");
-  row<DkdvWsSm90aConfig<64>::type>("dK/dV d 64", "T < kBwdSm90aLongT");
-  row<DkdvWsSm90aLongConfig<64>::type::WithStoreByTma>("dK/dV d 64", "T ≥ kBwdSm90aLongT, causal");
-  row<DkdvWsSm90aLongConfig<64>::type>("dK/dV d 64", "T ≥ kBwdSm90aLongT, non-causal");
-  row<DkdvWsSm90aConfig<128>::type>("dK/dV d 128", "every T");
-  row<DkdvWsSm90aConfig<96>::type>("dK/dV d 96", "every T");
-  row<DkdvAtomicSm90aConfig<64>::type>("dK/dV + atomic dQ d 64", "FlashDq::kAtomic, where it runs");
-  row<DkdvAtomicSm90aConfig<128>::type>("dK/dV + atomic dQ d 128", "FlashDq::kAtomic, where it runs");
-  row<DqSm90aConfig<64>::type>("dQ d 64", "T < kBwdSm90aLongT");
-  row<DqSm90aLongConfig<64>::type>("dQ d 64", "T ≥ kBwdSm90aLongT");
-  row<DqSm90aConfig<128>::type>("dQ d 128", "every T");
-  row<DqSm90aConfig<96>::type>("dQ d 96", "every T");
+  row<FwdSm90aTraits<FwdD64ShortCausal>>("forward d 64", "causal T ≤ kFwdShortCausalMaxT");
+  row<FwdSm90aTraits<FwdD64>>("forward d 64", "otherwise");
+  row<FwdSm90aTraits<FwdD128Causal>>("forward d 128", "causal");
+  row<FwdSm90aTraits<FwdD128NonCausal>>("forward d 128", "non-causal (176-key tiles)");
+  row<FwdSm90aTraits<FwdD96Causal>>("forward d 96", "causal");
+  row<FwdSm90aTraits<FwdD96NonCausal>>("forward d 96", "non-causal");
+  row<DkdvWsSm90aTraits<DkdvD64>>("dK/dV d 64", "T < kBwdSm90aLongT");
+  row<DkdvWsSm90aTraits<DkdvD64LongCausal>>("dK/dV d 64", "T ≥ kBwdSm90aLongT, causal");
+  row<DkdvWsSm90aTraits<DkdvD64LongNonCausal>>("dK/dV d 64", "T ≥ kBwdSm90aLongT, non-causal");
+  row<DkdvWsSm90aTraits<DkdvD128>>("dK/dV d 128", "every T");
+  row<DkdvWsSm90aTraits<DkdvD96>>("dK/dV d 96", "every T");
+  row<DkdvWsSm90aTraits<DkdvAtomicD64>>("dK/dV + atomic dQ d 64", "FlashDq::kAtomic, where it runs");
+  row<DkdvWsSm90aTraits<DkdvAtomicD128>>("dK/dV + atomic dQ d 128", "FlashDq::kAtomic, where it runs");
+  row<DqSm90aTraits<DqD64>>("dQ d 64", "T < kBwdSm90aLongT");
+  row<DqSm90aTraits<DqD64Long>>("dQ d 64", "T ≥ kBwdSm90aLongT");
+  row<DqSm90aTraits<DqD128>>("dQ d 128", "every T");
+  row<DqSm90aTraits<DqD96>>("dQ d 96", "every T");
   return 0;
 }

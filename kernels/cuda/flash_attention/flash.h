@@ -5,6 +5,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "src/tensor/dtype.h"
 
@@ -56,6 +58,13 @@ struct FlashAttentionParams {
   int64_t B, T, H, D;
   float scale;  // applied to q kᵀ; usually 1/sqrt(D)
   bool causal;  // key index > query index is excluded
+  // Development: a variant of the wgmma kernels' development registry to run instead of the shape
+  // the launchers' table selects, wherever it applies (its kernel, head dim, mask and range of T;
+  // elsewhere the table's shape runs): flash_attention_variant(name), 1 + its index in
+  // flash_attention_variants(). 0: the tables' shapes. Beyond the registry std::invalid_argument;
+  // the mma.sync kernels ignore it. (A byte in the padding after `causal`, so that the kernels'
+  // parameter layout is that of the struct without it.)
+  uint8_t variant = 0;
   // Token (row) strides in elements: X_row_stride elements between tokens t and t+1 of X (also
   // between the last token of batch b and the first of b+1). 0 → H·D (contiguous). A nonzero
   // stride must be ≥ H·D and a multiple of 8 (16-byte rows for cp.async / vector access).
@@ -63,6 +72,19 @@ struct FlashAttentionParams {
   int64_t o_row_stride = 0, do_row_stride = 0;                      // 0 → H·D
   int64_t dq_row_stride = 0, dk_row_stride = 0, dv_row_stride = 0;  // 0 → H·D
 };
+
+// A variant of the development registry (kernels/cuda/flash_attention/sm90_shapes.h): a wgmma
+// kernel shape kept for A/Bs against the one the launchers select (docs/kernels.md §4.4).
+struct FlashVariant {
+  std::string name;
+  std::string kernel;  // "forward", "dK/dV" or "dQ"
+  int64_t head_dim;
+  int mask;  // 0: both, 1: causal only, 2: non-causal only
+  int64_t min_t, max_t;
+};
+std::vector<FlashVariant> flash_attention_variants();
+// FlashAttentionParams::variant of the variant named `name`; 0 if the registry has none.
+int flash_attention_variant(const std::string& name);
 
 // Head dims with a compiled kernel. Other D must take the composite fallback (with a warning).
 bool flash_attention_supported(int64_t D);  // D ∈ {32, 64, 96, 128} (wgmma on sm_90: 64, 128)

@@ -15,6 +15,7 @@
 #include "kernels/cuda/flash_attention/flash.h"
 #include "kernels/cuda/flash_attention/kernel_traits.cuh"
 #include "kernels/cuda/flash_attention/launch.cuh"
+#include "kernels/cuda/flash_attention/sm90_shapes.h"
 #include "kernels/cuda/flash_attention/tile.cuh"
 
 namespace tg::cuda {
@@ -489,6 +490,8 @@ void flash_attention_backward(const FlashAttentionParams& p, cudaStream_t stream
               aligned16(p.dq) && aligned16(p.dk) && aligned16(p.dv) && aligned16(p.workspace),
           fn, "q, k, v, o, dout, dq, dk, dv, workspace must be 16-byte aligned");
   flash::require_row_strides(p, fn, /*backward=*/true);
+  require(p.variant == 0 || flash::variant_name(p.variant) != nullptr, fn,
+          "variant " + std::to_string(p.variant) + " is not in the registry (flash_attention_variants)");
   switch (p.D) {
     case 32: flash_bwd_hdim32(p, stream); break;
     case 64: flash_bwd_hdim64(p, stream); break;

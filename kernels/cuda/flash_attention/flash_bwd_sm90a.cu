@@ -17,12 +17,20 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/flash_attention/flash.h"
 #include "kernels/cuda/flash_attention/kernel_traits.cuh"
 #include "kernels/cuda/flash_attention/launch.cuh"
+#include "kernels/cuda/flash_attention/sm90_bwd_mainloop.cuh"
+#include "kernels/cuda/flash_attention/sm90_epilogue.cuh"
+#include "kernels/cuda/flash_attention/sm90_pipeline.cuh"
+#include "kernels/cuda/flash_attention/sm90_ptx.cuh"
+#include "kernels/cuda/flash_attention/sm90_scheduler.cuh"
+#include "kernels/cuda/flash_attention/sm90_shapes.h"
 #include "kernels/cuda/flash_attention/tile.cuh"
 #include "kernels/cuda/flash_attention/wgmma.cuh"
 #include "kernels/cuda/tma.h"
@@ -35,15 +43,17 @@ namespace flash {
 
 // ── dQ, warp-specialised (the forward's structure: flash_fwd_sm90a.cu) ──
 // A producer thread loads the block's Q and dO tiles once and streams K_j, V_j tiles of Bc keys
-// with the tensor copy engine through Stages stage buffers (wgmma.cuh's produce_kv); Consumers
+// with the tensor copy engine through Stages stage buffers (sm90_pipeline.cuh: produce_kv); Consumers
 // warpgroups of 64 query rows each take turns at the tensor cores (named barriers), and each
 // overlaps tile j's products S = Q K_jᵀ, dP = dO V_jᵀ with dQ += dS_{j−1} K_{j−1}, so one tile's
 // elementwise work (P, dS) runs under the next tile's products and under the other consumers'
 // (kPipelined; d 64's three-consumer shape issues and retires each tile's products in turn).
 // dQ still sums over j in a fixed order: deterministic.
-template <int D_, int Consumers, int Bc_, int Stages, int HeadDim = D_, bool Pipelined = true, bool SkipIdle = false,
-          bool StoreByTma = false, int QBuffers = 1>
+// Shape: a dQ shape of sm90_shapes.h (DqShape's fields); the traits derive the sizes.
+template <class Shape>
 struct DqSm90aTraits {
+  using S = Shape;
+  static constexpr int Consumers = S::consumers, Stages = S::stages, QBuffers = S::q_buffers;
   // Q and dO in QBuffers buffers: with one, an item's Q/dO tiles load only once the consumers have
   // issued the item before's last S and dP, so the load has that item's last grad, dQ product and
   // epilogue to land in; with two, item i + 1's tiles load into the other buffer as soon as the
@@ -52,28 +62,27 @@ struct DqSm90aTraits {
   static constexpr int kQBuffers = QBuffers;
   // dQ of an item staged in shared memory (per consumer, its 64 rows) and written by the tensor
   // copy engine (tma_store_4d), as the dK/dV kernel's dK and dV.
-  static constexpr bool kStoreByTma = StoreByTma;
+  static constexpr bool kStoreByTma = S::store_by_tma;
   static constexpr bool kDqKernel = true;  // (bwd_tma_maps: its output map is dQ's)
-  using WithStoreByTma = DqSm90aTraits<D_, Consumers, Bc_, Stages, HeadDim, Pipelined, SkipIdle, true>;
   // A consumer multiplies only the key tiles its own rows need: none when they all lie past T (a
   // head's last, part-filled block), and when causal those up to its last row's diagonal; it
   // takes the block's other tiles as turns without products (the pipelined loop multiplies at
   // least the item's first tile).
-  static constexpr bool kSkipIdle = SkipIdle;
-  static constexpr int kD = D_;
+  static constexpr bool kSkipIdle = S::skip_idle;
+  static constexpr int kD = tile_dim<S>();
   // The head's columns (≤ kD): head dim 96 runs the d 128 tiles, which the tensor maps zero-fill
   // past column 96; the products that sum over the head's columns stop there (their k-steps
   // over the padding would add zeros), and those whose N is the head's columns run N = 96
   // (their columns past it would be zeros).
-  static constexpr int kHeadDim = HeadDim;
+  static constexpr int kHeadDim = S::head_dim;
   static constexpr int kConsumers = Consumers;
   static constexpr int kThreads = 128 * (Consumers + 1);  // warpgroup 0 is the producer
   static constexpr int kBr = 64 * Consumers;              // query rows per block
-  static constexpr int kBc = Bc_;                         // keys per streamed tile
+  static constexpr int kBc = S::key_tile;                 // keys per streamed tile
   static constexpr int kStages = Stages;
   // dQ += dS_{j−1} K_{j−1} issued with tile j's S, dP (false: each tile's three products issued
   // and retired in turn, dS's fragments no longer live beside the next tile's S and dP).
-  static constexpr bool kPipelined = Pipelined;
+  static constexpr bool kPipelined = S::pipelined;
   static constexpr int kPanels = kD / 64;
   static constexpr int kPanelQ = kBr * sm90::kSwizzleRowBytes, kPanelKV = kBc * sm90::kSwizzleRowBytes;
   static constexpr int kTileQ = kPanels * kPanelQ, kTileKV = kPanels * kPanelKV;  // bytes
@@ -82,7 +91,7 @@ struct DqSm90aTraits {
   static constexpr int kBarrierBytes = 8 * (3 * QBuffers + 4 * kStages);  // and the item slots
   // kStoreByTma: per consumer a dQ staging tile of 64 rows (kPanels panels).
   static constexpr int kTileStage = kPanels * 64 * sm90::kSwizzleRowBytes;
-  static constexpr int kStageBytes = StoreByTma ? Consumers * kTileStage : 0;
+  static constexpr int kStageBytes = kStoreByTma ? Consumers * kTileStage : 0;
   // Q and dO, K and V in kStages stages each, the staging tiles, the barriers, swizzle-atom slack.
   static constexpr size_t kSmemBytes =
       size_t(2 * QBuffers * kTileQ + 2 * kStages * kTileKV + kStageBytes + kBarrierBytes + sm90::kSwizzleAtomBytes);
@@ -92,43 +101,11 @@ struct DqSm90aTraits {
   static_assert(QBuffers == 1 || QBuffers == 2, "one or two Q/dO buffers (the kernel selects between two barrier pairs)");
   static_assert(Consumers == 2 || Consumers == 3, "the register split is written for 2 or 3 consumers");
   static_assert(sm90::fits_launch_registers(kThreads, kProducerRegs, Consumers, kConsumerRegs),
-                "the hand-over must fit the registers the block is launched with (wgmma.cuh, setmaxnreg)");
+                "the hand-over must fit the registers the block is launched with (sm90_ptx.cuh, setmaxnreg)");
   static_assert(kSmemBytes <= 227 * 1024, "one block's shared memory");
 };
-// Block shapes per head dim (docs/kernels.md §4.2 has the measurements that chose them):
-//   d 128: 2 consumers × 96-key tiles, 3 stages (m64n96 S and dP; 168 registers, no consumer
-//          spills, 209 KiB). K_j stays in its stage until dQ += dS_j K_j has run, in the next
-//          turn, so with two stages the next tile's load only starts then and its latency shows;
-//          four gain nothing over three. 96-key tiles take a third fewer turns, waits and stage
-//          hand-overs per FLOP than 64-key ones; 128-key tiles spill. d 96 runs the same tiles.
-//   d 64:  2 consumers × 128-key tiles, 3 stages, below T = 2048 (the long shape below from
-//          there). dQ leaves through shared memory and the copy engine (kStoreByTma, both d 64
-//          shapes); d 128 and d 96 have no shared memory left for a staging tile per consumer
-//          (209 of 227 KiB). Q and dO in two buffers (kQBuffers = 2, 144 → 176 KiB), so that an
-//          item's Q/dO tiles load while the item before is still multiplied, which pays where
-//          items are short; on the long shape (145 → 193 KiB) it does not, and one is kept.
-template <int D> struct DqSm90aConfig;
-template <> struct DqSm90aConfig<64> { using type = DqSm90aTraits<64, 2, 128, 3, 64, true, false, true, 2>; };
-//   d 128: kSkipIdle on the pipelined loop — when causal, the first consumer's rows end a key
-//          tile before the second's in about half the items and it stops there (docs/kernels.md
-//          §2.3).
-template <> struct DqSm90aConfig<128> { using type = DqSm90aTraits<128, 2, 96, 3, 128, true, true>; };
-template <> struct DqSm90aConfig<96> { using type = DqSm90aTraits<128, 2, 96, 3, 96, true, true>; };
-// From T = 2048 at d 64 (kBwdSm90aLongT, as the dK/dV kernel's long shape): three consumers (192
-// query rows per block, 160 registers each) on 96-key tiles, each tile's three products issued
-// and retired in turn (kPipelined = false: the pipelined loop's dS of the tile before would not
-// fit beside the next S and dP in 160 registers). A third consumer keeps the tensor cores busy
-// while two compute exponentials and dS, as in the dK/dV kernel's long shape; the tiles are wide
-// enough that a turn's products outlast two consumers' exponentials (on 64-key tiles the shape
-// is slower). At 1k the two-consumer shape is the faster (docs/kernels.md §4.2).
-constexpr int64_t kBwdSm90aLongT = 2048;
-template <int D> struct DqSm90aLongConfig { using type = typename DqSm90aConfig<D>::type; };
-// Each of its consumers multiplies only the key tiles its own rows need (kSkipIdle; the same in
-// DkdvWsSm90aLongConfig<64>, from the query tile of its first key on): a 192-row block is a
-// coarse unit, and when causal its first consumer's rows stop a tile or more before its last
-// one's, as do rows past T. Its per-consumer trip counts compile as short as the plain loops only
-// with the warp-uniform warpgroup index (sm90::warpgroup_index; docs/kernels.md §2.3).
-template <> struct DqSm90aLongConfig<64> { using type = DqSm90aTraits<64, 3, 96, 3, 64, false, true, true>; };
+// Block shapes: sm90_shapes.h's dQ table (DqTable), each shape's reason beside it and its
+// measurements in docs/kernels.md §4.2.
 
 // The tensor maps of both backward kernels (tma.h): q, dout in boxes of Tr::kBr rows, k, v of
 // Tr::kBc (the dQ kernel streams K/V tiles under its own Q/dO, the dK/dV kernel the reverse).
@@ -165,8 +142,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     flash_bwd_dq_sm90a_kernel(const FlashAttentionParams p, const float* __restrict__ delta,
                                  const __grid_constant__ BwdTmaMaps maps, unsigned* item_counter) {
   constexpr int Br = Tr::kBr, Bc = Tr::kBc, NS = Tr::kStages, C = Tr::kConsumers;
-  // The head's columns: S and dP sum over them, and dQ = dS K is that wide (m64n96 at head dim 96).
-  constexpr int Dh = Tr::kHeadDim;
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int QB = Tr::kQBuffers;
   unsigned char* sQ = sm90::align_to_swizzle_atom(smem);  // (buffer) Q, dO tile pairs of 2 · kTileQ bytes
@@ -235,143 +210,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     return;
   }
 
-  sm90::setmaxnreg_inc<Tr::kConsumerRegs>();
-  const int c = wg - 1, warp = (tid % 128) / 32, lane = tid & 31;
-  const float scale_log2 = p.scale * kLog2e;
-  const unsigned char* sQw = sQ + 64 * c * sm90::kSwizzleRowBytes;  // the warpgroup's rows, in each panel
-  const unsigned char* sdOw = sdO + 64 * c * sm90::kSwizzleRowBytes;  // (of the item's buffer: + qb · 2 · kTileQ)
-  int q_off = 0;  // the item's buffer: its byte offset
-  const int my_turn = 1 + c, next_turn = 1 + (c + 1) % C;  // as in the forward
-  auto release = [&](uint64_t* bar) {  // this warp is done reading a stage (its wgmma has retired)
-    sm90::mbarrier_arrive_warp(bar);
-  };
-  int seq = 0;  // as the producer's
-  // S = Q K_jᵀ and dP = dO V_jᵀ, (64 queries, Bc keys) per warpgroup, one commit group.
-  auto issue_s_dp = [&](float (&s)[Bc / 8][4], float (&dp)[Bc / 8][4], int j) {
-    const int st = (seq + j) % NS;
-    const uint32_t phase = uint32_t((seq + j) / NS) & 1;
-    sm90::mbarrier_wait(&kv.k_full[st], phase);
-    sm90::mbarrier_wait(&kv.v_full[st], phase);
-    sm90::wgmma_fence();
-    sm90::wgmma_abt_ss<Dh, Bc>(s, sQw + q_off, Tr::kPanelQ, sK + st * Tr::kTileKV, Tr::kPanelKV);
-    sm90::wgmma_abt_ss<Dh, Bc>(dp, sdOw + q_off, Tr::kPanelQ, sV + st * Tr::kTileKV, Tr::kPanelKV);
-    sm90::wgmma_commit();
-  };
-  auto issue_dq = [&](float (&dq)[Dh / 8][4], const uint32_t (&dsf)[Bc / 16][4], int j) {  // dQ += dS K_j
-    sm90::wgmma_fence();
-    sm90::wgmma_ab_rs<Dh, Bc>(dq, dsf, sK + ((seq + j) % NS) * Tr::kTileKV, Tr::kPanelKV);
-    sm90::wgmma_commit();
-  };
-  if (c == C - 1) sm90::named_barrier_arrive(1, 256);  // consumer 0 takes the first turn
-
-  for (int it = 0, last_item = 0; !last_item; ++it) {
-    const int qb = it % QB;
-    sm90::mbarrier_wait(q_full_of(qb), uint32_t(it / QB) & 1);  // Q, dO and the item slot
-    uint64_t* const q_empty_b = q_empty_of(qb);
-    q_off = qb * 2 * Tr::kTileQ;
-    const sm90::ItemSlot slot = sm90::read_item_slot(s_item + 2 * qb, lane);
-    last_item = slot.next >= n_items;  // the ring's very last turn hands on to no one
-    const sm90::ItemTile item = sm90::item_tile(slot.item, H, B, n_qb, Br, causal, true);
-    const int n_kb = keys_of(item.row0);
-    const int row0 = item.row0 + 64 * c + 16 * warp;  // this warp's first query row
-    // This lane's rows g and g+8: lse (log2 units) and delta, 0 past T (those rows are never stored).
-    float lse2[2], dlt[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int row = row0 + (lane >> 2) + 8 * i;
-      const int64_t at = (int64_t(item.b) * H + item.h) * T + row;
-      lse2[i] = row < T ? p.lse[at] * kLog2e : 0.0f;
-      dlt[i] = row < T ? delta[at] : 0.0f;
-    }
-    // P = exp2(S·scale₂ − lse₂), masked to 0; dS = P ∘ (dP − delta) (unscaled) into dp, in fp32.
-    auto grad = [&](float (&s)[Bc / 8][4], float (&dp)[Bc / 8][4], int j) {
-      const int k0 = j * Bc;
-      exp2_scaled_minus_row<Bc>(s, scale_log2, lse2);
-      if (k0 + Bc > T || (causal && k0 + Bc - 1 > row0))  // uniform per warp
-        mask_tile<Bc>(s, row0, k0, lane, [=](int q, int k) { return k >= T || (causal && k > q); }, 0.0f);
-      softmax_grad_row<Bc>(dp, s, dlt);
-    };
-
-    float dq[Dh / 8][4];  // (16, Dh) per warp: the warpgroup's (64, Dh) accumulator
-    zero(dq);
-    float s[Bc / 8][4], dp[Bc / 8][4];
-    uint32_t dsf[Bc / 16][4];
-
-    // The key tiles this consumer's rows need: all n_kb, or with kSkipIdle none when its rows all
-    // lie past T (a head's last, part-filled query block) and, causal, only those up to its last
-    // row's diagonal (the block's later tiles serve its other consumers' rows). It takes the
-    // others as turns without products (after its loop).
-    int n_need = n_kb;
-    if constexpr (Tr::kSkipIdle) {
-      const int r0 = item.row0 + 64 * c, r1 = min(r0 + 63, T - 1);
-      n_need = r0 >= T ? 0 : causal ? min(n_kb, r1 / Bc + 1) : n_kb;
-      if constexpr (Tr::kPipelined) n_need = max(n_need, 1);
-    }
-    if constexpr (!Tr::kPipelined) {
-      // Turn j < n_need: S, dP of tile j; then dQ += dS_j K_j, retired before the next turn. Q and
-      // dO are released with the last S, dP; with kSkipIdle the other tiles follow as turns
-      // without products.
-      for (int j = 0; j < n_need; ++j) {
-        sm90::named_barrier_sync(my_turn, 256);
-        issue_s_dp(s, dp, j);
-        if (c != C - 1 || j + 1 < n_kb || !last_item) sm90::named_barrier_arrive(next_turn, 256);
-        sm90::wgmma_wait<0>();
-        release(&kv.v_empty[(seq + j) % NS]);
-        if (j + 1 == n_need) release(q_empty_b);
-        grad(s, dp, j);
-        acc_to_a<Bc>(dsf, dp);
-        issue_dq(dq, dsf, j);
-        sm90::wgmma_wait<0>();
-        release(&kv.k_empty[(seq + j) % NS]);
-      }
-      if constexpr (Tr::kSkipIdle) {
-        if (n_need == 0) release(q_empty_b);
-        sm90::idle_turns<NS>(kv, seq, n_need, n_kb, my_turn, next_turn, c != C - 1 || !last_item);
-      }
-    } else {
-      // Turn 0: S, dP of tile 0. Turn j: S, dP of tile j and dQ += dS_{j−1} K_{j−1}. Q and dO are
-      // released once the consumer's last S, dP have landed: the next item's load under this one's
-      // tail. (Over the n_need tiles its rows need; n_need = n_kb but with kSkipIdle.)
-      sm90::named_barrier_sync(my_turn, 256);
-      issue_s_dp(s, dp, 0);
-      if (c != C - 1 || n_kb > 1 || !last_item) sm90::named_barrier_arrive(next_turn, 256);
-      sm90::wgmma_wait<0>();
-      release(&kv.v_empty[seq % NS]);  // V_0 is done with; K_0 waits for its dQ product
-      if (n_need == 1) release(q_empty_b);
-      grad(s, dp, 0);
-      acc_to_a<Bc>(dsf, dp);
-      for (int j = 1; j < n_need; ++j) {
-        sm90::named_barrier_sync(my_turn, 256);
-        issue_s_dp(s, dp, j);
-        issue_dq(dq, dsf, j - 1);
-        if (c != C - 1 || j + 1 < n_kb || !last_item) sm90::named_barrier_arrive(next_turn, 256);
-        sm90::wgmma_wait<1>();  // S, dP of tile j have landed; dS_{j−1} K_{j−1} may still run
-        release(&kv.v_empty[(seq + j) % NS]);
-        if (j + 1 == n_need) release(q_empty_b);
-        grad(s, dp, j);
-        sm90::wgmma_wait<0>();  // dS_{j−1} K_{j−1} has read dsf: it may be rewritten, K_{j−1} released
-        release(&kv.k_empty[(seq + j - 1) % NS]);
-        acc_to_a<Bc>(dsf, dp);
-      }
-      issue_dq(dq, dsf, n_need - 1);
-      sm90::wgmma_wait<0>();
-      release(&kv.k_empty[(seq + n_need - 1) % NS]);
-      if constexpr (Tr::kSkipIdle)
-        sm90::idle_turns<NS>(kv, seq, n_need, n_kb, my_turn, next_turn, c != C - 1 || !last_item);
-    }
-    seq += n_kb;
-
-    const float fq[2] = {p.scale, p.scale};
-    if constexpr (Tr::kStoreByTma) {
-      sm90::store_tile_by_tma<Dh, Tr::kPanels>(c, tid % 128 == 0, sStage + c * Tr::kTileStage, dq, fq, &maps.dq, item.h,
-                                               item.row0 + 64 * c, item.b, T, warp, lane);
-    } else {
-      tg::bf16* dQ = p.dq + int64_t(item.b) * T * p.dq_row_stride + item.h * p.D;
-      store_rows<Dh>(dQ, int(p.dq_row_stride), dq, fq, row0, T, lane);
-    }
-  }
-  if constexpr (Tr::kStoreByTma)
-    if (tid % 128 == 0) sm90::bulk_wait<0>();  // the last stores done before the block exits
+  const DqSmem<decltype(q_full_of), decltype(q_empty_of)> sm{sQ, sdO, sK, sV, sStage, kv, q_full_of, q_empty_of, s_item};
+  dq_consumer<Tr>(p, delta, maps, sm, T, H, B, causal, n_qb, n_items, keys_of, tid, wg);
 }
 
 // ── dK/dV, warp-specialised ──
@@ -383,7 +223,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 // transposed products per tile: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (SS), dV += Pᵀ dO and dK += dSᵀ Q
 // (register A, Q and dO MN-major); with PingPong they take turns to issue, as the forward does.
 // Q_i, dO_i are released once dK and dV have read them. The deterministic kernel is pipelined
-// (kPipelined; not d 64's three-consumer one, DkdvWsSm90aLongConfig):
+// (kPipelined; not d 64's three-consumer one, dkdv_d64_long_* in sm90_shapes.h):
 // dK's product for one tile runs while the next tile is exponentiated.
 //
 // FormDq (FlashDq::kAtomic): the block also forms dQ_i = dS K_j over its Bc keys, 5 products per
@@ -395,43 +235,43 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 // dq_accum layout (dq_accum_offset); the producer's third warp adds each staged tile into
 // dq_accum with one bulk reduction (dq_full / dq_empty) while the consumers go on — unordered
 // across blocks.
-template <int D_, int Consumers, int Stages, bool PingPong, bool FormDq = false, bool OwnInRegisters = false,
-          int HeadDim = D_, int Br_ = 64, bool GroupedItems = !FormDq, bool Pipelined = true, bool SkipIdle = false,
-          bool StoreByTma = false>
+// Shape: a dK/dV shape of sm90_shapes.h (DkdvShape's fields); the traits derive the sizes.
+template <class Shape>
 struct DkdvWsSm90aTraits {
+  using S = Shape;
+  static constexpr int Consumers = S::consumers, Stages = S::stages;
+  static constexpr bool FormDq = S::form_dq, StoreByTma = S::store_by_tma;
   // dK and dV of an item staged in shared memory (per consumer, its 64 rows of each) and written
   // by the tensor copy engine (tma_store_4d), so the consumers go on to the next item at once
   // rather than issuing 2·Dh/4 four-byte global stores per thread.
   static constexpr bool kStoreByTma = StoreByTma;
   static constexpr bool kDqKernel = false;
-  using WithStoreByTma = DkdvWsSm90aTraits<D_, Consumers, Stages, PingPong, FormDq, OwnInRegisters, HeadDim, Br_,
-                                           GroupedItems, Pipelined, SkipIdle, true>;
   // A consumer multiplies only the query tiles its own keys need: none when they all lie past T
   // (a head's last, part-filled block), and when causal those from the tile of its first key on;
   // it takes the block's other tiles as turns without products (both deterministic loops; the
   // pipelined one multiplies at least the item's last tile).
-  static constexpr bool kSkipIdle = SkipIdle;
-  static constexpr int kD = D_;
+  static constexpr bool kSkipIdle = S::skip_idle;
+  static constexpr int kD = tile_dim<S>();
   // The head's columns (≤ kD): head dim 96 runs the d 128 tiles, which the tensor maps zero-fill
   // past column 96; the products that sum over the head's columns stop there (their k-steps
   // over the padding would add zeros), and those whose N is the head's columns run N = 96
   // (their columns past it would be zeros).
-  static constexpr int kHeadDim = HeadDim;
+  static constexpr int kHeadDim = S::head_dim;
   // Sᵀ = K Qᵀ, dPᵀ = V dOᵀ with the warpgroup's K and V rows loaded once per item as A fragments
   // (RS) rather than read from shared memory at every tile (SS): half the shared-memory traffic of
   // those two products; 2·D/4 registers more per thread.
-  static constexpr bool kOwnInRegisters = OwnInRegisters;
+  static constexpr bool kOwnInRegisters = S::own_in_registers;
   // With K and V in registers for the whole item (and no dQ product, which reads K from shared
   // memory), their tiles and the item slot are released as soon as they are loaded: the next
   // item's K_j, V_j, first Q/dO tiles and statistics then load under this item's tiles instead
   // of after its last product, when the whole block would wait for them.
-  static constexpr bool kReleaseOwnEarly = OwnInRegisters && !FormDq;
+  static constexpr bool kReleaseOwnEarly = kOwnInRegisters && !FormDq;
   static constexpr int kConsumers = Consumers;
   static constexpr int kThreads = 128 * (Consumers + 1);  // warpgroup 0 is the producer
   static constexpr int kBc = 64 * Consumers;              // keys per block
-  static constexpr int kBr = Br_;                         // queries per streamed tile
+  static constexpr int kBr = S::query_tile;               // queries per streamed tile
   static constexpr int kStages = Stages;
-  static constexpr bool kPingPong = PingPong;
+  static constexpr bool kPingPong = S::ping_pong;
   static constexpr bool kFormDq = FormDq;
   static constexpr int kPanels = kD / 64;
   static constexpr int kPanelOwn = kBc * sm90::kSwizzleRowBytes, kPanelStream = kBr * sm90::kSwizzleRowBytes;
@@ -439,7 +279,7 @@ struct DkdvWsSm90aTraits {
   // 24 + 2 × 240 for the deterministic kernel, whose pipelined loop holds Sᵀ, dPᵀ of one tile
   // with dSᵀ of the one before beside dK and dV (at 232, d 128 spills and ptxas serialises the
   // wgmmas); 40 + 2 × 232 with FormDq, whose producer has a third busy warp. 32 + 2 × 240 would
-  // exceed the launch allocation, and setmaxnreg.inc would wait forever (wgmma.cuh).
+  // exceed the launch allocation, and setmaxnreg.inc would wait forever (sm90_ptx.cuh).
   static constexpr int kProducerRegs = Consumers == 2 ? (FormDq ? 40 : 24) : 32;
   static constexpr int kConsumerRegs = Consumers == 2 ? (FormDq ? 232 : 240) : 160;
   static constexpr int kStatsBytes = 2 * kStages * kBr * int(sizeof(float));  // lse, delta per stage
@@ -461,11 +301,11 @@ struct DkdvWsSm90aTraits {
   // more: docs/kernels.md §9.)
   static constexpr int kDsBuffers = 2;
   // Causal items in groups of heads (sm90::item_tile's grouped): every kernel but the d 128
-  // atomic one (DkdvAtomicSm90aConfig).
-  static constexpr bool kGroupedItems = GroupedItems;
+  // atomic one (dkdv_atomic_d128, sm90_shapes.h).
+  static constexpr bool kGroupedItems = S::grouped_items;
   // The deterministic kernel's dK product for tile j − 1 issued with tile j's Sᵀ, dPᵀ (false: each
   // tile's four products issued and retired in turn, 16 registers fewer at the loop's peak).
-  static constexpr bool kPipelined = Pipelined;
+  static constexpr bool kPipelined = S::pipelined;
   static constexpr int kDqStaging = kDqByTurns ? 2 : 1;
   static constexpr int kTileDs = kBc * sm90::kSwizzleRowBytes;
   static constexpr int kTileDq = kBr * kD * int(sizeof(float));
@@ -486,75 +326,22 @@ struct DkdvWsSm90aTraits {
   static_assert(kBr == 64 || kBr == 96 || kBr == 128, "Sᵀ and dPᵀ are m64n64, m64n96 or m64n128 products per warpgroup");
   static_assert(Consumers == 2 || Consumers == 3, "the register split is written for 2 or 3 consumers");
   static_assert(sm90::fits_launch_registers(kThreads, kProducerRegs, Consumers, kConsumerRegs),
-                "the hand-over must fit the registers the block is launched with (wgmma.cuh, setmaxnreg)");
+                "the hand-over must fit the registers the block is launched with (sm90_ptx.cuh, setmaxnreg)");
   static_assert(kSmemBytes <= 227 * 1024, "one block's shared memory");
   static_assert(!FormDq || (kDqCols == 64 && kBr == 64 && Consumers == 2), "FormDq: m64n64 dQ products");
-  static_assert(!SkipIdle || !FormDq, "skipping tiles: the deterministic loops");
+  static_assert(!kSkipIdle || !FormDq, "skipping tiles: the deterministic loops");
 };
 
-// Block shapes (measured on the H200; docs/kernels.md §4.2 has the figures): two consumers of 64
-// keys each and 3 Q/dO stages of 64 queries — Q_i, dO_i stay in their stage until dK += dSᵀ Q_i
-// has run, a tile later, so of three stages two are held and one loads ahead (2 stages were
-// slower). The pipelined loop (dK_{j−1} issued with Sᵀ_j, dPᵀ_j) pays with ping-pong turns at
-// d 64 and without them at d 128 (where turns make it spill), so the turns are per head dim.
-// d 64 keeps K and V in registers, released at the item's start so that the next item's tiles
-// load under this one where items are short; d 128 has no registers for them (dK, dV and the
-// pipelined tile fill 240).
-// Both skip, causal, the diagonal tile wholly before their second consumer's keys (kSkipIdle on the
-// pipelined loop: an item's first query tile, rows k0 … k0 + 63, precedes keys k0 + 64 …; 5.6 % of
-// the consumer-tiles at 1k, 2.9 % at 2k; docs/kernels.md §2.3).
-// Their dK and dV leave through shared memory and the tensor copy engine (kStoreByTma): register
-// stores from every thread are held up by the full memory queue and keep the consumers from the
-// next item, which shows where items are short (docs/kernels.md §5.2). (d 64's long-T shape: see
-// DkdvWsSm90aLongConfig.)
-template <int D> struct DkdvWsSm90aConfig;
-template <> struct DkdvWsSm90aConfig<64> {
-  using type = DkdvWsSm90aTraits<64, 2, 3, true, false, true, 64, 64, true, true, true, true>;
-};
-template <> struct DkdvWsSm90aConfig<128> {
-  using type = DkdvWsSm90aTraits<128, 2, 3, false, false, false, 128, 64, true, true, true, true>;
-};
-template <> struct DkdvWsSm90aConfig<96> {
-  using type = DkdvWsSm90aTraits<128, 2, 3, false, false, false, 96, 64, true, true, true, true>;
-};
-// From T = 2048 at d 64: three consumers (192 keys per block, 160 registers each) taking turns,
-// K and V read from shared memory, each tile's four products issued and retired in turn (the
-// pipelined loop's dSᵀ of the tile before would not fit: it spills 148 bytes). At d 64 a tile's
-// exponentials and dS take about as long as its products, and with two consumers the tensor
-// cores idle while both compute them; a third keeps them busy, as in the d 64 forward. Below
-// 2048 items are a few tiles long and the 64-query shape's early release of K and V (which needs
-// them in registers) pays more (docs/kernels.md §4.2).
-// Causal, it stores dK and dV by the copy engine (launch_dkdv_sm90a: ::WithStoreByTma); not
-// causal, from registers: there the staged stores, whose shared memory (101 → 149 KB) the
-// non-causal items' long loops do not repay, are level or slower (docs/kernels.md §5.2).
-template <int D> struct DkdvWsSm90aLongConfig { using type = typename DkdvWsSm90aConfig<D>::type; };
-template <> struct DkdvWsSm90aLongConfig<64> {  // (kSkipIdle: see DqSm90aLongConfig<64>)
-  using type = DkdvWsSm90aTraits<64, 3, 3, true, false, false, 64, 64, true, false, true>;
-};
-// FlashDq::kAtomic's dK/dV kernel, which forms dQ too (5 products per tile pair, not 7). Each
-// block adds a (64 queries, D) fp32 dQ tile per streamed query tile; the L2 performs the
-// reductions. Two consumers of 64 keys (128 keys per block: half the reduced bytes per FLOP of
-// one), 3 Q/dO stages, no ping-pong turns (the per-tile dSᵀ exchange already paces the
-// consumers), tile j's dQ product issued with dK_{j+1} so that the consumers need not meet at
-// every tile; at d 64 one consumer forms a whole tile's dQ by turns (an m64n32 half would read
-// more shared memory per FLOP than the tensor cores' operand rate allows), and the causal items
-// go in groups of heads as in every other kernel, which at d 128 is slower, so d 128 keeps one
-// group. Where it is the faster than the deterministic pair: sm90a_runs_atomic_dq. The figures,
-// and the variants rejected: docs/kernels.md §6 and §9.
+// Block shapes: sm90_shapes.h's dK/dV tables (DkdvTable, DkdvAtomicTable), each shape's reason
+// beside it and its measurements in docs/kernels.md §4.2. The head dims with an atomic kernel:
 template <int D> constexpr bool kSm90aAtomicDq = D == 128 || D == 64;
-template <int D> struct DkdvAtomicSm90aConfig;
-template <> struct DkdvAtomicSm90aConfig<64> { using type = DkdvWsSm90aTraits<64, 2, 3, false, true, true, 64, 64, true>; };
-template <> struct DkdvAtomicSm90aConfig<128> { using type = DkdvWsSm90aTraits<128, 2, 3, false, true>; };
 
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     flash_bwd_dkdv_sm90a_ws_kernel(const FlashAttentionParams p, const float* __restrict__ delta,
                                    float* __restrict__ dq_accum, int accum_rows,
                                    const __grid_constant__ BwdTmaMaps maps, unsigned* item_counter) {
-  constexpr int D = Tr::kD, Bc = Tr::kBc, Br = Tr::kBr, NS = Tr::kStages, C = Tr::kConsumers;
-  // The head's columns: Sᵀ and dPᵀ sum over them, and dK = dSᵀ Q, dV = Pᵀ dO are that wide
-  // (m64n96 at head dim 96).
-  constexpr int Dh = Tr::kHeadDim;
+  constexpr int Bc = Tr::kBc, Br = Tr::kBr, NS = Tr::kStages, C = Tr::kConsumers;
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* sK = sm90::align_to_swizzle_atom(smem);
   unsigned char* sV = sK + Tr::kTileOwn;
@@ -694,285 +481,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     return;
   }
 
-  sm90::setmaxnreg_inc<Tr::kConsumerRegs>();
-  const int c = wg - 1, warp = (tid % 128) / 32, lane = tid & 31;
-  // (The scale, the warpgroup's rows of K and V and the item's parity are recomputed where used:
-  // at d 128 the pipelined loop has no registers to spare for them.)
-  const int my_turn = 1 + c, next_turn = 1 + (c + 1) % C;
-  if (Tr::kPingPong && c == C - 1) sm90::named_barrier_arrive(1, 256);  // consumer 0 takes the first turn
-  int seq = 0;  // as the producer's
-  // kOwnInRegisters: this warp's rows of K_j and V_j as A fragments, loaded per item.
-  uint32_t kf[Tr::kOwnInRegisters ? Dh / 16 : 1][4], vf[Tr::kOwnInRegisters ? Dh / 16 : 1][4];
-
-  for (int it = 0, last_item = 0; !last_item; ++it) {
-  sm90::mbarrier_wait(own_full, uint32_t(it) & 1);  // K_j, V_j and the item slot
-  if constexpr (Tr::kOwnInRegisters) {
-    sm90::load_a_frags_swizzled<Dh>(kf, sK, Tr::kPanelOwn, 64 * c + 16 * warp, lane);
-    sm90::load_a_frags_swizzled<Dh>(vf, sV, Tr::kPanelOwn, 64 * c + 16 * warp, lane);
-  }
-  const sm90::ItemSlot slot = sm90::read_item_slot(s_item, lane);
-  last_item = slot.next >= n_items;  // the ring's very last turn hands on to no one
-  const sm90::ItemTile item = item_of(slot.item);
-  const int i_begin = first_tile(item.row0), n_tiles = n_qb - i_begin;  // ≥ 1
-  const int key0 = item.row0 + 64 * c + 16 * warp;  // this warp's first key
-  if constexpr (Tr::kReleaseOwnEarly) {  // K_j, V_j are in kf, vf and the item in `item`
-    sm90::mbarrier_arrive_warp(own_empty);
-  }
-  float dk[Dh / 8][4], dv[Dh / 8][4];  // (16, Dh) per warp: the warpgroup's (64, Dh) accumulators
-  zero(dk);
-  zero(dv);
-
-  float s[Br / 8][4], dp[Br / 8][4];
-  uint32_t pf[Br / 16][4], dsf[Br / 16][4];
-  auto stage = [&](int j) { return (seq + j) % NS; };
-  auto turn_begin = [&] {
-    if constexpr (Tr::kPingPong) sm90::named_barrier_sync(my_turn, 256);
-  };
-  auto turn_end = [&](int j) {
-    if constexpr (Tr::kPingPong)
-      if (c != C - 1 || j + 1 < n_tiles || !last_item) sm90::named_barrier_arrive(next_turn, 256);
-  };
-  auto issue_s_dp = [&](int j) {  // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ of tile j, one commit group
-    const int st = stage(j);
-    sm90::mbarrier_wait(&qdo.k_full[st], uint32_t((seq + j) / NS) & 1);
-    sm90::mbarrier_wait(&qdo.v_full[st], uint32_t((seq + j) / NS) & 1);
-    sm90::wgmma_fence();
-    if constexpr (Tr::kOwnInRegisters) {
-      sm90::wgmma_abt_rs<Dh, Br>(s, kf, sQ + st * Tr::kTileStream, Tr::kPanelStream);
-      sm90::wgmma_abt_rs<Dh, Br>(dp, vf, sdO + st * Tr::kTileStream, Tr::kPanelStream);
-    } else {
-      const int own_row = 64 * c * sm90::kSwizzleRowBytes;  // the warpgroup's rows, in each panel
-      sm90::wgmma_abt_ss<Dh, Br>(s, sK + own_row, Tr::kPanelOwn, sQ + st * Tr::kTileStream, Tr::kPanelStream);
-      sm90::wgmma_abt_ss<Dh, Br>(dp, sV + own_row, Tr::kPanelOwn, sdO + st * Tr::kTileStream, Tr::kPanelStream);
-    }
-    sm90::wgmma_commit();
-  };
-  auto issue_dk = [&](int j) {  // dK += dSᵀ_j Q_j
-    sm90::wgmma_fence();
-    sm90::wgmma_ab_rs<Dh, Br>(dk, dsf, sQ + stage(j) * Tr::kTileStream, Tr::kPanelStream);
-    sm90::wgmma_commit();
-  };
-  // Pᵀ = exp(S·scale − lse) into pf, then dV += Pᵀ dO issued.
-  auto p_and_dv = [&](int j) {
-    const int st = stage(j), q0 = (i_begin + j) * Br;
-    exp2_scaled_minus_col<Br>(s, p.scale * kLog2e, sL + st * Br, lane);
-    if (q0 + Br > T || (causal && key0 + kRowsPerWarp - 1 > q0))  // uniform per warp; masked entries exactly 0
-      mask_tile<Br>(s, key0, q0, lane, [=](int k, int q) { return q >= T || (causal && k > q); }, 0.0f);
-    acc_to_a<Br>(pf, s);
-    sm90::wgmma_fence();
-    sm90::wgmma_ab_rs<Dh, Br>(dv, pf, sdO + st * Tr::kTileStream, Tr::kPanelStream);
-    sm90::wgmma_commit();
-  };
-  auto ds = [&](int j) {  // dSᵀ = Pᵀ ∘ (dPᵀ − delta), without the scale, into dsf
-    softmax_grad_col_bf16p<Br>(dp, pf, sDelta + stage(j) * Br, lane);
-    acc_to_a<Br>(dsf, dp);
-  };
-  auto release = [&](int j) {  // this warp is done with tile j's Q_i, dO_i and their statistics
-    sm90::mbarrier_arrive(&qdo.k_empty[stage(j)]);  // every thread: its statistics loads
-    sm90::mbarrier_arrive_warp(&qdo.v_empty[stage(j)]);
-  };
-  // Tile j's Sᵀ, dPᵀ in this consumer's turn, waited for; then Pᵀ with dV's product issued, and
-  // dSᵀ into dsf.
-  auto s_dp_then_p_ds = [&](int j) {
-    turn_begin();
-    issue_s_dp(j);
-    turn_end(j);
-    sm90::wgmma_wait<0>();
-    p_and_dv(j);
-    ds(j);
-  };
-
-  // With kSkipIdle only the query tiles this consumer's keys need: none when they all lie past T
-  // (a head's last, part-filled key block) and, causal, only those from the tile of its first key
-  // on (the block's earlier tiles serve its other consumers' keys: with two consumers of 64 keys
-  // and 64-query tiles, the second one's first tile is wholly masked). It takes the others first,
-  // as turns without products, each releasing its stage once the stage's loads have landed (so
-  // that they count towards this use). The pipelined loop multiplies at least the item's last tile.
-  int j_first = 0;
-  if constexpr (Tr::kSkipIdle) {
-    const int kr0 = item.row0 + 64 * c;
-    j_first = kr0 >= T ? n_tiles : causal ? max(0, min(n_tiles, kr0 / Br - i_begin)) : 0;
-    if constexpr (Tr::kPipelined) j_first = min(j_first, n_tiles - 1);
-    for (int j = 0; j < j_first; ++j) {
-      turn_begin();
-      sm90::mbarrier_wait(&qdo.k_full[stage(j)], uint32_t((seq + j) / NS) & 1);
-      sm90::mbarrier_wait(&qdo.v_full[stage(j)], uint32_t((seq + j) / NS) & 1);
-      turn_end(j);
-      release(j);
-    }
-  }
-  if constexpr (!Tr::kFormDq && !Tr::kPipelined) {  // tile j's four products, retired in turn
-    for (int j = j_first; j < n_tiles; ++j) {
-      s_dp_then_p_ds(j);
-      issue_dk(j);
-      sm90::wgmma_wait<0>();  // dV_j has read pf, dK_j dsf and Q_j
-      release(j);
-    }
-  } else if constexpr (!Tr::kFormDq) {
-    // Each turn issues Sᵀ_j, dPᵀ_j and dK += dSᵀ_{j−1} Q_{j−1}, so that dK's product runs while
-    // this consumer exponentiates; every product is retired within the iteration that issues it
-    // (none in flight across the loop's back edge), as in the dQ kernel.
-    s_dp_then_p_ds(j_first);
-    sm90::wgmma_wait<0>();  // dV of the first tile has read pf
-    for (int j = j_first + 1; j < n_tiles; ++j) {
-      turn_begin();
-      issue_s_dp(j);
-      issue_dk(j - 1);
-      turn_end(j);
-      sm90::wgmma_wait<1>();  // Sᵀ_j, dPᵀ_j have landed; dK_{j−1} may still run
-      p_and_dv(j);
-      sm90::wgmma_wait<1>();  // dK_{j−1} has read dsf and Q_{j−1}; dV_j may still run
-      release(j - 1);
-      ds(j);
-      sm90::wgmma_wait<0>();  // dV_j has read pf
-    }
-    issue_dk(n_tiles - 1);
-    sm90::wgmma_wait<0>();
-    release(n_tiles - 1);
-  } else {
-    // FormDq: tile j's dQ product needs both consumers' dSᵀ_j, so it is issued a tile later —
-    // with dK_{j+1}, once the other consumer has long written its half — and staged for the
-    // reduction when it has retired, at the end of that iteration (staged under the next Sᵀ, dPᵀ
-    // instead, the registers overflowed). The consumers may then run up to a tile apart instead
-    // of meeting at every tile. g, the block's tile count (seq + j), picks the dSᵀ buffer
-    // (g % NDs), the staging tile (g % NSt) and their phases; with kDqByTurns, the consumer that
-    // forms tile g's dQ (g % 2).
-    // dq: (64 queries, the kDqCols columns of dQ this consumer forms), declared where it is
-    // used: the wgmma's accumulator operands are read-write, so one declared outside the loop
-    // stays live across it (32 registers more at the loop's peak; ptxas then spilled 440 bytes).
-    const int dq_col0 = Tr::kDqByTurns ? 0 : Tr::kDqCols * c;  // the first dQ column this consumer forms
-    // dQ of the block's tile g = dS K_j over its Bc keys (SS, A read transposed).
-    auto issue_dq = [&](float (&dq)[Tr::kDqCols / 8][4], int g) {
-      const int buf = g % NDs;
-      sm90::mbarrier_wait(&ds_full[buf], uint32_t(g / NDs) & 1);  // both consumers' dSᵀ rows
-      const uint64_t desc_ds = sm90::opaque_u64(sm90::mn_major_descriptor(sdSt + buf * Tr::kTileDs, Tr::kTileDs));
-      const uint64_t desc_k =
-          sm90::opaque_u64(sm90::mn_major_descriptor(sK + dq_col0 / 64 * Tr::kPanelOwn, Tr::kPanelOwn));
-      sm90::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < Bc / 16; ++kk)  // a k-step of 16 keys is 16 rows of both tiles, 2048 bytes
-        sm90::wgmma_m64n64k16_ss<1, 1>(sm90::flat(dq), desc_ds + kk * 2048 / 16, desc_k + kk * 2048 / 16, kk > 0);
-      sm90::wgmma_commit();
-    };
-    // Tile g (the item's tile j)'s dQ product has retired: its dSᵀ buffer is free, and dq goes to
-    // its staging tile once the reduction of that tile's last use has read it, in the dq_accum
-    // layout: row r at sDq + r·D, the column pair (col, col + 1) at ((col & ~7) ^ 8·(r % 8)) +
-    // (col & 7) (dq_accum_offset); both of a lane's rows are lane / 4 mod 8, so one XOR term
-    // serves all its stores, which hit distinct banks.
-    auto stage_dq = [&](const float (&dq)[Tr::kDqCols / 8][4], int g, int j) {
-      const int k = g % NSt;
-      sm90::mbarrier_arrive_warp(&ds_empty[g % NDs]);
-      if (g >= NSt) sm90::mbarrier_wait(&dq_empty[k], uint32_t(g / NSt - 1) & 1);
-      float* rows = sDq + k * (Tr::kTileDq / 4) + (16 * warp + (lane >> 2)) * D + frag_col(lane, 0, 0);
-      const uint32_t chunk_xor = sm90::opaque_u32((lane >> 2) * 8);
-#pragma unroll
-      for (int e = 0; e < 2; ++e)
-#pragma unroll
-        for (int nt = 0; nt < Tr::kDqCols / 8; ++nt)
-          *reinterpret_cast<float2*>(rows + 8 * e * D + ((dq_col0 + 8 * nt) ^ chunk_xor)) =
-              make_float2(dq[nt][2 * e], dq[nt][2 * e + 1]);
-      if ((Tr::kDqByTurns || c == 0) && warp == 0 && lane == 0) {  // the destination, for the reducing thread
-        const sm90::ItemTile at = item_of(s_item[0]);
-        s_dq[2 * k] = ((int64_t(at.b) * H + at.h) * accum_rows + int64_t(first_tile(at.row0) + j) * Br) * D;
-        s_dq[2 * k + 1] = last_item && j + 1 == n_tiles;
-      }
-      sm90::fence_async_shared();  // st.shared, read by the bulk copy engine
-      sm90::mbarrier_arrive_warp(&dq_full[k]);
-    };
-    // Tile j's four products (dK's issued), its dSᵀ rows published.
-    auto tile_products = [&](int j) {
-      const int g = seq + j, buf = g % NDs;
-      s_dp_then_p_ds(j);
-      // This warp's 16 dSᵀ rows into their buffer, once the dQ product of its last use has read it.
-      if (g >= NDs) sm90::mbarrier_wait(&ds_empty[buf], uint32_t(g / NDs - 1) & 1);
-      sm90::store_a_frags_swizzled(sdSt + buf * Tr::kTileDs + 64 * c * sm90::kSwizzleRowBytes, dsf, 16 * warp, lane);
-      sm90::fence_async_shared();  // st.shared, read by the other warps' wgmma
-      issue_dk(j);
-      sm90::mbarrier_arrive_warp(&ds_full[buf]);
-    };
-    // Iteration j ≥ 1: tile j's products, and tile j − 1's dQ product with them (a tile later).
-    auto tile_with_dq = [&](int j) {
-      tile_products(j);
-      float dq[Tr::kDqCols / 8][4];
-      issue_dq(dq, seq + j - 1);
-      sm90::wgmma_wait<0>();  // dV_j, dK_j and dQ_{j−1}
-      release(j);
-      stage_dq(dq, seq + j - 1, j - 1);
-    };
-    auto last_dq = [&] {  // the item's last tile's dQ product, after its loop
-      float dq[Tr::kDqCols / 8][4];
-      issue_dq(dq, seq + n_tiles - 1);
-      sm90::wgmma_wait<0>();
-      stage_dq(dq, seq + n_tiles - 1, n_tiles - 1);
-    };
-    // The first tile alone, and no conditional wgmma inside a loop: ptxas would serialise them.
-    tile_products(0);
-    sm90::wgmma_wait<0>();
-    release(0);
-    if constexpr (!Tr::kDqByTurns) {
-      for (int j = 1; j < n_tiles; ++j) tile_with_dq(j);
-      last_dq();
-    } else {
-      // This consumer forms the dQ of the block's tiles g with g % 2 = c: iteration j (which
-      // issues tile j − 1's) every second one. The loop runs pairs of iterations, the first with
-      // this consumer's dQ product; an iteration without one before it if the item's first
-      // tile is the other consumer's.
-      auto tile_without_dq = [&](int j) {
-        tile_products(j);
-        sm90::wgmma_wait<0>();
-        release(j);
-      };
-      const auto forms = [&](int g) { return (g & 1) == c; };
-      int j = 1;
-      if (j < n_tiles && !forms(seq + j - 1)) tile_without_dq(j++);
-      for (; j + 1 < n_tiles; j += 2) {
-        tile_with_dq(j);
-        tile_without_dq(j + 1);
-      }
-      if (j < n_tiles) tile_with_dq(j);  // (j − 1 is this consumer's tile)
-      if (forms(seq + n_tiles - 1)) last_dq();
-    }
-  }
-
-  // Every product of the item has retired: K_j, V_j (and the item slot) may take the next
-  // item's, unless released at the start. The item read again first, so that it is not kept
-  // from the top (at d 128 the loop has no registers to spare).
-  sm90::ItemTile out = item;
-  if constexpr (!Tr::kReleaseOwnEarly) {
-    const sm90::ItemSlot done = sm90::read_item_slot(s_item, lane);
-    sm90::mbarrier_arrive_warp(own_empty);
-    out = item_of(done.item);
-  }
-  seq += n_tiles;
-
-  // dK = scale · Σ dSᵀ Q: the softmax scale applied once, in fp32.
-  if constexpr (Tr::kStoreByTma) {
-    unsigned char* st_dk = sStage + 2 * c * Tr::kTileStage;
-    unsigned char* st_dv = st_dk + Tr::kTileStage;
-    const float fk[2] = {p.scale, p.scale}, fv[2] = {1.0f, 1.0f};
-    const int key0 = out.row0 + 64 * c;
-    sm90::store_staged_by_tma(
-        sm90::kStagingBarrier + c, tid % 128 == 0, key0 < T,
-        [&] {
-          sm90::store_acc_swizzled<Dh>(st_dk, 64 * sm90::kSwizzleRowBytes, dk, fk, 16 * warp, lane);
-          sm90::store_acc_swizzled<Dh>(st_dv, 64 * sm90::kSwizzleRowBytes, dv, fv, 16 * warp, lane);
-        },
-        [&] {
-          sm90::tma_store_tile<Tr::kPanels>(&maps.dk, out.h, key0, out.b, st_dk);
-          sm90::tma_store_tile<Tr::kPanels>(&maps.dv, out.h, key0, out.b, st_dv);
-        });
-  } else {
-    const int64_t bt = int64_t(out.b) * T;
-    tg::bf16* dK = p.dk + bt * p.dk_row_stride + out.h * p.D;
-    tg::bf16* dV = p.dv + bt * p.dv_row_stride + out.h * p.D;
-    const float fk[2] = {p.scale, p.scale}, fv[2] = {1.0f, 1.0f};
-    const int key_row = out.row0 + 64 * c + 16 * warp;
-    store_rows<Dh>(dK, int(p.dk_row_stride), dk, fk, key_row, T, lane);
-    store_rows<Dh>(dV, int(p.dv_row_stride), dv, fv, key_row, T, lane);
-  }
-  }
-  if constexpr (Tr::kStoreByTma)
-    if (tid % 128 == 0) sm90::bulk_wait<0>();  // the last stores done before the block exits
+  const DkdvSmem sm{sK,       sV,       sQ,      sdO,      sStage,  sdSt,     sDq,    sL,    sDelta,
+                    qdo,      own_full, own_empty, ds_full, ds_empty, dq_full, dq_empty, s_item, s_dq};
+  dkdv_consumer<Tr>(p, maps, sm, T, H, causal, n_qb, n_items, first_tile, item_of, dq_accum, accum_rows, tid, wg);
 }
 
 }  // namespace flash
@@ -1002,49 +513,20 @@ void launch_dq_sm90a_with(const FlashAttentionParams& p, const float* delta, cud
                                 item_count(p, Tr::kBr), p, stream, delta, flash::bwd_tma_maps<Tr>(p),
                                 flash::item_counter(stream, 1));
 }
-template <int D>
-void launch_dq_sm90a(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
-  if (p.T >= flash::kBwdSm90aLongT)
-    launch_dq_sm90a_with<typename flash::DqSm90aLongConfig<D>::type>(p, delta, stream);
-  else
-    launch_dq_sm90a_with<typename flash::DqSm90aConfig<D>::type>(p, delta, stream);
-}
-
-// The dK/dV kernel, likewise, in the block shape of p's length (DkdvWsSm90aConfig,
-// DkdvWsSm90aLongConfig).
+// The dK/dV kernel, likewise.
 template <class Tr>
 void launch_dkdv_sm90a_with(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
   flash::launch_item_kernel<Tr>(flash::Overlap::kNone, flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr>, Tr::kSmemBytes,
                                 item_count(p, Tr::kBc), p, stream, delta, static_cast<float*>(nullptr), 0,
                                 flash::bwd_tma_maps<Tr>(p), flash::item_counter(stream));
 }
-template <int D>
-void launch_dkdv_sm90a(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
-  // (Below the long shapes, and at d 96 and 128, every config already stores by the copy engine.)
-  if (p.T >= flash::kBwdSm90aLongT && p.causal)
-    launch_dkdv_sm90a_with<typename flash::DkdvWsSm90aLongConfig<D>::type::WithStoreByTma>(p, delta, stream);
-  else if (p.T >= flash::kBwdSm90aLongT)
-    launch_dkdv_sm90a_with<typename flash::DkdvWsSm90aLongConfig<D>::type>(p, delta, stream);
-  else
-    launch_dkdv_sm90a_with<typename flash::DkdvWsSm90aConfig<D>::type>(p, delta, stream);
-}
-
-// Block shapes: DkdvWsSm90aConfig, DkdvWsSm90aLongConfig, DqSm90aConfig, DkdvAtomicSm90aConfig
-// (above), with the reasons for them (their measurements: docs/kernels.md §4.2).
-template <int D>
-void launch_bwd_sm90a(const FlashAttentionParams& p, const float* delta, float* dq_accum, int accum_rows,
-                      cudaStream_t stream) {
-  if constexpr (flash::kSm90aAtomicDq<D>) {
-    if (p.dq_mode == FlashDq::kAtomic) {
-      using Tr = typename flash::DkdvAtomicSm90aConfig<D>::type;
-      flash::launch_item_kernel<Tr>(flash::Overlap::kNone, flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr>, Tr::kSmemBytes,
-                                    item_count(p, Tr::kBc), p, stream, delta, dq_accum,
-                                    accum_rows, flash::bwd_tma_maps<Tr>(p), flash::item_counter(stream));
-      return;
-    }
-  }
-  launch_dkdv_sm90a<D>(p, delta, stream);
-  launch_dq_sm90a<D>(p, delta, stream);
+// FlashDq::kAtomic's dK/dV kernel, which forms dQ too and adds it into dq_accum.
+template <class Tr>
+void launch_dkdv_atomic_sm90a_with(const FlashAttentionParams& p, const float* delta, float* dq_accum, int accum_rows,
+                                   cudaStream_t stream) {
+  flash::launch_item_kernel<Tr>(flash::Overlap::kNone, flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr>, Tr::kSmemBytes,
+                                item_count(p, Tr::kBc), p, stream, delta, dq_accum, accum_rows,
+                                flash::bwd_tma_maps<Tr>(p), flash::item_counter(stream));
 }
 
 }  // namespace
@@ -1065,16 +547,30 @@ bool sm90a_runs_atomic_dq(const FlashAttentionParams& p) {
   return p.D == 128 ? p.T >= 16384 : !p.causal && p.T >= 4096;
 }
 
-// Head dim 96 runs the d 128 kernels, zero-padded as in the forward (flash_fwd_sm90a): dQ, dK
-// and dV are m64n96 products (their columns past 96 would be zeros).
+// The shapes the backward's tables (sm90_shapes.h: dkdv_shape, dq_shape, dkdv_atomic_shape)
+// select for p's head dim, mask and length. Head dim 96 runs the d 128 kernels, zero-padded as in
+// the forward (flash_fwd_sm90a): dQ, dK and dV are m64n96 products (their columns past 96 would be
+// zeros); it has no atomic kernel (kSm90aAtomicDq).
 void flash_bwd_sm90a(const FlashAttentionParams& p, const float* delta, float* dq_accum, int accum_rows,
                      cudaStream_t stream) {
-  if (p.D == 64)
-    launch_bwd_sm90a<64>(p, delta, dq_accum, accum_rows, stream);
-  else if (p.D == 96)
-    launch_bwd_sm90a<96>(p, delta, dq_accum, accum_rows, stream);
-  else
-    launch_bwd_sm90a<128>(p, delta, dq_accum, accum_rows, stream);
+  auto no_shape = [&](const char* kernel) {
+    return std::invalid_argument(std::string("flash_attention_backward: no sm_90a ") + kernel + " shape for head dim " +
+                                 std::to_string(p.D));
+  };
+  // (kAtomic only where sm90a_runs_atomic_dq: the caller passes kRecompute elsewhere.)
+  if (p.dq_mode == FlashDq::kAtomic && with_named_shape(DkdvAtomicTable{}, dkdv_atomic_shape(p.D, p.causal, p.T), [&](auto tag) {
+        launch_dkdv_atomic_sm90a_with<DkdvWsSm90aTraits<typename decltype(tag)::type>>(p, delta, dq_accum, accum_rows,
+                                                                                       stream);
+      }))
+    return;
+  if (!with_named_shape(join(DkdvTable{}, DkdvVariants{}), dkdv_shape(p.D, p.causal, p.T, variant_name(p.variant)), [&](auto tag) {
+        launch_dkdv_sm90a_with<DkdvWsSm90aTraits<typename decltype(tag)::type>>(p, delta, stream);
+      }))
+    throw no_shape("dK/dV");
+  if (!with_named_shape(join(DqTable{}, DqVariants{}), dq_shape(p.D, p.causal, p.T, variant_name(p.variant)), [&](auto tag) {
+        launch_dq_sm90a_with<DqSm90aTraits<typename decltype(tag)::type>>(p, delta, stream);
+      }))
+    throw no_shape("dQ");
 }
 
 }  // namespace flash

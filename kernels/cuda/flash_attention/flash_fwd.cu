@@ -12,6 +12,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/flash_attention/flash.h"
 #include "kernels/cuda/flash_attention/kernel_traits.cuh"
+#include "kernels/cuda/flash_attention/sm90_shapes.h"
 #include "kernels/cuda/flash_attention/tile.cuh"
 
 namespace tg::cuda {
@@ -238,6 +239,23 @@ bool use_wgmma(const FlashAttentionParams& p, const char* fn) {
 
 bool flash_attention_supported(int64_t D) { return D == 32 || D == 64 || D == 96 || D == 128; }
 
+std::vector<FlashVariant> flash_attention_variants() {
+  std::vector<FlashVariant> out;
+  auto add = [&](const char* kernel) {
+    return [&out, kernel](auto tag) {
+      using S = typename decltype(tag)::type;
+      out.push_back({S::name, kernel, S::head_dim, S::mask == flash::Mask::kAny ? 0 : S::mask == flash::Mask::kCausal ? 1 : 2,
+                     S::min_t, S::max_t});
+    };
+  };
+  // (In the order of flash::AllVariants: entry i is variant i + 1.)
+  flash::for_each_shape(flash::FwdVariants{}, add("forward"));
+  flash::for_each_shape(flash::DkdvVariants{}, add("dK/dV"));
+  flash::for_each_shape(flash::DqVariants{}, add("dQ"));
+  return out;
+}
+int flash_attention_variant(const std::string& name) { return flash::variant_id(name.c_str()); }
+
 void flash_attention_forward(const FlashAttentionParams& p, cudaStream_t stream) {
   const char* fn = "flash_attention_forward";
   require(flash_attention_supported(p.D), fn, "head dim D = " + std::to_string(p.D) + " has no kernel (32, 64, 96, 128)");
@@ -250,6 +268,8 @@ void flash_attention_forward(const FlashAttentionParams& p, cudaStream_t stream)
   require(aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned16(p.o), fn,
           "q, k, v, o must be 16-byte aligned (cp.async)");
   flash::require_row_strides(p, fn, /*backward=*/false);
+  require(p.variant == 0 || flash::variant_name(p.variant) != nullptr, fn,
+          "variant " + std::to_string(p.variant) + " is not in the registry (flash_attention_variants)");
   if (flash::use_wgmma(p, fn)) {
     if (p.scale > 0.0f) {
       flash::flash_fwd_sm90a(flash::with_resolved_row_strides(p), stream);

@@ -24,12 +24,20 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/flash_attention/flash.h"
 #include "kernels/cuda/flash_attention/kernel_traits.cuh"
 #include "kernels/cuda/flash_attention/launch.cuh"
+#include "kernels/cuda/flash_attention/sm90_epilogue.cuh"
+#include "kernels/cuda/flash_attention/sm90_fwd_mainloop.cuh"
+#include "kernels/cuda/flash_attention/sm90_pipeline.cuh"
+#include "kernels/cuda/flash_attention/sm90_ptx.cuh"
+#include "kernels/cuda/flash_attention/sm90_scheduler.cuh"
+#include "kernels/cuda/flash_attention/sm90_shapes.h"
 #include "kernels/cuda/flash_attention/tile.cuh"
 #include "kernels/cuda/flash_attention/wgmma.cuh"
 #include "kernels/cuda/tma.h"
@@ -45,45 +53,43 @@ namespace flash {
 // the consumers. The consumers take turns: named barriers pass the right to issue a tile's two
 // products around the ring of consumer warpgroups, so one warpgroup's softmax overlaps the
 // others' products rather than coinciding with them (FlashAttention-3's ping-pong).
-template <int D_, int Consumers, int Bc_, int Stages, bool QInRegisters = false, int HeadDim = D_, int TailBc = Bc_,
-          bool SkipIdle = false, bool HalfDiagonal = false, bool StoreByTma = false>
+// Shape: a forward shape of sm90_shapes.h (FwdShape's fields); the traits derive the sizes.
+template <class Shape>
 struct FwdSm90aTraits {
+  using S = Shape;
+  static constexpr int Consumers = S::consumers, Stages = S::stages;
   // O of an item staged in shared memory (per consumer, its 64 rows) and written by the tensor
   // copy engine (tma_store_4d), so the consumers go on to the next item at once rather than
   // issuing Dh/4 four-byte global stores per thread.
-  static constexpr bool kStoreByTma = StoreByTma;
-  using WithStoreByTma = FwdSm90aTraits<D_, Consumers, Bc_, Stages, QInRegisters, HeadDim, TailBc, SkipIdle,
-                                        HalfDiagonal, true>;
+  static constexpr bool kStoreByTma = S::store_by_tma;
   // Causal, two consumers on 128-row items and 128-key tiles: an item's last K/V tile is its
   // diagonal one, of whose keys the first consumer's rows reach only the first 64 — its
   // products over that tile stop there (S m64n64 and P V over 64 keys, in accumulators of their
   // own: as a prefix of the full ones ptxas serialised the wgmmas).
-  static constexpr bool kHalfDiagonal = HalfDiagonal;
+  static constexpr bool kHalfDiagonal = S::half_diagonal;
   // A consumer multiplies only the K/V tiles its own rows need: none when they all lie past T (a
   // head's last, part-filled query tile), and when causal those up to its last row's diagonal;
   // it takes the block's other tiles as turns without products.
-  static constexpr bool kSkipIdle = SkipIdle;
-  static constexpr int kD = D_;
+  static constexpr bool kSkipIdle = S::skip_idle;
+  static constexpr int kD = tile_dim<S>();
   // The head's columns (≤ kD): head dim 96 runs the d 128 tiles, which the tensor maps zero-fill
   // past column 96; the products that sum over the head's columns stop there (their k-steps
   // over the padding would add zeros), and those whose N is the head's columns run N = 96
   // (their columns past it would be zeros).
-  static constexpr int kHeadDim = HeadDim;
+  static constexpr int kHeadDim = S::head_dim;
   // S = Q K_jᵀ with Q's A fragments loaded once per item into registers (RS) instead of read from
   // shared memory at every tile (SS): a third of the product's shared-memory traffic less.
-  static constexpr bool kQInRegisters = QInRegisters;
+  static constexpr bool kQInRegisters = S::q_in_registers;
   static constexpr int kConsumers = Consumers;            // warpgroups of 64 query rows
   static constexpr int kThreads = 128 * (Consumers + 1);  // warpgroup 0 is the producer
   static constexpr int kBr = 64 * Consumers;              // query rows per block
-  static constexpr int kBc = Bc_;                         // keys per tile: S is m64 n Bc per warpgroup
+  static constexpr int kBc = S::key_tile;                 // keys per tile: S is m64 n Bc per warpgroup
   // Keys of the products over an item's last K/V tile (≤ kBc; not causal, where every item's
   // last tile is T's last, part-filled one): S = Q Kᵀ and P V stop there rather than at kBc —
   // the tile's keys past T are zero-filled and masked, and past kTailBc not multiplied at all
   // (the softmax still runs over the whole tile). fwd_last_tile_keys picks it per T.
-  static constexpr int kTailBc = TailBc;
-  template <int Tail>
-  using WithTail =
-      FwdSm90aTraits<D_, Consumers, Bc_, Stages, QInRegisters, HeadDim, Tail, SkipIdle, HalfDiagonal, StoreByTma>;
+  static constexpr int kTailBc = S::last_tile_keys ? S::last_tile_keys : kBc;
+  static constexpr bool kNarrowLastTile = S::narrow_last_tile;
   static constexpr int kStages = Stages;                  // K/V stage buffers
   static constexpr int kPanels = kD / 64;
   static constexpr int kPanelQ = kBr * sm90::kSwizzleRowBytes, kPanelKV = kBc * sm90::kSwizzleRowBytes;
@@ -95,7 +101,7 @@ struct FwdSm90aTraits {
   static constexpr int kBarrierBytes = 8 * (3 + 4 * kStages);  // the mbarriers and the item slot, after the tiles
   // kStoreByTma: per consumer an O staging tile of 64 rows (kPanels panels).
   static constexpr int kTileStage = kPanels * 64 * sm90::kSwizzleRowBytes;
-  static constexpr int kStageBytes = StoreByTma ? Consumers * kTileStage : 0;
+  static constexpr int kStageBytes = kStoreByTma ? Consumers * kTileStage : 0;
   static constexpr size_t kSmemBytes =
       size_t(kTileQ + 2 * kStages * kTileKV + kStageBytes + kBarrierBytes + sm90::kSwizzleAtomBytes);
   static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
@@ -104,10 +110,11 @@ struct FwdSm90aTraits {
   static_assert(kBc != 176 || !kQInRegisters, "S (88 registers), P and O leave no room for Q's fragments");
   static_assert(kTailBc % 64 == 0 || kTailBc == kBc, "the last tile's products: m64n64, m64n128 or the whole tile");
   static_assert(kTailBc <= kBc, "the last tile's products lie within the tile");
-  static_assert(!HalfDiagonal || (Consumers == 2 && Bc_ == 128 && TailBc == Bc_), "half diagonals: 128-row items, 128-key tiles");
+  static_assert(!kHalfDiagonal || (Consumers == 2 && kBc == 128 && kTailBc == kBc), "half diagonals: 128-row items, 128-key tiles");
+  static_assert(!kNarrowLastTile || kBc == 176, "last tiles as narrow as T needs: on 176-key tiles");
   static_assert(Consumers == 2 || Consumers == 3, "the register split is written for 2 or 3 consumers");
   static_assert(sm90::fits_launch_registers(kThreads, kProducerRegs, Consumers, kConsumerRegs),
-                "the hand-over must fit the registers the block is launched with (wgmma.cuh, setmaxnreg)");
+                "the hand-over must fit the registers the block is launched with (sm90_ptx.cuh, setmaxnreg)");
   static_assert(kSmemBytes <= 227 * 1024, "one block's shared memory");
 };
 
@@ -133,52 +140,8 @@ FwdTmaMaps fwd_tma_maps(const FlashAttentionParams& p) {  // p's row strides res
   return maps;
 }
 
-// Block shapes per head dim (docs/kernels.md §4.2 has the measurements that chose them):
-//   d 128: 2 consumers × 128-key tiles, 2 stages (168 registers at launch, 240 per consumer
-//          thread after the hand-over, 0 consumer spills, 193 KiB). 64-key tiles form S as two
-//          m64n64 products per Q read and ran slower; a third stage gained nothing.
-//   d 64:  3 consumers (192 query rows) × 128-key tiles, 2 stages (160 registers per consumer).
-//          At d 64 the softmax is as long as a tile's products, so a third consumer keeps the
-//          tensor cores busy while two of them exponentiate; a third stage gained nothing.
-// Q in registers at d 128 (S register-A, no consumer spills at 240); at d 64 (3 × 160 registers)
-// it would spill 96 bytes and ptxas would serialise the wgmmas, so d 64 reads Q from shared memory.
-// d 64's three consumers each multiply only the K/V tiles their own rows need (kSkipIdle): when
-// causal, a 192-row item's first consumer's rows stop a tile or more before its last one's, and
-// rows past T need none. d 128 (causal only: the non-causal shape is FwdSm90aNonCausalConfig)
-// halves its diagonal tile for the first consumer, whose rows reach only its first 64 keys
-// (kHalfDiagonal; at d 64's short causal shape it gains nothing and is left out). Figures:
-// docs/kernels.md §2.3.
-// O leaves through shared memory and the tensor copy engine (kStoreByTma) in every shape but d 128's
-// non-causal 176-key one (no shared memory left for the staging) and d 96's non-causal one (not
-// measured): the consumers go on to the next item at once, which pays where items are short
-// (docs/kernels.md §5.2).
-template <int D> struct FwdSm90aConfig;
-template <> struct FwdSm90aConfig<64> { using type = FwdSm90aTraits<64, 3, 128, 2, false, 64, 128, true, false, true>; };
-template <> struct FwdSm90aConfig<128> { using type = FwdSm90aTraits<128, 2, 128, 2, true, 128, 128, false, true, true>; };
-// d 96 runs d 128's shape; its products stop at the head's 96 columns, both those that sum over
-// them and those whose N they are — P V here, Pᵀ dO, dSᵀ Q, dS K in the backward (docs/kernels.md
-// §4.3; the figures in §4.2). Causal, its diagonal tile is halved as d 128's (kHalfDiagonal).
-template <> struct FwdSm90aConfig<96> { using type = FwdSm90aTraits<128, 2, 128, 2, true, 96, 128, false, true, true>; };
-// Not causal, d 128: FlashAttention-3's 176-key tiles (S m64n176: one softmax reduction, one
-// turn and one K/V stage hand-over per 176 keys rather than 128; S, P and O fill the consumers'
-// 240 registers, so Q is read from shared memory: 168 registers at launch, no consumer spills,
-// 209 KiB; docs/kernels.md §4.2). Causal keeps 128 keys with Q in registers (its diagonal
-// tiles' masked work would grow with the tile).
-template <int D> struct FwdSm90aNonCausalConfig { using type = typename FwdSm90aConfig<D>::type; };
-// Its products over an item's last tile stop where T does, rounded up to 64 or 128 keys
-// (fwd_last_tile_keys, launch_fwd_sm90a_last_tile).
-template <> struct FwdSm90aNonCausalConfig<128> { using type = FwdSm90aTraits<128, 2, 176, 2, false>; };
-template <> struct FwdSm90aNonCausalConfig<96> { using type = FwdSm90aTraits<128, 2, 128, 2, true, 96>; };
-// Causal up to T = 1024 (kFwdShortCausalMaxT), d 64: two consumers (128 query rows) with Q in
-// registers. At short causal T the 192-row tiles compute much that the mask then discards: at
-// T = 1024, 6 tiles per head (the last with 64 rows in 192) over 2–8 K/V tiles, 786,432 scores
-// per head against 589,824 with 128-row tiles and 524,800 under the mask — 1.33× the 128-row
-// tiles' work, more than the third consumer's speed-up (1.15× at causal 8k) makes up.
-// The bound: at causal 1k this shape is 1.09× the three-consumer one, from 2k slower
-// (docs/kernels.md §4.2).
-template <int D> struct FwdSm90aShortCausalConfig { using type = typename FwdSm90aConfig<D>::type; };
-template <> struct FwdSm90aShortCausalConfig<64> { using type = FwdSm90aTraits<64, 2, 128, 2, true, 64, 128, false, false, true>; };
-constexpr int64_t kFwdShortCausalMaxT = 1024;
+// Block shapes: sm90_shapes.h's forward table (FwdTable), each shape's reason beside it and its
+// measurements in docs/kernels.md §4.2.
 
 // Work items: (query tile, head, batch), numbered heaviest first when causal — the head fastest,
 // then the batch, the tile slowest and reversed, the order in which a grid of one item per block
@@ -218,28 +181,21 @@ template <class Tr>
 struct TraitsTag {
   using type = Tr;
 };
-// f(TraitsTag<Tr with kTailBc = fwd_last_tile_keys<Tr>(T)>{}).
-template <class Tr, class F>
+template <class S, int Keys>
+struct WithLastTileKeys : S {
+  static constexpr int last_tile_keys = Keys;
+};
+// f(TraitsTag<the traits of Shape>{}), with last_tile_keys = fwd_last_tile_keys(T) where the shape
+// narrows its last tile (narrow_last_tile).
+template <class Shape, class F>
 void with_last_tile_traits(int64_t T, F&& f) {
-  if constexpr (Tr::kBc == 176) {
+  using Tr = FwdSm90aTraits<Shape>;
+  if constexpr (Tr::kNarrowLastTile) {
     const int keys = fwd_last_tile_keys<Tr>(T);
-    if (keys == 64) return f(TraitsTag<typename Tr::template WithTail<64>>{});
-    if (keys == 128) return f(TraitsTag<typename Tr::template WithTail<128>>{});
+    if (keys == 64) return f(TraitsTag<FwdSm90aTraits<WithLastTileKeys<Shape, 64>>>{});
+    if (keys == 128) return f(TraitsTag<FwdSm90aTraits<WithLastTileKeys<Shape, 128>>>{});
   }
   f(TraitsTag<Tr>{});
-}
-
-// The first N / 8 rows of a fragment array of S columns (N of them) / the first N / 16 k-steps of
-// its A fragments: the products over an item's last, part-filled K/V tile (kTailBc).
-template <int N, int R>
-__device__ __forceinline__ float (&first_cols(float (&s)[R][4]))[N / 8][4] {
-  static_assert(N / 8 <= R, "within the array");
-  return reinterpret_cast<float (&)[N / 8][4]>(s);
-}
-template <int N, int R>
-__device__ __forceinline__ const uint32_t (&first_k_steps(const uint32_t (&a)[R][4]))[N / 16][4] {
-  static_assert(N / 16 <= R, "within the array");
-  return reinterpret_cast<const uint32_t (&)[N / 16][4]>(a);
 }
 
 template <class Tr>
@@ -247,7 +203,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     flash_fwd_sm90a_kernel(const FlashAttentionParams p, const __grid_constant__ FwdTmaMaps maps,
                            unsigned* item_counter) {
   constexpr int Bc = Tr::kBc, NS = Tr::kStages, C = Tr::kConsumers;
-  constexpr int Bt = Tr::kTailBc;  // keys of the products over an item's last K/V tile
   // The head's columns: S = Q Kᵀ sums over them and O = P V is that wide (m64n96 at head dim 96,
   // reading V's first panel and half its second, rather than m64n128 over the zero padding).
   constexpr int Dh = Tr::kHeadDim;
@@ -305,73 +260,28 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // A consumer warpgroup: rows [q0 + 64c, +64) of each item's query tile.
   sm90::setmaxnreg_inc<Tr::kConsumerRegs>();
   const int c = wg - 1, warp = (tid % 128) / 32, lane = tid & 31;
-  const float scale2 = p.scale * kLog2e;  // > 0: the launcher sends other scales to flash_fwd.cu
-  const unsigned char* sQw = sQ + 64 * c * sm90::kSwizzleRowBytes;
   // The turn to issue products passes around the ring: this warpgroup waits on barrier 1 + c
   // (its 128 threads and the previous warpgroup's arrival) and hands on to the next one's. The
   // ring runs on across a block's items; only the last consumer's very last turn hands on to no
   // one (consumer 0 has taken all of its turns).
-  const int my_turn = 1 + c, next_turn = 1 + (c + 1) % C;
-  auto release = [&](uint64_t* bar) {  // this warp is done reading a stage (its wgmma has retired)
-    sm90::mbarrier_arrive_warp(bar);
-  };
-  int seq = 0;  // as the producer's
   uint32_t qf[Tr::kQInRegisters ? Dh / 16 : 1][4];  // kQInRegisters: this warp's Q rows, per item
-  // The products over tile j's first n keys: n is Bc, or Bt for an item's last tile, a constant
-  // at every call, so that each call inlines one product (a wgmma issued conditionally inside a
-  // loop makes ptxas serialise them all). S = Q K_jᵀ:
-  auto issue_s = [&](float (&s)[Bc / 8][4], int j, int n) {
-    const int st = (seq + j) % NS;
-    sm90::mbarrier_wait(&kv.k_full[st], uint32_t((seq + j) / NS) & 1);
-    const unsigned char* Kj = sK + st * Tr::kTileKV;
-    sm90::wgmma_fence();
-    if (n == Bt && Bt != Bc) {
-      if constexpr (Tr::kQInRegisters)
-        sm90::wgmma_abt_rs<Dh, Bt>(first_cols<Bt>(s), qf, Kj, Tr::kPanelKV);
-      else
-        sm90::wgmma_abt_ss<Dh, Bt>(first_cols<Bt>(s), sQw, Tr::kPanelQ, Kj, Tr::kPanelKV);
-    } else {
-      if constexpr (Tr::kQInRegisters)
-        sm90::wgmma_abt_rs<Dh, Bc>(s, qf, Kj, Tr::kPanelKV);
-      else
-        sm90::wgmma_abt_ss<Dh, Bc>(s, sQw, Tr::kPanelQ, Kj, Tr::kPanelKV);
-    }
-    sm90::wgmma_commit();
-  };
-  // O += P V_j:
-  auto issue_pv = [&](float (&o)[Dh / 8][4], const uint32_t (&pf)[Bc / 16][4], int j, int n) {
-    const int st = (seq + j) % NS;
-    sm90::mbarrier_wait(&kv.v_full[st], uint32_t((seq + j) / NS) & 1);
-    sm90::wgmma_fence();
-    if (n == Bt && Bt != Bc)
-      sm90::wgmma_ab_rs<Dh, Bt>(o, first_k_steps<Bt>(pf), sV + st * Tr::kTileKV, Tr::kPanelKV);
-    else
-      sm90::wgmma_ab_rs<Dh, Bc>(o, pf, sV + st * Tr::kTileKV, Tr::kPanelKV);
-    sm90::wgmma_commit();
-  };
+  const FwdConsumer<Tr> cs{kv, sK, sV, sQ + 64 * c * sm90::kSwizzleRowBytes, qf, c, 1 + c, 1 + (c + 1) % C,
+                           p.scale * kLog2e};  // (scale > 0: the launcher sends other scales to flash_fwd.cu)
+  int seq = 0;  // as the producer's
   if (c == C - 1) sm90::named_barrier_arrive(1, 256);  // consumer 0 takes the first turn
 
   for (int it = 0, last_item = 0; !last_item; ++it) {
     sm90::mbarrier_wait(q_full, uint32_t(it) & 1);  // Q and the item slot
-    if constexpr (Tr::kQInRegisters) sm90::load_a_frags_swizzled<Dh>(qf, sQw, Tr::kPanelQ, 16 * warp, lane);
+    if constexpr (Tr::kQInRegisters) sm90::load_a_frags_swizzled<Dh>(qf, cs.sQw, Tr::kPanelQ, 16 * warp, lane);
     const sm90::ItemSlot slot = sm90::read_item_slot(s_item, lane);
-    const int w = slot.item;
     last_item = slot.next >= n_items;
-    const FwdWorkItem item = fwd_work_item<Tr>(w, T, H, B, causal);
+    const FwdWorkItem item = fwd_work_item<Tr>(slot.item, T, H, B, causal);
     const int n_kb = item.n_kb;
     const int row0 = item.q0 + 64 * c + 16 * warp;  // this warp's first query row
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    auto softmax = [&](float (&s)[Bc / 8][4], int j, float (&alpha)[2], float (&sum)[2]) {
-      const int k0 = j * Bc;
-      if (k0 + Bc > T || (causal && k0 + Bc - 1 > row0))
-        mask_tile<Bc>(s, row0, k0, lane, [=](int q, int k) { return k >= T || (causal && k > q); });
-      update_row_max_raw<Bc>(m, alpha, s, scale2);
-      exp2_rows_raw<Bc>(s, m, sum, scale2);
-    };
-
     float o[Dh / 8][4];  // (16, Dh) per warp: the warpgroup's (64, Dh) accumulator
     zero(o);
-    float s[Bc / 8][4], alpha[2], sum[2];
+    float s[Bc / 8][4];
     uint32_t pf[Bc / 16][4];
 
     // The tiles this consumer's rows need: all n_kb, or with kSkipIdle none when its rows all lie
@@ -384,110 +294,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       n_need = r0 >= T ? 0 : causal ? min(n_kb, r1 / Bc + 1) : n_kb;
     }
     if (!Tr::kSkipIdle || n_need > 0) {
-      // Turn 0: S of tile 0. Turn j: S of tile j and P_{j−1} V_{j−1}. Q is released once the
-      // item's last S has landed, so the next item's Q loads under this one's tail.
-      sm90::named_barrier_sync(my_turn, 256);
-      issue_s(s, 0, Bc);
-      if (c != C - 1 || n_kb > 1 || !last_item) sm90::named_barrier_arrive(next_turn, 256);
-      sm90::wgmma_wait<0>();
-      release(&kv.k_empty[seq % NS]);
-      if (n_need == 1) release(q_empty);
-      softmax(s, 0, alpha, sum);
-      rescale_accumulate<Dh>(o, l, alpha, sum);
-      acc_to_a<Bc>(pf, s);
-      // Turn j ≥ 1: S of tile j with P_{j−1} V_{j−1}, then tile j's softmax and P; over n keys of
-      // tile j (Bc, or Bt for the last tile, which then runs after the loop).
-      auto turn = [&](int j, int n) {
-        sm90::named_barrier_sync(my_turn, 256);
-        issue_s(s, j, n);
-        issue_pv(o, pf, j - 1, Bc);
-        if (c != C - 1 || j + 1 < n_kb || !last_item) sm90::named_barrier_arrive(next_turn, 256);
-        sm90::wgmma_wait<1>();  // S of tile j has landed; P_{j−1} V_{j−1} may still run
-        release(&kv.k_empty[(seq + j) % NS]);
-        if (j + 1 == n_need) release(q_empty);
-        softmax(s, j, alpha, sum);  // (over the whole tile: its keys past T are masked)
-        sm90::wgmma_wait<0>();  // P_{j−1} V_{j−1} has landed: O may be rescaled and pf rewritten
-        release(&kv.v_empty[(seq + j - 1) % NS]);
-        rescale_accumulate<Dh>(o, l, alpha, sum);
-        acc_to_a<Bc>(pf, s);
-      };
-      if constexpr (Tr::kHalfDiagonal) {
-        // Causal: the first consumer's last tile (the item's diagonal one, its rows q0..q0+63)
-        // over its first 64 keys, when it is not also the item's first.
-        const bool half = causal && c == 0 && n_need >= 2;
-        for (int j = 1; j < n_need - (half ? 1 : 0); ++j) turn(j, Bc);
-        if (half) {
-          const int j = n_need - 1, st = (seq + j) % NS;
-          float sh[8][4];
-          uint32_t ph[4][4];
-          sm90::named_barrier_sync(my_turn, 256);
-          sm90::mbarrier_wait(&kv.k_full[st], uint32_t((seq + j) / NS) & 1);
-          sm90::wgmma_fence();
-          if constexpr (Tr::kQInRegisters)
-            sm90::wgmma_abt_rs<Dh, 64>(sh, qf, sK + st * Tr::kTileKV, Tr::kPanelKV);
-          else
-            sm90::wgmma_abt_ss<Dh, 64>(sh, sQw, Tr::kPanelQ, sK + st * Tr::kTileKV, Tr::kPanelKV);
-          sm90::wgmma_commit();
-          issue_pv(o, pf, j - 1, Bc);
-          if (c != C - 1 || j + 1 < n_kb || !last_item) sm90::named_barrier_arrive(next_turn, 256);
-          sm90::wgmma_wait<1>();  // S of tile j has landed; P_{j−1} V_{j−1} may still run
-          release(&kv.k_empty[st]);
-          release(q_empty);
-          mask_tile<64>(sh, row0, j * Bc, lane, [=](int q, int k) { return k >= T || k > q; });
-          update_row_max_raw<64>(m, alpha, sh, scale2);
-          exp2_rows_raw<64>(sh, m, sum, scale2);
-          sm90::wgmma_wait<0>();  // P_{j−1} V_{j−1} has landed: O may be rescaled
-          release(&kv.v_empty[(seq + j - 1) % NS]);
-          rescale_accumulate<Dh>(o, l, alpha, sum);
-          acc_to_a<64>(ph, sh);
-          sm90::mbarrier_wait(&kv.v_full[st], uint32_t((seq + j) / NS) & 1);
-          sm90::wgmma_fence();
-          sm90::wgmma_ab_rs<Dh, 64>(o, ph, sV + st * Tr::kTileKV, Tr::kPanelKV);
-          sm90::wgmma_commit();
-        } else {
-          issue_pv(o, pf, n_need - 1, Bc);
-        }
-      } else if constexpr (Bt == Bc) {
-        for (int j = 1; j < n_need; ++j) turn(j, Bc);
-        issue_pv(o, pf, n_need - 1, Bc);
-      } else {  // (n_kb ≥ 2: fwd_last_tile_keys)
-        for (int j = 1; j + 1 < n_need; ++j) turn(j, Bc);
-        turn(n_need - 1, Bt);
-        issue_pv(o, pf, n_need - 1, Bt);
-      }
-      sm90::wgmma_wait<0>();
-      release(&kv.v_empty[(seq + n_need - 1) % NS]);
+      FwdItemLoop<Tr> loop{cs, q_empty, seq, n_kb, n_need, bool(last_item), T, causal, row0, lane, o, m, l, s, pf};
+      loop.run();
     }
     if constexpr (Tr::kSkipIdle) {
       // Tiles n_need.. (nothing of them reaches this consumer's rows): turns without products. Q
       // is released with the consumer's last S, or here when it has none.
-      if (n_need == 0) release(q_empty);
-      sm90::idle_turns<NS>(kv, seq, n_need, n_kb, my_turn, next_turn, c != C - 1 || !last_item);
+      if (n_need == 0) cs.release(q_empty);
+      sm90::idle_turns<NS>(kv, seq, n_need, n_kb, cs.my_turn, cs.next_turn, c != C - 1 || !last_item);
     }
     seq += n_kb;
-
-    // O = acc / l; lse = m·scale + ln l (m is a raw score), natural-log units as the CPU defines it.
-    tg::bf16* O = p.o + int64_t(item.b) * T * p.o_row_stride + item.h * p.D;
-    float* L = p.lse + (int64_t(item.b) * H + item.h) * T;
-    float inv_l[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      l[i] = quad_sum(l[i]);
-      inv_l[i] = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-    }
-    if constexpr (Tr::kStoreByTma) {
-      sm90::store_tile_by_tma<Dh, Tr::kPanels>(c, tid % 128 == 0, sStage + c * Tr::kTileStage, o, inv_l, &maps.o, item.h,
-                                               item.q0 + 64 * c, item.b, T, warp, lane);
-    } else {
-      store_rows<Dh>(O, int(p.o_row_stride), o, inv_l, row0, T, lane);
-    }
-    if ((lane & 3) == 0) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int row = row0 + (lane >> 2) + 8 * i;
-        if (row < T) L[row] = m[i] * p.scale + logf(l[i]);
-      }
-    }
+    fwd_epilogue<Tr>(p, maps.o, sStage, T, H, item.h, item.b, item.q0, c, tid % 128 == 0, warp, lane, row0, o, m, l);
   }
   if constexpr (Tr::kStoreByTma)
     if (tid % 128 == 0) sm90::bulk_wait<0>();  // the last stores done before the block exits
@@ -499,9 +316,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
 namespace {
 
-// Block shapes: FwdSm90aConfig, FwdSm90aNonCausalConfig, FwdSm90aShortCausalConfig (above), with
-// the measurements that chose them. The tensor maps are encoded on the host at every call (host
-// time not measured).
+// The tensor maps are encoded on the host at every call (host time not measured).
 //
 // The grid: one block per SM, each taking several work items, the next one claimed from a
 // counter (launch.cuh, item_counter): a block's start and epilogue overlap the next item's loads,
@@ -509,45 +324,33 @@ namespace {
 // T too, where a static round-robin split of the items is less even than the hardware's handing
 // out of blocks as SMs free up (docs/kernels.md §5.3).
 template <class Tr>
-void launch_fwd_sm90a(const FlashAttentionParams& p, cudaStream_t stream) {
+void launch_fwd_sm90a_traits(const FlashAttentionParams& p, cudaStream_t stream) {
   flash::launch_item_kernel<Tr>(flash::Overlap::kNone, flash::flash_fwd_sm90a_kernel<Tr>, Tr::kSmemBytes,
                                 flash::fwd_work_items<Tr>(int(p.T), int(p.H), int(p.B)), p,
                                 stream, flash::fwd_tma_maps<Tr>(p), flash::item_counter(stream));
 }
-// Not causal: the products over every item's last K/V tile as wide as T's last tile needs
-// (fwd_last_tile_keys), rounded up to 64 or 128 keys: products over keys past T multiply zeros
-// at full cost (docs/kernels.md §2.3).
-template <class Tr>
-void launch_fwd_sm90a_last_tile(const FlashAttentionParams& p, cudaStream_t stream) {
-  flash::with_last_tile_traits<Tr>(p.T, [&](auto tr) { launch_fwd_sm90a<typename decltype(tr)::type>(p, stream); });
-}
-// The block shape of head dim D for p's mask and length (FwdSm90aConfig, FwdSm90aNonCausalConfig,
-// FwdSm90aShortCausalConfig).
-template <int D>
-void launch_fwd_sm90a_for(const FlashAttentionParams& p, cudaStream_t stream) {
-  if (p.causal && p.T <= flash::kFwdShortCausalMaxT)
-    launch_fwd_sm90a<typename flash::FwdSm90aShortCausalConfig<D>::type>(p, stream);
-  else if (p.causal)
-    launch_fwd_sm90a<typename flash::FwdSm90aConfig<D>::type>(p, stream);
-  else
-    launch_fwd_sm90a_last_tile<typename flash::FwdSm90aNonCausalConfig<D>::type>(p, stream);
+// A shape of sm90_shapes.h; not causal, on 176-key tiles, the products over every item's last K/V
+// tile as wide as T's last tile needs (fwd_last_tile_keys), rounded up to 64 or 128 keys:
+// products over keys past T multiply zeros at full cost (docs/kernels.md §2.3).
+template <class Shape>
+void launch_fwd_sm90a(const FlashAttentionParams& p, cudaStream_t stream) {
+  flash::with_last_tile_traits<Shape>(p.T, [&](auto tr) { launch_fwd_sm90a_traits<typename decltype(tr)::type>(p, stream); });
 }
 
 }  // namespace
 
 namespace flash {
 
-// Head dim 96 runs the d 128 kernel: its tensor maps end each head at column 96, so the second
-// 64-column panel of every tile is zero-filled past it (tma.h); S = Q Kᵀ stops at column 96
-// (kHeadDim), and O = P V is an m64n96 product (its columns past 96 would be zeros), stored to
+// The shape the forward's table (sm90_shapes.h, fwd_shape) selects for p's head dim, mask and
+// length. Head dim 96 runs the d 128 kernel: its tensor maps end each head at column 96, so the
+// second 64-column panel of every tile is zero-filled past it (tma.h); S = Q Kᵀ stops at column
+// 96 (kHeadDim), and O = P V is an m64n96 product (its columns past 96 would be zeros), stored to
 // column 96.
 void flash_fwd_sm90a(const FlashAttentionParams& p, cudaStream_t stream) {
-  if (p.D == 64)
-    launch_fwd_sm90a_for<64>(p, stream);
-  else if (p.D == 96)
-    launch_fwd_sm90a_for<96>(p, stream);
-  else
-    launch_fwd_sm90a_for<128>(p, stream);
+  const char* shape = fwd_shape(p.D, p.causal, p.T, variant_name(p.variant));
+  if (!with_named_shape(join(FwdTable{}, FwdVariants{}), shape,
+                        [&](auto tag) { launch_fwd_sm90a<typename decltype(tag)::type>(p, stream); }))
+    throw std::invalid_argument("flash_attention_forward: no sm_90a shape for head dim " + std::to_string(p.D));
 }
 
 }  // namespace flash

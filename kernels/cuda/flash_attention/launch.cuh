@@ -39,7 +39,7 @@ inline int sm_count() {  // of the current device
 }
 
 // How a persistent grid starts. kNone: after the previous kernel in the stream has completed.
-// kPrevious: overlapping it (programmatic dependent launch, wgmma.cuh: launch_dependents,
+// kPrevious: overlapping it (programmatic dependent launch, sm90_ptx.cuh: launch_dependents,
 // wait_previous_grid) — its blocks start on the SMs the previous kernel's blocks leave, instead of
 // after its last block; the kernel must read nothing the previous kernel writes before
 // wait_previous_grid, and call that before it exits, so that its completion implies the previous
@@ -68,7 +68,7 @@ void launch_item_kernel(Overlap overlap, void (*kernel)(Params...), size_t smem_
   TG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, args...));
 }
 
-// A dynamic scheduler's item counter (wgmma.cuh: claim_item, release_items): two words in
+// A dynamic scheduler's item counter (sm90_scheduler.cuh: claim_item, release_items): two words in
 // global memory, zero between launches — the kernel's last block resets them —, one pair per
 // device, stream and slot, so that kernels on different streams never share one, nor a kernel
 // and the one it overlaps (Overlap::kPrevious: that takes slot 1). Allocated at first use, kept
