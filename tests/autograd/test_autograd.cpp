@@ -1,7 +1,7 @@
 // The tape: accumulation for reused tensors, no_grad, graph freed after backward, errors.
 #include <gtest/gtest.h>
 
-#include "src/autograd/gradcheck.h"
+#include "src/ops/gradcheck.h"
 #include "src/nn/parameters.h"
 #include "src/ops/ops.h"
 #include "src/tensor/memory.h"

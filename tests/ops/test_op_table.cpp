@@ -5,7 +5,7 @@
 
 #include <set>
 
-#include "src/autograd/gradcheck.h"
+#include "src/ops/gradcheck.h"
 #include "tests/op_specs.h"
 #include "tests/test_util.h"
 
