@@ -92,7 +92,7 @@ StepFigures run_training_steps(const Config& cfg, Device device, int64_t warmup,
       return;
     }
     {
-      LeafGradReadyScope overlap(sync->overlap_hook());
+      auto overlap = sync->overlap();
       ops::scale(l, 1.0 / W).backward();
     }
     sync->finish();

@@ -4,80 +4,50 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "kernels/cpu/elementwise.h"
-#include "kernels/cuda/elementwise.h"
-#include "src/ops/ops.h"
-#include "src/tensor/dispatch.h"
+#include "src/tensor/accumulate.h"
 
 namespace tg {
 
 namespace {
 thread_local bool t_grad_enabled = true;
 
-// The node whose closure is running, and what it may take (see take_pending_gradient).
-struct PendingHandOver {
-  std::vector<Tensor> available;  // per input: the gradient accumulated so far, or undefined
-  std::vector<bool> taken;
-};
-thread_local PendingHandOver* t_hand_over = nullptr;
-
-// Small bf16 → fp32 leaf-gradient additions waiting for one batched launch (see
-// accumulate_converted_later); flushed when full and when backward() ends.
-struct DeferredFold {
-  Tensor dst, src;
-};
-thread_local std::vector<DeferredFold> t_deferred_folds;
-
-// The hook of the innermost LeafGradReadyScope, and the final leaves whose report waits for
-// their deferred folds to be launched.
-thread_local LeafGradReadyHook* t_leaf_ready = nullptr;
-thread_local std::vector<Tensor> t_ready_after_flush;
-
-void flush_deferred_folds() {
-#ifdef TILEGRAD_HAVE_CUDA
-  if (!t_deferred_folds.empty()) {
-    std::vector<cuda::AddConvertedJob> jobs;
-    for (const DeferredFold& f : t_deferred_folds)
-      jobs.push_back({f.dst.data<float>(), f.src.data<bf16>(), f.src.numel()});
-    cuda::add_converted_batched(jobs.data(), int(jobs.size()), detail::cuda_stream());
+// The sinks one backward() handed gradients to, flushed when it ends, or, if a closure throws,
+// discarded: nothing is carried into the next backward().
+class SinksUsed {
+ public:
+  GradSink& of(const Tensor& leaf) {
+    GradSink* s = grad_sink_of(leaf);
+    if (!s) s = &own_;
+    for (GradSink* u : used_)
+      if (u == s) return *s;
+    used_.push_back(s);
+    return *s;
   }
-#endif
-  t_deferred_folds.clear();  // the sources may be freed now: the stream orders the kernel first
-  std::vector<Tensor> ready;
-  ready.swap(t_ready_after_flush);
-  if (t_leaf_ready)
-    for (const Tensor& leaf : ready) (*t_leaf_ready)(leaf);
-}
-
-// Whether a deferred fold still waits to add into `leaf`'s gradient.
-bool fold_pending_for(const Tensor& leaf) {
-  const Tensor g = leaf.grad();
-  if (!g.defined()) return false;
-  const char* lo = static_cast<const char*>(g.raw());
-  for (const DeferredFold& f : t_deferred_folds) {
-    const char* d = static_cast<const char*>(f.dst.raw());
-    if (d >= lo && d < lo + g.nbytes()) return true;
+  void flush() {
+    for (GradSink* s : used_) s->flush();
+    flushed_ = true;
   }
-  return false;
-}
+  ~SinksUsed() {
+    if (!flushed_)
+      for (GradSink* s : used_) s->discard();
+  }
 
-void report_final(const Tensor& leaf) {
-  if (fold_pending_for(leaf)) t_ready_after_flush.push_back(leaf);
-  else (*t_leaf_ready)(leaf);
-}
+ private:
+  GradSink own_;  // for the leaves bound to no sink
+  std::vector<GradSink*> used_;
+  bool flushed_ = false;
+};
 }  // namespace
 
-Tensor take_pending_gradient(size_t input) {
-  if (!t_hand_over || input >= t_hand_over->available.size() || t_hand_over->taken[input]) return Tensor();
-  Tensor g = t_hand_over->available[input];
-  if (g.defined()) t_hand_over->taken[input] = true;
+GradHandOver::GradHandOver(std::vector<Tensor> available)
+    : available_(std::move(available)), taken_(available_.size(), false) {}
+
+Tensor GradHandOver::take(size_t input) {
+  if (input >= available_.size() || taken_[input]) return Tensor();
+  Tensor g = available_[input];
+  if (g.defined()) taken_[input] = true;
   return g;
 }
-
-LeafGradReadyScope::LeafGradReadyScope(LeafGradReadyHook hook) : hook_(std::move(hook)), previous_(t_leaf_ready) {
-  t_leaf_ready = &hook_;
-}
-LeafGradReadyScope::~LeafGradReadyScope() { t_leaf_ready = previous_; }
 
 bool grad_enabled() { return t_grad_enabled; }
 NoGradGuard::NoGradGuard() : previous_(t_grad_enabled) { t_grad_enabled = false; }
@@ -90,8 +60,7 @@ bool needs_grad(std::initializer_list<const Tensor*> inputs) {
   return false;
 }
 
-void record(Tensor& output, std::string op, std::vector<Tensor> inputs,
-            std::function<std::vector<Tensor>(const Tensor&)> backward_fn) {
+void record(Tensor& output, std::string op, std::vector<Tensor> inputs, BackwardHandOverFn backward_fn) {
   if (!t_grad_enabled) return;
   bool any = false;
   for (const Tensor& t : inputs) any = any || (t.defined() && t.requires_grad());
@@ -104,22 +73,10 @@ void record(Tensor& output, std::string op, std::vector<Tensor> inputs,
   output.impl()->requires_grad = true;
 }
 
-void accumulate_into(Tensor& dst, const Tensor& src) {
-  TG_CHECK(dst.shape() == src.shape() && dst.dtype() == src.dtype() && dst.device() == src.device(),
-           "gradient accumulation: ", src.desc(), " into ", dst.desc());
-  detail::dispatch("gradient accumulation", dst,
-                   [&]<typename T>() { cpu::add_inplace(dst.data<T>(), src.data<T>(), dst.numel()); },
-                   [&]<typename T>() {
-                     cuda::add_inplace(dst.data<T>(), src.data<T>(), dst.numel(), detail::cuda_stream());
-                   });
-}
-
-void accumulate_converted_later(const Tensor& dst, const Tensor& src) {
-  TG_CHECK(dst.dtype() == DType::f32 && src.dtype() == DType::bf16 && dst.numel() == src.numel() &&
-               dst.device().is_cuda() && src.device() == dst.device(),
-           "accumulate_converted_later: ", src.desc(), " into ", dst.desc());
-  if (int(t_deferred_folds.size()) == cuda::kAddConvertedMaxJobs) flush_deferred_folds();
-  t_deferred_folds.push_back({dst, src});
+void record(Tensor& output, std::string op, std::vector<Tensor> inputs, BackwardFn backward_fn) {
+  if (!t_grad_enabled) return;
+  record(output, std::move(op), std::move(inputs),
+         BackwardHandOverFn([fn = std::move(backward_fn)](const Tensor& g, GradHandOver&) { return fn(g); }));
 }
 
 void backward(const Tensor& root) {
@@ -135,15 +92,11 @@ void backward(const Tensor& root, const Tensor& seed) {
   TG_CHECK(root.requires_grad(), "backward() on a tensor that does not require grad (",
            root.desc(), "): no parameter it depends on has requires_grad set");
   NoGradGuard no_grad;  // backward closures never record
-  // Deferred leaf-gradient additions are flushed at the end; if a closure throws they are
-  // dropped, never carried into the next backward().
-  struct DropDeferredFolds {
-    ~DropDeferredFolds() { t_deferred_folds.clear(), t_ready_after_flush.clear(); }
-  } drop_deferred_folds;
+  SinksUsed sinks;
 
   if (root.is_leaf()) {
-    if (root.grad().defined()) { Tensor g = root.grad(); accumulate_into(g, seed); }
-    else root.impl()->grad = seed.impl_ptr();
+    sinks.of(root).add(root, seed);
+    sinks.flush();
     return;
   }
 
@@ -166,16 +119,20 @@ void backward(const Tensor& root, const Tensor& seed) {
     }
   }
 
-  // With a LeafGradReadyHook: how many nodes still to walk read each leaf.
+  // For the leaves whose sink has a ready hook: how many nodes still to walk read each one.
+  auto reported = [](const Tensor& in) {
+    if (!in.defined() || in.grad_fn() || !in.requires_grad()) return false;
+    const GradSink* s = grad_sink_of(in);
+    return s && s->wants_final();
+  };
   std::unordered_map<TensorImpl*, int> leaf_readers;
-  if (t_leaf_ready)
-    for (Node* node : order)
-      for (const Tensor& in : node->inputs)
-        if (in.defined() && !in.grad_fn() && in.requires_grad()) ++leaf_readers[in.impl()];
-  auto walked = [&](Node* node) {
-    if (!t_leaf_ready) return;
+  for (Node* node : order)
     for (const Tensor& in : node->inputs)
-      if (in.defined() && !in.grad_fn() && in.requires_grad() && --leaf_readers[in.impl()] == 0) report_final(in);
+      if (reported(in)) ++leaf_readers[in.impl()];
+  auto walked = [&](Node* node) {
+    if (leaf_readers.empty()) return;
+    for (const Tensor& in : node->inputs)
+      if (reported(in) && --leaf_readers[in.impl()] == 0) sinks.of(in).leaf_final(in);
   };
 
   std::unordered_map<Node*, Tensor> pending;  // gradient of each node's output
@@ -195,9 +152,7 @@ void backward(const Tensor& root, const Tensor& seed) {
     for (const Tensor& in : node->inputs)
       if (in.defined() && in.grad_fn()) keep.push_back(in.grad_fn());
     // What the closure may take over: the gradients already pending for its (non-leaf) inputs.
-    PendingHandOver hand_over;
-    hand_over.available.resize(node->inputs.size());
-    hand_over.taken.assign(node->inputs.size(), false);
+    std::vector<Tensor> available(node->inputs.size());
     for (size_t i = 0; i < node->inputs.size(); ++i) {
       const Tensor& in = node->inputs[i];
       if (!in.defined() || !in.grad_fn()) continue;
@@ -206,39 +161,30 @@ void backward(const Tensor& root, const Tensor& seed) {
       for (size_t j = 0; j < node->inputs.size(); ++j)
         repeated = repeated || (j != i && node->inputs[j].defined() && node->inputs[j].grad_fn() == in.grad_fn());
       auto p = pending.find(in.grad_fn().get());
-      if (!repeated && p != pending.end()) hand_over.available[i] = p->second;
+      if (!repeated && p != pending.end()) available[i] = p->second;
     }
-    std::vector<Tensor> grads;
-    {
-      struct Scope {
-        PendingHandOver* previous;
-        explicit Scope(PendingHandOver* h) : previous(t_hand_over) { t_hand_over = h; }
-        ~Scope() { t_hand_over = previous; }
-      } scope(&hand_over);
-      grads = node->backward(grad_out);
-    }
+    GradHandOver hand_over(std::move(available));
+    std::vector<Tensor> grads = node->backward(grad_out, hand_over);
     TG_ASSERT(grads.size() == node->inputs.size());
     for (size_t i = 0; i < grads.size(); ++i) {
       Tensor& in = node->inputs[i];
       Tensor& g = grads[i];
       if (!in.defined() || !in.requires_grad() || !g.defined()) continue;
-      TG_CHECK(g.shape() == in.shape(), "backward of ", node->op, ": gradient ", g.desc(),
-               " does not match input ", i, " ", in.desc());
+      TG_CHECK(g.shape() == in.shape() && g.device() == in.device() && is_floating(g.dtype()),
+               "backward of ", node->op, ": gradient ", g.desc(), " does not match input ", i, " ", in.desc());
       if (in.grad_fn()) {
+        if (g.dtype() != in.dtype()) g = g.to(in.dtype());
         auto p = pending.find(in.grad_fn().get());
         if (p == pending.end()) {
           pending.emplace(in.grad_fn().get(), g);
-        } else if (hand_over.taken[i]) {
+        } else if (hand_over.taken(i)) {
           p->second = g;  // the closure added the pending gradient into g itself
         } else {
           // Out of place (a closure may hand the same tensor to several inputs), in one pass.
-          p->second = ops::add(p->second, g);
+          p->second = sum_of(p->second, g);
         }
-      } else if (in.grad().defined()) {
-        Tensor dst = in.grad();
-        accumulate_into(dst, g);
       } else {
-        in.impl()->grad = g.clone().impl_ptr();  // own copy: g may alias a saved buffer
+        sinks.of(in).add(in, g);
       }
     }
     walked(node);
@@ -246,7 +192,7 @@ void backward(const Tensor& root, const Tensor& seed) {
     node->backward = nullptr;
     node->inputs.clear();
   }
-  flush_deferred_folds();
+  sinks.flush();
   root.impl()->grad_fn.reset();
 }
 

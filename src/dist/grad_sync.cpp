@@ -79,9 +79,9 @@ GradientSync::~GradientSync() {
 #endif
 }
 
-LeafGradReadyHook GradientSync::overlap_hook() {
+GradSink::ReadyScope GradientSync::overlap() {
   for (Bucket& b : buckets_) b.waiting = b.readers, b.started = false;
-  return [this](const Tensor& leaf) { on_final(leaf); };
+  return GradSink::ReadyScope(params_.grad_sink(), [this](const Tensor& leaf) { on_final(leaf); });
 }
 
 void GradientSync::on_final(const Tensor& leaf) {

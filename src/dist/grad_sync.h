@@ -2,7 +2,8 @@
 //
 // The flat buffer is cut into buckets (contiguous ranges of about train.bucket_mb MiB; their
 // boundaries are multiples of the world size W). During the backward of a step's last
-// micro-batch the autograd engine reports each parameter whose gradient is final; once every
+// micro-batch the parameter store's gradient sink reports each parameter whose gradient is final
+// (src/autograd/grad_sink.h); once every
 // parameter that overlaps a bucket is final, the bucket is reduced on the communicator (its
 // stream on the GPU, its thread on the CPU) while the backward computes the layers before it.
 // finish() starts what is left and orders all of it before the optimizer. Gradients are reduced
@@ -17,7 +18,7 @@
 #include <memory>
 #include <vector>
 
-#include "src/autograd/autograd.h"
+#include "src/autograd/grad_sink.h"
 #include "src/dist/communicator.h"
 #include "src/nn/parameters.h"
 
@@ -35,9 +36,9 @@ class GradientSync {
   // The ranges of the flat buffers this rank's optimizer updates: everything under ZeRO-0.
   const std::vector<nn::FlatRange>& owned() const { return owned_; }
 
-  // For a LeafGradReadyScope around the backward of a step's last micro-batch: reduces each
-  // bucket as soon as its gradients are final.
-  LeafGradReadyHook overlap_hook();
+  // Lives around the backward of a step's last micro-batch: hangs a ready hook off the parameter
+  // store's gradient sink that reduces each bucket as soon as its gradients are final.
+  GradSink::ReadyScope overlap();
   // After that backward: starts the buckets not started yet, in bucket order, and orders every
   // reduction before the work that follows (the GPU's compute stream waits; the CPU host waits).
   void finish();

@@ -67,6 +67,7 @@ void ParameterStore::allocate(uint64_t seed, DType dtype, Device device) {
     p.value = Tensor::view_of(values_, p.offset, shapes_[i]);
     p.value.set_requires_grad(true);
     p.value.set_grad(Tensor::view_of(grads_, p.offset, shapes_[i]));
+    bind_grad_sink(p.value, sink_);
   }
 }
 

@@ -1,10 +1,12 @@
 // Parameters live in one flat buffer with named views (llm.c's malloc_and_point_parameters),
-// and so do their gradients: all-reduce, AdamW and checkpointing are each one operation.
+// and so do their gradients: all-reduce, AdamW and checkpointing are each one operation. Every
+// parameter's gradient reaches the flat buffer through the store's one GradSink.
 #pragma once
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "src/autograd/grad_sink.h"
 #include "src/tensor/tensor.h"
 
 namespace tg::nn {
@@ -48,6 +50,10 @@ class ParameterStore {
   Tensor flat_values() const { return values_; }  // (numel)
   Tensor flat_grads() const { return grads_; }    // (numel)
   void zero_grad();
+  // Where backward() sends every parameter's gradient: into its view of the flat gradient, bf16
+  // gradients (the compute copies') folded into fp32, the small ones batched. Data-parallel
+  // training hangs its bucket reductions off it (GradientSync::overlap).
+  GradSink& grad_sink() const { return *sink_; }
 
  private:
   std::vector<Parameter> params_;
@@ -55,6 +61,7 @@ class ParameterStore {
   std::unordered_map<std::string, size_t> index_;  // name → position in params_: O(1) declare and find
   int64_t total_ = 0, decay_total_ = 0;
   Tensor values_, grads_;
+  std::shared_ptr<GradSink> sink_ = std::make_shared<GradSink>();
 };
 
 // A standard normal from a counter-based hash: deterministic for (seed, stream, index).

@@ -107,26 +107,12 @@ Tensor mean(const Tensor& x) {
 }
 
 namespace {
-// The backward of a conversion x → out. When x is an fp32 parameter (a leaf whose gradient
-// buffer exists) and out is its bf16 compute copy on the GPU, the bf16 gradient is added into
-// x's fp32 gradient in one kernel and nothing is returned: no converted copy, no separate
-// accumulation (GPT casts ~150 parameters per step; that is 2 launches each saved).
+// The backward of a conversion x → out returns out's gradient as it is, in out's dtype: the
+// engine converts it for a non-leaf x, and a leaf's sink folds it into the leaf's gradient (a
+// bf16 gradient added into an fp32 parameter's in one pass, the small ones batched; see
+// src/autograd/grad_sink.h), so a parameter's compute copy costs no converted gradient copy.
 void record_cast(Tensor& out, const Tensor& x) {
-  const bool fold = x.is_leaf() && x.dtype() == DType::f32 && out.dtype() == DType::bf16 && x.device().is_cuda();
-  record(out, "cast", {x}, [from = x.dtype(), leaf = fold ? x : Tensor()](const Tensor& g) {
-#ifdef TILEGRAD_HAVE_CUDA
-    if (leaf.defined() && leaf.grad().defined()) {
-      Tensor dst = leaf.grad();
-      // Small ones (biases, LayerNorm parameters: ~100 of GPT-2's 148) go into one batched
-      // launch at the end of backward(); a launch each cost ~2 µs for a few thousand elements.
-      constexpr int64_t kBatchedMaxNumel = 1 << 16;
-      if (g.numel() <= kBatchedMaxNumel) accumulate_converted_later(dst, g);
-      else cuda::add_converted_inplace(dst.data<float>(), g.data<bf16>(), g.numel(), cuda_stream());
-      return std::vector<Tensor>{Tensor()};
-    }
-#endif
-    return std::vector<Tensor>{g.to(from)};
-  });
+  record(out, "cast", {x}, [](const Tensor& g) { return std::vector<Tensor>{g}; });
 }
 }  // namespace
 

@@ -284,12 +284,13 @@ Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
                                      cuda_stream());
            });
   record(out, "layernorm", {x, weight, bias},
-         [x = x.detach(), w = weight.detach(), mean, rstd, has_bias = bias.defined(), N, C](const Tensor& g) {
+         [x = x.detach(), w = weight.detach(), mean, rstd, has_bias = bias.defined(), N, C](const Tensor& g,
+                                                                                           GradHandOver& hand_over) {
            Tensor gx = empty_like(x), gw = empty_like(w), gb;
            if (has_bias) gb = empty_like(w);
            // x is usually also the residual stream: the gradient its other consumer already sent
            // is added as dx is written instead of in a pass of its own.
-           Tensor resid = take_pending_gradient(0);
+           Tensor resid = hand_over.take(0);
            TG_ASSERT(!resid.defined() || (resid.shape() == x.shape() && resid.dtype() == x.dtype()));
            dispatch("layernorm backward", g,
                     [&]<typename T>() {

@@ -23,6 +23,7 @@ AdamW::AdamW(nn::ParameterStore& params, const AdamWConfig& config, std::vector<
   Tensor flat = params.flat_values();
   m_ = Tensor::zeros({n}, flat.dtype(), flat.device());
   v_ = Tensor::zeros({n}, flat.dtype(), flat.device());
+  decision_ = Tensor::zeros({int64_t(sizeof(cpu::StepDecision) / sizeof(double))}, DType::f64, flat.device());
 }
 
 void AdamW::step(double lr, double grad_scale) {
@@ -58,10 +59,6 @@ void AdamW::step(double lr, double grad_scale) {
 static_assert(sizeof(cpu::StepDecision) % sizeof(double) == 0, "StepDecision is kept in an f64 tensor");
 
 void AdamW::reset_decision(int32_t bad_in_row) {
-  if (!decision_.defined()) {
-    MemoryCategoryScope scope(MemCategory::optimizer);
-    decision_ = Tensor::zeros({int64_t(sizeof(cpu::StepDecision) / sizeof(double))}, DType::f64, m_.device());
-  }
   cpu::StepDecision d;
   d.steps = steps_;
   d.bad_in_row = bad_in_row;
@@ -71,7 +68,6 @@ void AdamW::reset_decision(int32_t bad_in_row) {
 }
 
 cpu::StepDecision AdamW::decision() {
-  TG_CHECK(decision_.defined(), "AdamW::decision: reset_decision was not called");
   Tensor host = decision_.to(Device::cpu());
   cpu::StepDecision d;
   std::memcpy(&d, host.raw(), sizeof d);
@@ -80,7 +76,6 @@ cpu::StepDecision AdamW::decision() {
 }
 
 void AdamW::step_decided(double lr, const Tensor& record, const StepRules& rules) {
-  TG_CHECK(decision_.defined(), "AdamW::step_decided: reset_decision was not called");
   TG_CHECK(record.numel() == 2 && record.dtype() == DType::f64 && record.device() == m_.device(),
            "AdamW::step_decided: the record must be two f64 on ", m_.device().str(), ", got ", record.desc());
   Tensor values = params_.flat_values();

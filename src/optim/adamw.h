@@ -57,7 +57,7 @@ class AdamW {
   std::vector<nn::FlatRange> owned_;
   Tensor m_, v_;
   int64_t steps_ = 0;
-  Tensor decision_;  // one cpu::StepDecision on the parameters' device
+  Tensor decision_;  // one cpu::StepDecision on the parameters' device (optimizer memory)
 };
 
 // The global L2 norm of all gradients (in double, reproducible).

@@ -20,7 +20,8 @@ int64_t shape_numel(const Shape& s);
 // negative or the product (or its byte count at 8 bytes per element) overflows 64 bits.
 int64_t checked_numel(const Shape& s, const std::string& what);
 
-struct Node;  // src/autograd/autograd.h
+struct Node;       // src/autograd/autograd.h
+class GradSink;    // src/autograd/grad_sink.h
 
 struct TensorImpl {
   std::shared_ptr<Storage> storage;
@@ -30,6 +31,7 @@ struct TensorImpl {
   bool requires_grad = false;
   std::shared_ptr<TensorImpl> grad;  // leaves only: accumulated by backward()
   std::shared_ptr<Node> grad_fn;     // non-leaves: the op that produced this tensor
+  std::shared_ptr<GradSink> grad_sink;  // leaves: where backward() sends their gradients, if bound
 };
 
 // Number of usable CUDA devices (0 in a build without CUDA or on a machine without a GPU).

@@ -2,6 +2,8 @@
 // names the buffer it stands for; "unit" is one (B·T, C) activation in the compute dtype.
 #include "src/trainer/memory_model.h"
 
+#include "kernels/cpu/adamw.h"
+
 #include <algorithm>
 #include <sstream>
 
@@ -44,7 +46,9 @@ MemoryPrediction predict_memory(const Config& c, const std::string& device_kind,
   p.params = mul(P, 4);
   p.grads = mul(P, 4);
   // ZeRO-1: each rank keeps the moments of its ~1/W of the flat buffer.
-  p.optimizer = t.zero == 1 && world_size > 1 ? mul(P, 8) / world_size : mul(P, 8);
+  // AdamW's two moments, and the 48-byte state of the step decided on the device.
+  p.optimizer = (t.zero == 1 && world_size > 1 ? mul(P, 8) / world_size : mul(P, 8)) +
+                int64_t(sizeof(cpu::StepDecision));
   // bf16: GPT::features converts the whole flat buffer once per forward; the blocks' recompute
   // closures and the parameter views in the graph hold it until the backward ends.
   p.compute_copy = bf16 ? mul(P, 2) : 0;

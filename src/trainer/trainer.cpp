@@ -470,7 +470,7 @@ TrainResult Trainer::run(const std::string& resume) {
       // Scaled so that the sum over ranks and micro-batches is the mean over the global batch.
       Tensor scaled = ops::scale(l, 1.0 / double(k * W));
       if (micro == k - 1 && W > 1) {
-        LeafGradReadyScope overlap(sync_->overlap_hook());  // buckets reduced as the backward goes
+        auto overlap = sync_->overlap();  // buckets reduced as the backward goes
         scaled.backward();
       } else {
         scaled.backward();

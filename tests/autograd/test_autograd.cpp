@@ -1,7 +1,8 @@
 // The tape: accumulation for reused tensors, no_grad, graph freed after backward, errors.
 #include <gtest/gtest.h>
 
-#include "src/autograd/gradcheck.h"
+#include "src/ops/gradcheck.h"
+#include "src/nn/parameters.h"
 #include "src/ops/ops.h"
 #include "src/tensor/memory.h"
 #include "tests/test_util.h"
@@ -134,6 +135,98 @@ TEST(Autograd, GradcheckDetectsAWrongGradient) {
   Tensor x = random_tensor({3}, 5);
   x.set_requires_grad(true);
   EXPECT_FALSE(gradcheck(wrong, {x}).ok);
+}
+
+// The hand-over is the closure's argument: a closure that takes the gradient another consumer
+// already sent to its input returns the total, and the engine stores that instead of adding.
+TEST(Autograd, ClosureTakesThePendingGradientFromItsArgument) {
+  Tensor x = Tensor::from_vector({1.0, 2.0}, {2}, DType::f64);
+  x.set_requires_grad(true);
+  Tensor h = ops::scale(x, 1.0);  // a non-leaf used twice
+  int took = 0;
+  Tensor mine = ops::scale(h, 1.0).detach();
+  record(mine, "takes", {h}, [&took](const Tensor& g, GradHandOver& hand_over) {
+    Tensor pending = hand_over.take(0);
+    EXPECT_FALSE(hand_over.take(0).defined());  // handed over once
+    if (!pending.defined()) return std::vector<Tensor>{ops::scale(g, 3.0)};
+    ++took;
+    return std::vector<Tensor>{ops::add(ops::scale(g, 3.0), pending)};
+  });
+  // d/dx sum(5h + 3h) = 8: the other consumer (5h) runs first, so its gradient is pending.
+  ops::sum(ops::add(mine, ops::scale(h, 5.0))).backward();
+  EXPECT_EQ(took, 1);
+  EXPECT_EQ(x.grad().to_double_vector(), (std::vector<double>{8.0, 8.0}));
+}
+
+// A cast's backward returns its gradient as it is; the leaf's sink folds it into the leaf's
+// gradient of another dtype (here f32 into f64), the small folds batched until the backward ends.
+// The ready hook hears of the leaf once, after its fold is added, and a later gradient of the
+// leaf's own dtype is added after the waiting fold (the order of the additions is kept).
+TEST(Autograd, SinkFoldsConvertedGradientsAndReportsFinalLeavesAfterTheirFolds) {
+  auto sink = std::make_shared<GradSink>();
+  Tensor x = Tensor::from_vector({0.5, -1.0, 2.0}, {3}, DType::f64);
+  x.set_requires_grad(true);
+  x.set_grad(Tensor::zeros({3}, DType::f64));
+  bind_grad_sink(x, sink);
+  EXPECT_EQ(grad_sink_of(x), sink.get());
+  std::vector<std::vector<double>> reported;
+  {
+    GradSink::ReadyScope scope(*sink, [&](const Tensor& leaf) {
+      EXPECT_TRUE(leaf.same(x));
+      reported.push_back(leaf.grad().to_double_vector());
+    });
+    EXPECT_TRUE(sink->wants_final());
+    // Walked in this order: cast(x) · 3 (a fold that waits), x · x (2x, of x's own dtype: added
+    // after the waiting fold), cast(x) · 2 (x's last reader: a fold that waits, so the report
+    // waits for the end of the backward).
+    Tensor first = ops::sum(ops::scale(ops::cast(x, DType::f32), 2.0));
+    Tensor square = ops::cast(ops::sum(ops::mul(x, x)), DType::f32);  // a cast of a non-leaf too
+    Tensor last = ops::sum(ops::scale(ops::cast(x, DType::f32), 3.0));
+    Tensor loss = ops::add(ops::add(first, square), last);
+    loss.backward();
+  }
+  EXPECT_FALSE(sink->wants_final());
+  const std::vector<double> want{5.0 + 1.0, 5.0 - 2.0, 5.0 + 4.0};
+  ASSERT_EQ(reported.size(), 1u);
+  EXPECT_EQ(reported[0], want);  // reported with every addition in it
+  EXPECT_EQ(x.grad().to_double_vector(), want);
+}
+
+// A backward that throws leaves no waiting fold behind for the next one to add.
+TEST(Autograd, SinkDropsWaitingFoldsWhenABackwardThrows) {
+  auto sink = std::make_shared<GradSink>();
+  Tensor x = Tensor::from_vector({1.0, 1.0}, {2}, DType::f64);
+  x.set_requires_grad(true);
+  x.set_grad(Tensor::zeros({2}, DType::f64));
+  bind_grad_sink(x, sink);
+  Tensor y = Tensor::from_vector({1.0, 1.0}, {2}, DType::f32);
+  y.set_requires_grad(true);
+  Tensor t = ops::scale(y, 1.0).detach();
+  record(t, "throws", {y}, [](const Tensor&) -> std::vector<Tensor> { TG_CHECK(false, "backward failed"); });
+  // The cast's node runs before the throwing one (the add's second input is walked first).
+  EXPECT_THROW(ops::sum(ops::add(t, ops::cast(x, DType::f32))).backward(), Error);
+  EXPECT_EQ(x.grad().to_double_vector(), (std::vector<double>{0.0, 0.0}));
+  ops::sum(ops::cast(x, DType::f32)).backward();
+  EXPECT_EQ(x.grad().to_double_vector(), (std::vector<double>{1.0, 1.0}));
+}
+
+// Every parameter of a store sends its gradient to the store's one sink, into the flat buffer.
+TEST(Autograd, ParameterStoreBindsEveryParameterToItsSink) {
+  nn::ParameterStore store;
+  store.declare("w", {2, 3}, nn::Init::normal);
+  store.declare("b", {2}, nn::Init::ones);
+  store.allocate(7);
+  for (const nn::Parameter& p : store.all()) EXPECT_EQ(grad_sink_of(p.value), &store.grad_sink()) << p.name;
+  int reports = 0;
+  {
+    GradSink::ReadyScope scope(store.grad_sink(), [&](const Tensor&) { ++reports; });
+    ops::sum(ops::linear(Tensor::full({4, 3}, 1.0), store.get("w"), store.get("b"))).backward();
+  }
+  EXPECT_EQ(reports, 2);
+  const std::vector<double> flat = store.flat_grads().to_double_vector();
+  ASSERT_EQ(flat.size(), 8u);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(flat[size_t(i)], 4.0) << i;  // dW: four rows of ones
+  for (int i = 6; i < 8; ++i) EXPECT_EQ(flat[size_t(i)], 4.0) << i;  // db: four rows
 }
 
 }  // namespace

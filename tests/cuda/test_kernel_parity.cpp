@@ -33,6 +33,7 @@
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/optim.h"
 #include "src/tensor/dtype.h"
+#include "tests/op_specs.h"
 
 using tg::testing::have_gpu;
 
@@ -749,6 +750,32 @@ INSTANTIATE_TEST_SUITE_P(Kernels, Parity, ::testing::ValuesIn(parity_params()),
                          [](const ::testing::TestParamInfo<Param>& info) {
                            return info.param.c.name + (info.param.bf16 ? "_bf16" : "_f32");
                          });
+
+// The op specification (tests/op_specs.h) names the launchers each op runs: each has rows in this
+// table, and each row belongs to a launcher some op runs or to one outside the ops (conversions,
+// gradient additions, the optimizer). A launcher's rows are named "<launcher>" or
+// "<launcher>_<shape…>"; the longest launcher name that fits a row owns it. Needs no GPU.
+TEST(KernelParityCoverage, EveryOpKernelHasRowsAndEveryRowAnOwner) {
+  std::vector<std::string> launchers = tg::testing::kernels_outside_ops();
+  for (const tg::testing::OpSpec& s : tg::testing::op_specs())
+    launchers.insert(launchers.end(), s.kernels.begin(), s.kernels.end());
+  auto owner = [&](const std::string& row) {
+    std::string best;
+    for (const std::string& k : launchers)
+      if ((row == k || row.rfind(k + "_", 0) == 0) && k.size() > best.size()) best = k;
+    return best;
+  };
+  std::vector<std::string> owned;
+  for (const Case& c : parity_table()) {
+    const std::string k = owner(c.name);
+    EXPECT_FALSE(k.empty()) << "the kernel parity row " << c.name << " belongs to no launcher of tests/op_specs.h";
+    owned.push_back(k);
+  }
+  for (const tg::testing::OpSpec& s : tg::testing::op_specs())
+    for (const std::string& k : s.kernels)
+      EXPECT_NE(std::find(owned.begin(), owned.end(), k), owned.end())
+          << s.name << " runs " << k << ", which has no row in the kernel parity table";
+}
 
 // Broken preconditions are reported, not launched.
 TEST(ParityPreconditions, Throw) {

@@ -1,6 +1,7 @@
 // The CPU/GPU parity table at the op level: every op's forward and input gradients on the GPU
-// (f32 and bf16) against its CPU twin (f32), as a relative-norm error with a stated tolerance;
-// then the whole model (loss and every gradient) and bitwise determinism on the GPU.
+// (f32 and bf16) against its CPU twin (f32), as a relative-norm error with a stated tolerance —
+// the GPU rows of the op specification (tests/op_specs.h); then the whole model (loss and every
+// gradient) and bitwise determinism on the GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +11,7 @@
 #include "src/ops/ops.h"
 #include "src/optim/adamw.h"
 #include "tests/cuda/cuda_test_util.h"
+#include "tests/op_specs.h"
 #include "tests/test_util.h"
 
 #ifdef TILEGRAD_HAVE_CUDA
@@ -22,74 +24,15 @@ namespace {
 using testing::have_gpu;
 using testing::rel_norm;
 
-using OpFn = std::function<Tensor(const std::vector<Tensor>&)>;
-struct ParityCase {
-  std::string name;
-  std::vector<Shape> inputs;
-  OpFn op;
-  double tol_f32 = 1e-5, tol_bf16 = 2e-2;
-};
-void PrintTo(const ParityCase& c, std::ostream* os) { *os << c.name; }
+using testing::GpuSample;
 
-std::vector<ParityCase> parity_table() {
-  const std::vector<int32_t> ids = {3, 0, 4, 3, 1, 4, 2, 2};
-  const std::vector<int32_t> targets = {2, -1, 0, 4, 4, 1, 3, 0};
-  std::vector<ParityCase> t;
-  t.push_back({"add", {{4, 33}, {4, 33}}, [](auto& x) { return ops::add(x[0], x[1]); }});
-  t.push_back({"add_broadcast", {{2, 9, 33}, {33}}, [](auto& x) { return ops::add(x[0], x[1]); }});
-  t.push_back({"mul", {{5, 17}, {5, 17}}, [](auto& x) { return ops::mul(x[0], x[1]); }});
-  t.push_back({"scale", {{7, 3}}, [](auto& x) { return ops::scale(x[0], -0.37); }});
-  t.push_back({"sum", {{37, 5}}, [](auto& x) { return ops::sum(x[0]); }});
-  t.push_back({"transpose12", {{2, 3, 4, 40}}, [](auto& x) { return ops::transpose12(x[0]); }});
-  t.push_back({"slice_last", {{3, 99}}, [](auto& x) { return ops::slice_last(x[0], 33, 33); }});
-  t.push_back({"concat_last", {{4, 9, 16}, {4, 9, 8}}, [](auto& x) { return ops::concat_last({x[0], x[1]}); }});
-  for (double base : {0.0, 10000.0}) {
-    // d = 64 takes the fused kernel in bf16 (and the materialised fallback in f32).
-    t.push_back({std::string("self_attention_flash") + (base > 0 ? "_rope" : ""), {{2, 77, 3 * 128}},
-                 [base](auto& x) { return ops::self_attention(x[0], 2, ops::AttentionKind::flash, base); }});
-  }
-  t.push_back({"embedding", {{5, 24}}, [ids](auto& x) { return ops::embedding(x[0], Tensor::from_ints(ids, {2, 4})); }});
-  t.push_back({"linear", {{2, 7, 64}, {48, 64}, {48}}, [](auto& x) { return ops::linear(x[0], x[1], x[2]); }});
-  t.push_back({"linear_nobias", {{9, 40}, {24, 40}}, [](auto& x) { return ops::linear(x[0], x[1], Tensor()); }});
-  // 384 rows: the fused GELU-backward + bias-sum kernel (two passes); 14 rows: its one-pass fallback.
-  t.push_back({"linear_gelu", {{4, 96, 64}, {48, 64}, {48}}, [](auto& x) { return ops::linear_gelu(x[0], x[1], x[2]); }});
-  t.push_back({"linear_gelu_small", {{2, 7, 64}, {48, 64}, {48}}, [](auto& x) { return ops::linear_gelu(x[0], x[1], x[2]); }});
-  t.push_back({"linear_gelu_nobias", {{9, 40}, {24, 40}}, [](auto& x) { return ops::linear_gelu(x[0], x[1], Tensor()); }});
-  for (int ta = 0; ta < 2; ++ta)
-    for (int tb = 0; tb < 2; ++tb) {
-      Shape sa = ta ? Shape{3, 16, 12} : Shape{3, 12, 16}, sb = tb ? Shape{3, 20, 16} : Shape{3, 16, 20};
-      t.push_back({"matmul_t" + std::to_string(ta) + std::to_string(tb), {sa, sb},
-                   [ta, tb](auto& x) { return ops::matmul(x[0], x[1], ta, tb); }});
-    }
-  t.push_back({"gelu", {{3, 71}}, [](auto& x) { return ops::gelu(x[0]); }});
-  t.push_back({"layernorm", {{6, 96}, {96}, {96}}, [](auto& x) { return ops::layernorm(x[0], x[1], x[2]); }});
-  t.push_back({"layernorm_nobias", {{5, 37}, {37}}, [](auto& x) { return ops::layernorm(x[0], x[1], Tensor()); }});
-  t.push_back({"residual+layernorm", {{6, 96}, {96}, {96}}, [](auto& x) {  // dx_add: the residual's gradient
-                 Tensor a = ops::scale(x[0], 1.5);
-                 return ops::add(a, ops::layernorm(a, x[1], x[2]));
-               }});
-  t.push_back({"softmax", {{6, 77}}, [](auto& x) { return ops::softmax(x[0]); }});
-  t.push_back({"causal_mask+softmax", {{3, 9, 9}}, [](auto& x) { return ops::softmax(ops::causal_mask(x[0])); }});
-  t.push_back({"attention_softmax", {{3, 40, 40}}, [](auto& x) { return ops::attention_softmax(x[0], 0.3, false); }});
-  t.push_back({"attention_softmax_causal", {{3, 40, 40}}, [](auto& x) { return ops::attention_softmax(x[0], 0.3, true); }});
-  t.push_back({"cross_entropy", {{8, 5}}, [targets](auto& x) {
-                 return ops::cross_entropy(x[0], Tensor::from_ints(targets, {8}));
-               }});
-  // The chunked LM head and loss: 8 rows in chunks of 3 (ragged), V 50 (not a multiple of the
-  // vector width), and all at once.
-  for (int64_t chunk : {3, 0})
-    t.push_back({"linear_cross_entropy_chunk" + std::to_string(chunk), {{8, 64}, {50, 64}}, [targets, chunk](auto& x) {
-                   return ops::linear_cross_entropy(x[0], x[1], Tensor::from_ints(targets, {8}), chunk);
-                 }});
-  t.push_back({"dropout", {{4, 50}}, [](auto& x) { return ops::dropout(x[0], 0.25, 42); }});
-  t.push_back({"rope", {{2, 7, 3, 16}}, [](auto& x) { return ops::rope(x[0], 10000.0, 3); }});
-  for (bool causal : {false, true}) {
-    Shape s = {2, 19, 2, 16};
-    t.push_back({std::string("attention_naive") + (causal ? "_causal" : ""), {s, s, s},
-                 [causal](auto& x) { return ops::attention_naive(x[0], x[1], x[2], causal); }});
-  }
+// The GPU rows of the op specification (tests/op_specs.h), in its order.
+std::vector<GpuSample> parity_table() {
+  std::vector<GpuSample> t;
+  for (const testing::OpSpec& s : testing::op_specs()) t.insert(t.end(), s.gpu.begin(), s.gpu.end());
   return t;
 }
+using ParityCase = GpuSample;
 
 struct OpRun {
   std::vector<double> out;

@@ -1,5 +1,5 @@
 // Central-difference gradient checker used by the op tests.
-#include "src/autograd/gradcheck.h"
+#include "src/ops/gradcheck.h"
 
 #include <cmath>
 #include <sstream>
