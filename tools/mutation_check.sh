@@ -224,10 +224,16 @@ run_tests() {
   return $status
 }
 
-targets() { local spec t=""; for spec in $1; do t="$t ${spec%%:*}"; done; echo "$t" | tr ' ' '\n' | sort -u | tr '\n' ' '; }
+# The test binaries of a test list, and the tilegrad command, which tests run as a program: a
+# mutant library must reach it too, or a test of the command would still see the unmutated code.
+targets() {
+  local spec t="tilegrad"
+  for spec in $1; do t="$t ${spec%%:*}"; done
+  echo "$t" | tr ' ' '\n' | sort -u | tr '\n' ' '
+}
 
 start=$(date +%s)
-all_targets="tilegrad"
+all_targets=""
 for i in "${selected[@]}"; do all_targets="$all_targets $(targets "${tests[$i]}")"; done
 all_targets=$(echo "$all_targets" | tr ' ' '\n' | sed '/^$/d' | sort -u | tr '\n' ' ')
 echo "configuring and building $all_targets(CPU only, $jobs jobs)…"
