@@ -398,6 +398,9 @@ TEST(Robustness, AFailedLogWriteStopsTheRunWithACheckpointAttempt) {
   pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
+    // The child of a fork has one thread: libgomp's pool of the parent (made by an earlier test in
+    // this process) is gone, and a parallel region asking for it would wait forever.
+    omp_set_num_threads(1);
     signal(SIGXFSZ, SIG_IGN);
     struct rlimit lim {20000, 20000};
     setrlimit(RLIMIT_FSIZE, &lim);
