@@ -398,6 +398,9 @@ TEST(Robustness, AFailedLogWriteStopsTheRunWithACheckpointAttempt) {
   pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
+    // The child of a fork has one thread: libgomp's pool of the parent (made by an earlier test in
+    // this process) is gone, and a parallel region asking for it would wait forever.
+    omp_set_num_threads(1);
     signal(SIGXFSZ, SIG_IGN);
     struct rlimit lim {20000, 20000};
     setrlimit(RLIMIT_FSIZE, &lim);
@@ -462,6 +465,151 @@ TEST(Robustness, FullDiskDuringTrainingExitsCleanly) {
     std::string all((std::istreambuf_iterator<char>(in)), {});
     if (!all.empty()) EXPECT_EQ(all.back(), '\n') << f << " ends mid-line";
   }
+}
+
+// Runs `cmd` under /bin/sh with every file it writes limited to `max_file_bytes` (RLIMIT_FSIZE,
+// SIGXFSZ ignored: a write past the limit fails with EFBIG, as one on a full disk fails with
+// ENOSPC); stdout and stderr come back through a pipe, which the limit does not cover.
+std::pair<int, std::string> shell_with_file_limit(const std::string& cmd, rlim_t max_file_bytes) {
+  int fds[2];
+  if (::pipe(fds) != 0) return {-1, std::string("pipe: ") + std::strerror(errno)};
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) return {-1, std::string("fork: ") + std::strerror(errno)};
+  if (pid == 0) {
+    ::close(fds[0]);
+    ::dup2(fds[1], 1);
+    ::dup2(fds[1], 2);
+    signal(SIGXFSZ, SIG_IGN);  // stays ignored across exec
+    struct rlimit lim {max_file_bytes, max_file_bytes};
+    setrlimit(RLIMIT_FSIZE, &lim);
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  ::close(fds[1]);
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fds[0], buf, sizeof buf)) != 0) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    out.append(buf, size_t(n));
+  }
+  ::close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
+
+// The step numbers of the "step N/M | loss ..." lines of a run's output.
+std::vector<int64_t> logged_steps(const std::string& out) {
+  std::vector<int64_t> steps;
+  static const std::regex step_re("(^|\n)step ([0-9]+)/[0-9]+ \\| loss");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), step_re); it != std::sregex_iterator(); ++it)
+    steps.push_back(std::stoll((*it)[2]));
+  return steps;
+}
+
+void expect_whole_lines_and_no_temp_files(const std::string& dir) {
+  for (const char* f : {"train.log", "metrics.jsonl"}) {
+    std::ifstream in(fs::path(dir) / f, std::ios::binary);
+    const std::string all((std::istreambuf_iterator<char>(in)), {});
+    EXPECT_FALSE(all.empty()) << f;
+    if (!all.empty()) EXPECT_EQ(all.back(), '\n') << f << " ends mid-line";
+  }
+  for (const auto& e : fs::directory_iterator(dir))
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+}
+
+// `tilegrad train` end to end when a log write fails mid-run while checkpoints still fit (every
+// file limited to 192 KiB: a checkpoint of this model is about 117 KB, metrics.jsonl passes the
+// limit after some 900 steps; one OpenMP thread, as steps this small only wait on a second one).
+// The run must say which file failed and why, stop after that step instead of training on without
+// its logs, write a checkpoint of that step which `latest` names and which loads (its checksum
+// verified) and resumes, and exit 1, not crash.
+TEST(Robustness, FailedLogWriteEndToEndStopsWithACheckpointAndExits1) {
+  if (!fs::exists(kBinary)) GTEST_SKIP() << "tilegrad binary not built at " << kBinary;
+  Config cfg = tiny_config("log_fails_e2e");
+  const int64_t max_steps = 3000;  // far beyond the failure: a run that trains on blind is seen
+  auto [rc, out] = shell_with_file_limit(
+      "OMP_NUM_THREADS=1 " + train_command(cfg, "train.max_steps=" + std::to_string(max_steps) +
+                             " run.ckpt_every=100 run.keep_last=2 run.log_every=1 run.eval_every=0"),
+      192 << 10);
+  std::cout << out.substr(out.size() > 1500 ? out.size() - 1500 : 0) << "\n";
+  EXPECT_EQ(rc, 1) << "expected exit status 1 (a user-facing error), got " << rc;
+  EXPECT_EQ(out.find("internal error"), std::string::npos);
+  // Which file, why, and what happened.
+  std::smatch m;
+  const std::regex failed_re("error: writing (\\S+/(metrics\\.jsonl|train\\.log)) failed: File too large; "
+                             "stopping after step ([0-9]+) with a checkpoint");
+  ASSERT_TRUE(std::regex_search(out, m, failed_re)) << "no line naming the failed log write";
+  const int64_t stop_step = std::stoll(m[3]);
+  EXPECT_GT(stop_step, 100);  // the failure came after the first periodic checkpoint
+  EXPECT_LT(stop_step, max_steps);
+  const std::string ckpt = (fs::path(cfg.run.out_dir) / ("ckpt-" + std::to_string(stop_step) + ".h5")).string();
+  EXPECT_NE(out.find("training stopped after step " + std::to_string(stop_step) + " with checkpoint " + ckpt +
+                     "; free space and resume with --resume latest"),
+            std::string::npos);
+  // No step after the failed one was trained.
+  const std::vector<int64_t> steps = logged_steps(out);
+  ASSERT_FALSE(steps.empty());
+  EXPECT_EQ(steps.back(), stop_step);
+  // `latest` names the checkpoint of that step, complete: it loads with its checksum verified.
+  auto [path, data] = resolve_and_load(cfg.run.out_dir, "latest");
+  EXPECT_EQ(path, ckpt);
+  EXPECT_EQ(data.ints.at("step"), stop_step);
+  EXPECT_EQ(load_checkpoint(ckpt).ints.at("step"), stop_step);
+  expect_whole_lines_and_no_temp_files(cfg.run.out_dir);
+  // With space again the run resumes from it.
+  auto [rc2, out2] = shell(train_command(cfg, "train.max_steps=" + std::to_string(stop_step + 2) +
+                                              " run.ckpt_every=100 run.keep_last=2 run.log_every=1 run.eval_every=0"
+                                              " --resume latest"));
+  EXPECT_EQ(rc2, 0) << out2;
+  EXPECT_NE(out2.find("resumed from " + ckpt + " at step " + std::to_string(stop_step)), std::string::npos) << out2;
+  EXPECT_EQ(resolve_and_load(cfg.run.out_dir, "latest").second.ints.at("step"), stop_step + 2);
+}
+
+// The same on a disk that is really full (a tmpfs; root only): after a first checkpoint, the
+// logs fill the disk, so the log write fails with ENOSPC and the checkpoint attempt fails too.
+// The run says both, exits 1, and `latest` still names the first checkpoint, complete.
+TEST(Robustness, LogWriteOnAFullDiskStopsAndKeepsLatest) {
+  if (!fs::exists(kBinary)) GTEST_SKIP() << "tilegrad binary not built at " << kBinary;
+  if (::geteuid() != 0)
+    GTEST_SKIP() << "mounting a small tmpfs needs root (FailedLogWriteEndToEndStopsWithACheckpointAndExits1 "
+                    "covers the failed log write for every user)";
+  Config cfg = tiny_config("log_fulldisk");
+  fs::create_directories(cfg.run.out_dir);
+  if (::mount("tmpfs", cfg.run.out_dir.c_str(), "tmpfs", 0, "size=240k") != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror(errno);
+  struct Unmount {
+    std::string p;
+    ~Unmount() { ::umount2(p.c_str(), MNT_DETACH); }
+  } unmount{cfg.run.out_dir};
+  const std::string keys = " run.log_every=1 run.eval_every=0 run.keep_last=2";
+  auto [rc1, out1] = shell(train_command(cfg, "train.max_steps=2 run.ckpt_every=2" + keys));
+  ASSERT_EQ(rc1, 0) << out1;
+  // No periodic checkpoints: the logs are what fills the disk.
+  auto [rc, out] =
+      shell("OMP_NUM_THREADS=1 " + train_command(cfg, "train.max_steps=5000 run.ckpt_every=0" + keys + " --resume latest"));
+  std::cout << out.substr(out.size() > 1500 ? out.size() - 1500 : 0) << "\n";
+  EXPECT_EQ(rc, 1);
+  EXPECT_EQ(out.find("internal error"), std::string::npos);
+  std::smatch m;
+  const std::regex failed_re("error: writing \\S+/(metrics\\.jsonl|train\\.log) failed: No space left on device "
+                             "\\(the disk is full\\); stopping after step ([0-9]+) with a checkpoint");
+  ASSERT_TRUE(std::regex_search(out, m, failed_re)) << "no line naming the failed log write";
+  const int64_t stop_step = std::stoll(m[2]);
+  EXPECT_LT(stop_step, 5000);
+  EXPECT_NE(out.find("training stopped after step " + std::to_string(stop_step) +
+                     ", and the checkpoint attempt failed too"),
+            std::string::npos);
+  const std::vector<int64_t> steps = logged_steps(out);
+  ASSERT_FALSE(steps.empty());
+  EXPECT_EQ(steps.back(), stop_step);
+  auto [path, data] = resolve_and_load(cfg.run.out_dir, "latest");
+  EXPECT_EQ(path, (fs::path(cfg.run.out_dir) / "ckpt-2.h5").string());
+  EXPECT_EQ(data.ints.at("step"), 2);
+  expect_whole_lines_and_no_temp_files(cfg.run.out_dir);
 }
 
 // ---------------------------------------------------------------------------------------------

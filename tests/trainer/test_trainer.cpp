@@ -254,6 +254,45 @@ TEST(Trainer, ReadingStepsOnlyWhenLoggingChangesNothing) {
   }
 }
 
+// The count of non-finite steps in a row is part of the run state: steps 5, 6 and 7 are bad, and
+// a run cut after step 6 (two in a row) stops after step 7 on resume, as the straight run does.
+// A resume that started the count again would train on to step 12.
+TEST(Trainer, ResumeKeepsTheCountOfBadStepsInARow) {
+  auto poison = [](int64_t step, nn::ParameterStore& ps) {
+    if (step >= 4 && step <= 6) set_element(ps.flat_grads(), 0, NAN);
+  };
+  auto stop_error = [](Trainer& t, const std::string& resume) {
+    try {
+      t.run(resume);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("the run did not stop; it ended at step 12");
+  };
+  Config straight = tiny_config("bad_row_straight");
+  straight.train.max_bad_steps = 3;
+  Trainer a(straight);
+  a.set_gradient_hook(poison);
+  std::string err = stop_error(a, "");
+  EXPECT_NE(err.find("3 consecutive steps"), std::string::npos) << err;
+  EXPECT_EQ(resolve_and_load(straight.run.out_dir, "latest").second.ints.at("step"), 7);
+
+  Config cut = tiny_config("bad_row_resumed");
+  cut.train.max_bad_steps = 3;
+  Trainer b(cut);
+  b.set_gradient_hook(poison);
+  b.set_step_hook([](int64_t step) { if (step == 6) std::raise(SIGTERM); });
+  ASSERT_TRUE(b.run().interrupted);
+  EXPECT_EQ(resolve_and_load(cut.run.out_dir, "latest").second.ints.at("bad_steps_in_row"), 2);
+  Trainer c(cut);
+  c.set_gradient_hook(poison);
+  err = stop_error(c, "latest");
+  EXPECT_NE(err.find("3 consecutive steps"), std::string::npos) << err;
+  const CheckpointData last = resolve_and_load(cut.run.out_dir, "latest").second;
+  EXPECT_EQ(last.ints.at("step"), 7);
+  EXPECT_EQ(last.ints.at("bad_steps_in_row"), 3);
+}
+
 TEST(Trainer, RefusesToOverwriteARunAndChecksModelCompatibility) {
   Config cfg = tiny_config("refuse");
   cfg.train.max_steps = 2;
