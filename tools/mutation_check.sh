@@ -75,6 +75,22 @@ clip_never_applied() {
     '  return 1.0;'
 }
 
+mutation decided_clip_ignored "the step decided on the device ignores the gradient norm when clipping" \
+  "test_optim:AdamW.Decided*"
+decided_clip_ignored() {
+  edit kernels/cpu/adamw.h \
+    '  d.clip = max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;' \
+    '  d.clip = 1.0;'
+}
+
+mutation decided_skip_ignored "the step decided on the device updates on a non-finite loss" \
+  "test_optim:AdamW.Decided* test_trainer:Trainer.NonFiniteStepsAreSkippedThenTheRunStops"
+decided_skip_ignored() {
+  edit kernels/cpu/adamw.h \
+    '  if (!finite) {' \
+    '  if (false) {'
+}
+
 mutation resume_resets_bad_steps "a resume starts the count of non-finite steps in a row again" \
   "test_trainer:Trainer.ResumeKeepsTheCountOfBadStepsInARow:Devices/ExactResume.*/cpu*"
 resume_resets_bad_steps() {

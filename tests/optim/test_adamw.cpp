@@ -126,6 +126,68 @@ TEST(AdamW, ClipFactorInTheUpdateEqualsClippingTheGradients) {
   EXPECT_NEAR(optim::grad_norm(*a), norm, 1e-12);
 }
 
+// The step decided where the parameters are (what training does): from the record {loss, squared
+// gradient norm} it takes bitwise the update of step(lr, clip_factor(norm)) — clipping included —
+// skips a step whose loss or norm is not finite without touching anything, and after
+// max_bad_steps such steps in a row takes no update until the host stops the run.
+TEST(AdamW, DecidedStepsEqualHostDecidedOnesAndSkipNonFiniteOnes) {
+  auto make = [] {
+    auto store = std::make_unique<nn::ParameterStore>();
+    store->declare("w", {3, 5}, nn::Init::normal, 0.5);
+    store->declare("b", {5}, nn::Init::zeros);
+    store->allocate(7);
+    float* g = store->flat_grads().data<float>();
+    for (int64_t i = 0; i < store->numel(); ++i) g[i] = float(0.3 * std::sin(1.7 * double(i) + 0.2));
+    return store;
+  };
+  auto host = make(), device = make();
+  optim::AdamW opt_host(*host, {}), opt_device(*device, {});
+  opt_device.reset_decision(0);
+  const optim::StepRules rules{0.5, 2};
+  Tensor record = Tensor::zeros({2}, DType::f64);
+  auto decided = [&](double loss) {
+    optim::grad_sum_squares_to(*device, {}, Tensor::view_of(record, 1, {1}));
+    record.data<double>()[0] = loss;
+    opt_device.step_decided(1e-2, record, rules);
+  };
+  const double norm = optim::grad_norm(*host);
+  ASSERT_GT(norm, 0.5);  // so the clip applies
+  for (int s = 0; s < 3; ++s) {
+    opt_host.step(1e-2, optim::clip_factor(norm, 0.5));
+    decided(2.5);
+  }
+  auto same = [&] {
+    const Tensor a = host->flat_values(), b = device->flat_values();
+    for (int64_t i = 0; i < a.numel(); ++i)
+      if (a.data<float>()[i] != b.data<float>()[i]) return false;
+    return true;
+  };
+  EXPECT_TRUE(same());
+  EXPECT_EQ(opt_device.decision().steps, 3);
+  EXPECT_EQ(opt_device.steps_taken(), 3);
+  // A non-finite loss: skipped, nothing moves, the count of bad steps goes up.
+  decided(NAN);
+  EXPECT_TRUE(same());
+  cpu::StepDecision d = opt_device.decision();
+  EXPECT_EQ(d.skip, 1);
+  EXPECT_EQ(d.bad_in_row, 1);
+  EXPECT_EQ(d.steps, 3);
+  // A finite step resets the count and updates as the host would.
+  opt_host.step(1e-2, optim::clip_factor(norm, 0.5));
+  decided(2.5);
+  EXPECT_TRUE(same());
+  EXPECT_EQ(opt_device.decision().bad_in_row, 0);
+  // Two non-finite steps in a row reach max_bad_steps: stopped, and even a finite step is skipped.
+  decided(INFINITY);
+  decided(NAN);
+  d = opt_device.decision();
+  EXPECT_EQ(d.stopped, 1);
+  EXPECT_EQ(d.bad_in_row, 2);
+  decided(2.5);
+  EXPECT_TRUE(same());
+  EXPECT_EQ(opt_device.decision().steps, 4);
+}
+
 TEST(LRSchedule, WarmupThenCosineToMinimum) {
   optim::LRSchedule s{optim::Schedule::cosine, 1e-3, 1e-4, 10, 110};
   EXPECT_NEAR(s.at(0), 1e-4, 1e-12);
