@@ -89,7 +89,7 @@ void dq_convert_pass(const FlashAttentionParams& p, const flash::BwdWorkspace<D>
 template <int D>
 void forward(const FlashAttentionParams& p_in) {
   const FlashAttentionParams p = flash::with_resolved_row_strides(p_in);
-  using Tr = typename flash::FwdConfig<D>::type;
+  using Tr = flash::FwdConfig<D>;
   emu_launch(tile_grid(p, Tr::kBr), Tr::kThreads, Tr::kSmemBytes, [&] { flash::flash_fwd_kernel<Tr>(p); });
 }
 
@@ -99,13 +99,13 @@ void backward(const FlashAttentionParams& p_in) {
   using Ws = flash::BwdWorkspace<D>;
   const Ws ws(p);
   delta_pass<D>(p, ws);
-  using Dkdv = typename flash::DkdvConfig<D>::type;
+  using Dkdv = flash::DkdvConfig<D>;
   const int accum_rows = int(Ws::accum_rows(p.T));
   if (!Ws::has_accum(p.dq_mode)) {  // as launch_bwd: the pair serves kAtomic where no atomic kernel is built
     emu_launch(tile_grid(p, Dkdv::kOwn), Dkdv::kThreads, Dkdv::kSmemBytes, [&] {
       flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kRecompute>(p, ws.delta, ws.dq_accum, accum_rows);
     });
-    using Dq = typename flash::DqConfig<D>::type;
+    using Dq = flash::DqConfig<D>;
     emu_launch(tile_grid(p, Dq::kOwn), Dq::kThreads, Dq::kSmemBytes,
                [&] { flash::flash_bwd_dq_kernel<Dq>(p, ws.delta); });
     return;
@@ -604,6 +604,46 @@ TEST(ShapeTables, EveryCaseHasTheDocumentedShape) {
   EXPECT_EQ(str(flash::dq_shape(128, true, 1)), "dq_d128");
   EXPECT_EQ(str(flash::dq_shape(96, true, 1)), "dq_d96");
   EXPECT_EQ(flash::fwd_shape(32, true, 1024), nullptr) << "head dim 32 has no wgmma shape";
+}
+
+// The mma.sync tables (mma_shapes.h): one shape per head dim and kernel, with the tiles
+// docs/kernels.md §4.1 documents, as the traits derive them.
+TEST(MmaShapeTables, EveryHeadDimHasTheDocumentedShape) {
+  auto fwd = [](auto tr, const char* name, int threads, int br, int bc, bool q_regs, int min_blocks) {
+    using Tr = decltype(tr);
+    EXPECT_EQ(std::string(Tr::shape::name), name);
+    EXPECT_EQ(Tr::kThreads, threads) << name;
+    EXPECT_EQ(Tr::kBr, br) << name;
+    EXPECT_EQ(Tr::kBc, bc) << name;
+    EXPECT_EQ(Tr::kQInRegs, q_regs) << name;
+    EXPECT_EQ(Tr::kMinBlocks, min_blocks) << name;
+  };
+  fwd(flash::FwdConfig<32>{}, "mma_fwd_d32", 128, 128, 64, true, 3);
+  fwd(flash::FwdConfig<64>{}, "mma_fwd_d64", 128, 128, 64, true, 2);
+  fwd(flash::FwdConfig<96>{}, "mma_fwd_d96", 128, 128, 64, false, 2);
+  fwd(flash::FwdConfig<128>{}, "mma_fwd_d128", 128, 128, 32, false, 2);
+  auto bwd = [](auto tr, const char* name, int threads, int own, int row_blocks, int stream) {
+    using Tr = decltype(tr);
+    EXPECT_EQ(std::string(Tr::shape::name), name);
+    EXPECT_EQ(Tr::kThreads, threads) << name;
+    EXPECT_EQ(Tr::kOwn, own) << name;
+    EXPECT_EQ(Tr::kRowBlocks, row_blocks) << name;
+    EXPECT_EQ(Tr::kStream, stream) << name;
+  };
+  bwd(flash::DkdvConfig<32>{}, "mma_dkdv_d32", 128, 128, 2, 32);
+  bwd(flash::DkdvConfig<64>{}, "mma_dkdv_d64", 128, 128, 2, 32);
+  bwd(flash::DkdvConfig<96>{}, "mma_dkdv_d96", 192, 96, 1, 32);
+  bwd(flash::DkdvConfig<128>{}, "mma_dkdv_d128", 128, 64, 1, 32);
+  bwd(flash::DqConfig<32>{}, "mma_dq_d32", 128, 128, 2, 32);
+  bwd(flash::DqConfig<64>{}, "mma_dq_d64", 128, 128, 2, 32);
+  bwd(flash::DqConfig<96>{}, "mma_dq_d96", 128, 128, 2, 32);
+  bwd(flash::DqConfig<128>{}, "mma_dq_d128", 128, 128, 2, 32);
+  EXPECT_TRUE(flash::kMmaSyncAtomicDq<32> && flash::kMmaSyncAtomicDq<64> && flash::kMmaSyncAtomicDq<128>);
+  EXPECT_FALSE(flash::kMmaSyncAtomicDq<96>);
+  // A head dim no table holds selects nothing (the launchers are instantiated only for these four).
+  EXPECT_TRUE((std::is_void_v<flash::mma_fwd_shape<80>>));
+  EXPECT_TRUE((std::is_void_v<flash::mma_dkdv_shape<80>>));
+  EXPECT_TRUE((std::is_void_v<flash::mma_dq_shape<80>>));
 }
 
 // The non-causal forward's products over T's last K/V tile (flash::fwd_last_tile_keys): on

@@ -1,6 +1,7 @@
 // Prints every sm_90a FlashAttention kernel shape the launchers run, with its threads and its
 // dynamic shared memory (the traits' kSmemBytes), for the registers-and-spills table in
-// docs/kernels.md §4.2: ptxas -v gives the registers and spills of each kernel, but not the
+// docs/kernels.md §4.2, then the mma.sync kernels' shapes (mma_shapes.h's tables, §4.1) alike:
+// ptxas -v gives the registers and spills of each kernel, but not the
 // dynamic shared memory, which the traits compute. Reads the kernels' source through the
 // emulator's generated headers, so it needs no GPU and no CUDA headers:
 //
@@ -24,6 +25,35 @@ void row(const char* kernel, const char* where) {
   std::printf("| %s | %s | %d | %.1f KiB |\n", kernel, where, Tr::kThreads, double(Tr::kSmemBytes) / 1024.0);
 }
 
+// The mma.sync shapes of one table, each with its traits' threads and dynamic shared memory (the
+// dK/dV kernel's also with FlashDq::kAtomic's dS tile where that kernel runs).
+template <class... S>
+void fwd_rows(MmaShapeList<S...>) {
+  (std::printf("| forward d %d | `%s` | %d | %.1f KiB |\n", S::head_dim, S::name, FwdTraits<S>::kThreads,
+               double(FwdTraits<S>::kSmemBytes) / 1024.0),
+   ...);
+}
+template <class... S>
+void dkdv_rows(MmaShapeList<S...>) {
+  (std::printf("| dK/dV d %d | `%s` | %d | %.1f KiB%s |\n", S::head_dim, S::name, BwdTraits<S>::kThreads,
+               double(BwdTraits<S>::kSmemBytes) / 1024.0,
+               S::atomic_dq ? "" : " (no atomic kernel)"),
+   ...);
+}
+template <class... S>
+void dkdv_atomic_rows(MmaShapeList<S...>) {
+  ((S::atomic_dq ? (void)std::printf("| dK/dV + atomic dQ d %d | `%s` | %d | %.1f KiB |\n", S::head_dim, S::name,
+                                     BwdTraits<S>::kThreads, double(BwdTraits<S>::kSmemDkdvBytes) / 1024.0)
+                 : (void)0),
+   ...);
+}
+template <class... S>
+void dq_rows(MmaShapeList<S...>) {
+  (std::printf("| dQ d %d | `%s` | %d | %.1f KiB |\n", S::head_dim, S::name, BwdTraits<S>::kThreads,
+               double(BwdTraits<S>::kSmemBytes) / 1024.0),
+   ...);
+}
+
 }  // namespace
 
 int main() {
@@ -45,5 +75,10 @@ int main() {
   row<DqSm90aTraits<DqD64Long>>("dQ d 64", "T ≥ kBwdSm90aLongT");
   row<DqSm90aTraits<DqD128>>("dQ d 128", "every T");
   row<DqSm90aTraits<DqD96>>("dQ d 96", "every T");
+  std::printf("\n| mma.sync kernel | shape (every mask and T) | threads | shared memory |\n|---|---|---|---|\n");
+  fwd_rows(MmaFwdTable{});
+  dkdv_rows(MmaDkdvTable{});
+  dkdv_atomic_rows(MmaDkdvTable{});
+  dq_rows(MmaDqTable{});
   return 0;
 }

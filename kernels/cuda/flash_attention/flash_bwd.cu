@@ -346,7 +346,7 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dq_kernel(const FlashA
 template <int D>
 struct BwdWorkspace {
   static constexpr int kPadRows = 64;
-  static_assert(kPadRows % flash::DkdvConfig<D>::type::kStream == 0, "whole mma.sync query tiles");
+  static_assert(kPadRows % flash::DkdvConfig<D>::kStream == 0, "whole mma.sync query tiles");
   static size_t round_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
   static int64_t accum_rows(int64_t T) { return (T + kPadRows - 1) / kPadRows * kPadRows; }
   static size_t delta_bytes(int64_t B, int64_t T, int64_t H) { return round_up(size_t(B * H * T) * sizeof(float)); }
@@ -395,13 +395,13 @@ void launch_bwd(const FlashAttentionParams& p_in, cudaStream_t stream) {
   const int accum_rows = int(Ws::accum_rows(p.T));
   if (atomic_dq)  // every key block adds
     TG_CUDA_CHECK(cudaMemsetAsync(ws.dq_accum, 0, Ws::accum_bytes(p.B, p.T, p.H), stream));
-  using Dkdv = typename flash::DkdvConfig<D>::type;
+  using Dkdv = flash::DkdvConfig<D>;
   if (wgmma) {
     FlashAttentionParams pw = p;
     pw.dq_mode = atomic_dq ? FlashDq::kAtomic : FlashDq::kRecompute;
     flash::flash_bwd_sm90a(pw, ws.delta, ws.dq_accum, accum_rows, stream);
   } else if (!atomic_dq) {
-    using Dq = typename flash::DqConfig<D>::type;
+    using Dq = flash::DqConfig<D>;
     flash::launch_tile_kernel<Dkdv>(flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kRecompute>, Dkdv::kSmemBytes, p,
                                     stream, static_cast<const float*>(ws.delta), ws.dq_accum, accum_rows);
     flash::launch_tile_kernel<Dq>(flash::flash_bwd_dq_kernel<Dq>, Dq::kSmemBytes, p, stream,

@@ -152,7 +152,7 @@ namespace {
 
 template <int D>
 void launch_fwd(const FlashAttentionParams& p, cudaStream_t stream) {
-  using Tr = typename flash::FwdConfig<D>::type;
+  using Tr = flash::FwdConfig<D>;
   auto kernel = flash::flash_fwd_kernel<Tr>;
   TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tr::kSmemBytes)));
   const dim3 grid(unsigned(p.H), unsigned(p.B), unsigned((p.T + Tr::kBr - 1) / Tr::kBr));  // tile index slowest

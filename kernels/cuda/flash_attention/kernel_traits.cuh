@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kernels/cuda/flash_attention/flash.h"
+#include "kernels/cuda/flash_attention/mma_shapes.h"
 
 namespace tg::cuda::flash {
 
@@ -73,24 +74,24 @@ constexpr int padded_stride() { return D + 8; }
 constexpr int kRowsPerWarp = 16;
 constexpr int kStages = 2;  // streamed tiles are double-buffered: load tile j+1 while computing j
 
-// Forward: warp w owns RowBlocks consecutive 16-row blocks of queries (Br = 16·RowBlocks·warps
-// query rows per block) and streams K, V tiles of Bc keys through shared memory. With
-// RowBlocks = 2 every K or V fragment a warp loads with ldmatrix feeds two mmas (one per row
-// block) instead of one: half the shared-memory bytes per mma, and two independent mma chains.
-// Q is either loaded into registers once (QInRegs) or re-read from smem with ldmatrix at every
-// k-step (saves RowBlocks·D/4 registers per thread); MinBlocks is the __launch_bounds__
-// occupancy the register allocation must allow.
-template <int D_, int Warps, int Bc_, bool QInRegs, int MinBlocks, int RowBlocks = 1>
+// Forward, on a shape (mma_shapes.h, MmaFwdShape): warp w owns row_blocks consecutive 16-row
+// blocks of queries (Br = 16·row_blocks·warps query rows per block) and streams K, V tiles of
+// Bc = key_tile keys through shared memory. Q is either loaded into registers once
+// (q_in_registers) or re-read from smem with ldmatrix at every k-step (saves row_blocks·D/4
+// registers per thread); min_blocks is the __launch_bounds__ occupancy the register allocation
+// must allow.
+template <class Shape>
 struct FwdTraits {
-  static constexpr int kD = D_;
-  static constexpr int kWarps = Warps;
+  using shape = Shape;
+  static constexpr int kD = Shape::head_dim;
+  static constexpr int kWarps = Shape::warps;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kRowBlocks = RowBlocks;                  // 16-row blocks per warp
+  static constexpr int kRowBlocks = Shape::row_blocks;          // 16-row blocks per warp
   static constexpr int kWarpRows = kRowsPerWarp * kRowBlocks;   // query rows per warp
   static constexpr int kBr = kWarpRows * kWarps;                // query rows per block
-  static constexpr int kBc = Bc_;                    // keys per streamed K/V tile
-  static constexpr bool kQInRegs = QInRegs;
-  static constexpr int kMinBlocks = MinBlocks;        // blocks per SM the registers must allow
+  static constexpr int kBc = Shape::key_tile;                   // keys per streamed K/V tile
+  static constexpr bool kQInRegs = Shape::q_in_registers;
+  static constexpr int kMinBlocks = Shape::min_blocks;          // blocks per SM the registers must allow
   static constexpr int kLds = padded_stride<kD>();   // smem row stride, elements
   static constexpr int kTileQ = kBr * kLds;          // elements
   static constexpr int kTileKV = kBc * kLds;         // elements, one of K or V, one stage
@@ -106,25 +107,27 @@ struct FwdTraits {
   static_assert((kBr * kD / 8) % kThreads == 0, "Q tile must split evenly into 16-byte chunks");
   static_assert((kBc * kD / 8) % kThreads == 0, "K/V tile must split evenly into 16-byte chunks");
   static_assert(kSmemBytes <= 227 * 1024, "exceeds Hopper's per-block shared memory");
-  static_assert(kMinBlocks * kSmemBytes <= 228 * 1024, "MinBlocks blocks must fit an SM's shared memory");
+  static_assert(kMinBlocks * kSmemBytes <= 228 * 1024, "min_blocks blocks must fit an SM's shared memory");
   static_assert(kAccRegs + 40 <= 65536 / (kMinBlocks * kThreads) && kAccRegs + 40 <= 255,
                 "accumulators plus ~40 working registers must fit the per-thread budget");
 };
 
-// Backward kernels share one shape: a block owns Own = 16·RowBlocks·warps rows of two tensors
-// (dK/dV kernel: K_j, V_j; dQ kernel: Q_i, dO_i), warp w the RowBlocks 16-row blocks starting
-// at 16·RowBlocks·w, and streams tiles of Stream rows of two other tensors (dK/dV: Q_i, dO_i
-// plus their lse and delta; dQ: K_j, V_j) double-buffered through smem. As in the forward, each
-// streamed fragment loaded with ldmatrix feeds one mma per row block.
-template <int D_, int Warps, int Stream_, int RowBlocks = 1>
+// Backward kernels, on a shape (mma_shapes.h, MmaDkdvShape or MmaDqShape): a block owns
+// Own = 16·row_blocks·warps rows of two tensors (dK/dV kernel: K_j, V_j; dQ kernel: Q_i, dO_i),
+// warp w the row_blocks 16-row blocks starting at 16·row_blocks·w, and streams tiles of
+// stream_tile rows of two other tensors (dK/dV: Q_i, dO_i plus their lse and delta; dQ: K_j, V_j)
+// double-buffered through smem. As in the forward, each streamed fragment loaded with ldmatrix
+// feeds one mma per row block.
+template <class Shape>
 struct BwdTraits {
-  static constexpr int kD = D_;
-  static constexpr int kWarps = Warps;
+  using shape = Shape;
+  static constexpr int kD = Shape::head_dim;
+  static constexpr int kWarps = Shape::warps;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kRowBlocks = RowBlocks;                 // 16-row blocks per warp
+  static constexpr int kRowBlocks = Shape::row_blocks;         // 16-row blocks per warp
   static constexpr int kWarpRows = kRowsPerWarp * kRowBlocks;  // owned rows per warp
   static constexpr int kOwn = kWarpRows * kWarps;              // rows kept on chip per block
-  static constexpr int kStream = Stream_;             // rows per streamed tile
+  static constexpr int kStream = Shape::stream_tile;           // rows per streamed tile
   static constexpr int kLds = padded_stride<kD>();
   static constexpr int kTileOwn = kOwn * kLds;        // elements, one tensor
   static constexpr int kTileStream = kStream * kLds;  // elements, one tensor, one stage
@@ -157,33 +160,9 @@ struct BwdTraits {
   static_assert((kLdsDs * 2) % 16 == 0, "dS rows must stay 16-byte aligned for ldmatrix");
 };
 
-// The configurations, one per head dim; the reasons are given at the launch functions
-// (flash_fwd.cu, flash_bwd.cu).
-// Head dim 32 (e.g. configs/kjv-tiny.yaml's model, d_model 128 over 4 heads, trained in bf16)
-// has these kernels alone, on every GPU; 96 has them on GPUs other than the H100/H200, which run
-// it on the d 128 wgmma kernels (wgmma_head_dim).
-template <int D> struct FwdConfig;
-template <> struct FwdConfig<32> { using type = FwdTraits<32, 4, 64, true, 3, 2>; };
-template <> struct FwdConfig<64> { using type = FwdTraits<64, 4, 64, true, 2, 2>; };
-template <> struct FwdConfig<96> { using type = FwdTraits<96, 4, 64, false, 2, 2>; };
-template <> struct FwdConfig<128> { using type = FwdTraits<128, 4, 32, false, 2, 2>; };
-
-template <int D> struct DkdvConfig;  // own = keys, stream = queries
-template <> struct DkdvConfig<32> { using type = BwdTraits<32, 4, 32, 2>; };
-template <> struct DkdvConfig<64> { using type = BwdTraits<64, 4, 32, 2>; };
-template <> struct DkdvConfig<96> { using type = BwdTraits<96, 6, 32, 1>; };
-template <> struct DkdvConfig<128> { using type = BwdTraits<128, 4, 32, 1>; };
-
-// FlashDq::kAtomic permits a run-dependent dQ; it does not require one. On the mma.sync kernels
-// it runs the dK/dV kernel forming dQ too (5 products per tile pair) except at d 96, where that
-// kernel (6 warps, 16 dQ columns each) is slower than the deterministic pair at every benchmark
-// shape (docs/kernels.md §4.1), so the pair serves both modes there. (At d 32 the atomic kernel is the faster at 11 of 12 shapes.)
-template <int D> constexpr bool kMmaSyncAtomicDq = D != 96;
-
-template <int D> struct DqConfig;  // own = queries, stream = keys
-template <> struct DqConfig<32> { using type = BwdTraits<32, 4, 32, 2>; };
-template <> struct DqConfig<64> { using type = BwdTraits<64, 4, 32, 2>; };
-template <> struct DqConfig<96> { using type = BwdTraits<96, 4, 32, 2>; };
-template <> struct DqConfig<128> { using type = BwdTraits<128, 4, 32, 2>; };
+// The traits per head dim: the shapes the tables of mma_shapes.h select (docs/kernels.md §4.1).
+template <int D> using FwdConfig = FwdTraits<mma_fwd_shape<D>>;
+template <int D> using DkdvConfig = BwdTraits<mma_dkdv_shape<D>>;  // own = keys, stream = queries
+template <int D> using DqConfig = BwdTraits<mma_dq_shape<D>>;      // own = queries, stream = keys
 
 }  // namespace tg::cuda::flash
