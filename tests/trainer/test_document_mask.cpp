@@ -12,6 +12,7 @@
 
 #include "src/data/prepare.h"
 #include "src/data/tokenizer.h"
+#include "src/trainer/state.h"
 #include "src/trainer/trainer.h"
 
 namespace tg {
@@ -78,6 +79,24 @@ TEST(DocumentMask, TrainsOnPackedVersesAndChangesTheLoss) {
   EXPECT_NE(lm[0], lp[0]);
   EXPECT_NE(lm.back(), lp.back());
   fs::remove_all(dir);
+}
+
+// The window is part of the model: the config a checkpoint records builds a model with it (so
+// `tilegrad sample` and `eval` attend as training did), and resuming with another window fails.
+TEST(AttentionWindow, TravelsWithTheModelConfig) {
+  ModelConfig m;
+  m.attention_window = 7;
+  EXPECT_EQ(gpt_config_from(m).attention_window, 7);
+  ModelConfig other = m;
+  other.attention_window = 0;
+  try {
+    check_model_compatible(other, m, "ckpt.h5");
+    ADD_FAILURE() << "expected tg::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.attention_window: config has 0, checkpoint has 7"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(check_model_compatible(m, m, "ckpt.h5"));
 }
 
 }  // namespace
