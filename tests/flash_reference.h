@@ -80,9 +80,11 @@ struct Reference {
 };
 
 // Naive materialised attention and its backward in double, one query row at a time (O(T) extra
-// memory). Layout as the kernels: (B, T, H, D) tensors, lse (B, H, T).
+// memory). Layout as the kernels: (B, T, H, D) tensors, lse (B, H, T). With the structured masks
+// (causal only), query i of row b sees keys max(doc_start[b·T + i], i − window + 1) ≤ j ≤ i.
 inline Reference reference(const Case& c, double scale, const std::vector<double>& q, const std::vector<double>& k,
-                    const std::vector<double>& v, const std::vector<double>& dout) {
+                    const std::vector<double>& v, const std::vector<double>& dout,
+                    const int32_t* doc_start = nullptr, int64_t window = 0) {
   const int64_t B = c.B, T = c.T, H = c.H, D = c.D;
   Reference r;
   r.o.assign(q.size(), 0.0);
@@ -95,11 +97,14 @@ inline Reference reference(const Case& c, double scale, const std::vector<double
     for (int64_t h = 0; h < H; ++h) {
       auto at = [&](int64_t t) { return size_t(((b * T + t) * H + h) * D); };
       for (int64_t i = 0; i < T; ++i) {
-        const int64_t n = c.causal ? i + 1 : T;  // keys 0 .. n-1 are visible to query i
+        const int64_t n = c.causal ? i + 1 : T;  // keys j0 .. n-1 are visible to query i
+        int64_t j0 = 0;
+        if (c.causal && doc_start) j0 = doc_start[b * T + i];
+        if (c.causal && window > 0) j0 = std::max<int64_t>(j0, i - window + 1);
         const double* qi = &q[at(i)];
         const double* doi = &dout[at(i)];
         double m = -INFINITY;
-        for (int64_t j = 0; j < n; ++j) {
+        for (int64_t j = j0; j < n; ++j) {
           const double* kj = &k[at(j)];
           double s = 0;
           for (int64_t d = 0; d < D; ++d) s += qi[d] * kj[d];
@@ -107,13 +112,13 @@ inline Reference reference(const Case& c, double scale, const std::vector<double
           m = std::max(m, p[j]);
         }
         double sum = 0;
-        for (int64_t j = 0; j < n; ++j) sum += (p[j] = std::exp(p[j] - m));
-        for (int64_t j = 0; j < n; ++j) p[j] /= sum;
+        for (int64_t j = j0; j < n; ++j) sum += (p[j] = std::exp(p[j] - m));
+        for (int64_t j = j0; j < n; ++j) p[j] /= sum;
         r.lse[size_t((b * H + h) * T + i)] = m + std::log(sum);
 
         double delta = 0;  // Σ_j P_ij dP_ij
         double* oi = &r.o[at(i)];
-        for (int64_t j = 0; j < n; ++j) {
+        for (int64_t j = j0; j < n; ++j) {
           const double* vj = &v[at(j)];
           double s = 0;
           for (int64_t d = 0; d < D; ++d) {
@@ -124,7 +129,7 @@ inline Reference reference(const Case& c, double scale, const std::vector<double
           delta += p[j] * s;
         }
         double* dqi = &r.dq[at(i)];
-        for (int64_t j = 0; j < n; ++j) {
+        for (int64_t j = j0; j < n; ++j) {
           const double ds = p[j] * (dp[j] - delta) * scale;  // scale · dS
           const double* kj = &k[at(j)];
           double* dkj = &r.dk[at(j)];

@@ -5,6 +5,7 @@
 // Adding an op is one entry here plus the op and its kernels. An entry without a GPU row must say
 // why (tests/ops checks it, so a missing GPU row fails the CPU suite too).
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <ostream>
@@ -109,7 +110,9 @@ inline Vec ref_softmax_rows(const Vec& x, int64_t N, int64_t C) {
 }
 
 // Attention on (B, T, H, D) from the definition.
-inline Vec ref_attention(const Vec& q, const Vec& k, const Vec& v, int64_t B, int64_t T, int64_t H, int64_t D, bool causal) {
+// first (optional, (B, T)): the first key each query may see (structured masks, causal only).
+inline Vec ref_attention(const Vec& q, const Vec& k, const Vec& v, int64_t B, int64_t T, int64_t H, int64_t D, bool causal,
+                         const std::vector<int64_t>* first = nullptr) {
   Vec o(q.size(), 0.0);
   auto at = [&](int64_t b, int64_t t, int64_t h, int64_t d) { return size_t(((b * T + t) * H + h) * D + d); };
   for (int64_t b = 0; b < B; ++b)
@@ -119,6 +122,7 @@ inline Vec ref_attention(const Vec& q, const Vec& k, const Vec& v, int64_t B, in
         double mx = -INFINITY;
         for (int64_t j = 0; j < T; ++j) {
           if (causal && j > i) continue;
+          if (first && j < (*first)[size_t(b * T + i)]) continue;
           double dot = 0;
           for (int64_t d = 0; d < D; ++d) dot += q[at(b, i, h, d)] * k[at(b, j, h, d)];
           s[size_t(j)] = dot / std::sqrt(double(D));
@@ -372,6 +376,37 @@ inline std::vector<OpSpec> op_specs() {
     t.emplace_back(OpSpec{"attention_flash" + suffix, {s, s, s}, [causal](auto& x) { return ops::attention_flash(x[0], x[1], x[2], causal); },
                  [causal](auto& x) { return ref_attention(x[0], x[1], x[2], 2, 5, 2, 4, causal); }}).cpu_only("the flash kernels are checked against attention in double precision on the GPU in "
                       "tests/cuda/test_flash_attention.cpp and test_flash_vs_materialised.cpp");
+  }
+  {
+    // Structured masks: a window of 5 and documents of lengths 1, 9, 3, 30, … over T = 40, so the
+    // 32-wide key tiles include skipped, unmasked and boundary tiles. Row 1 has other documents.
+    const int64_t T = 40, W = 5;
+    std::vector<int32_t> starts(size_t(2 * T));
+    std::vector<int64_t> first(size_t(2 * T));
+    for (int64_t b = 0; b < 2; ++b) {
+      const std::vector<int64_t> ends = b == 0 ? std::vector<int64_t>{1, 10, 13, 40} : std::vector<int64_t>{20, 21, 40};
+      int64_t start = 0;
+      for (int64_t t = 0, d = 0; t < T; ++t) {
+        starts[size_t(b * T + t)] = int32_t(start);
+        first[size_t(b * T + t)] = std::max(start, t - W + 1);
+        if (t + 1 == ends[size_t(d)]) start = t + 1, ++d;
+      }
+    }
+    auto mask = [starts] {
+      ops::AttentionMask m;
+      m.window = W;
+      m.doc_start = Tensor::from_ints(starts, {2, T});
+      return m;
+    };
+    Shape s = {2, T, 1, 4};
+    for (int kind = 0; kind < 2; ++kind)
+      t.emplace_back(OpSpec{std::string("attention_") + (kind ? "naive" : "flash") + "_window_documents", {s, s, s},
+                            [kind, mask](auto& x) {
+                              return ops::attention(x[0], x[1], x[2], true,
+                                                    kind ? ops::AttentionKind::naive : ops::AttentionKind::flash, mask());
+                            },
+                            [first](auto& x) { return ref_attention(x[0], x[1], x[2], 2, T, 1, 4, true, &first); }})
+          .cpu_only("attention masks run on the CPU only in this build: a CUDA tensor with a mask is an error");
   }
   return t;
 }

@@ -17,16 +17,27 @@ namespace {
 constexpr int64_t kBr = 32;  // query rows per tile
 constexpr int64_t kBc = 32;  // key columns per tile
 
-// Where a key block stands relative to a query block under the causal rule. Future blocks are
-// never visited (the loop bounds exclude them), so only these two kinds reach the tile code.
+// Where a key block stands relative to a query block under the causal rule and the structured
+// masks. Blocks wholly masked are never visited (the loop bounds exclude them), so only these two
+// kinds reach the tile code.
 enum class BlockKind {
-  kUnmasked,  // every key ≤ every query (or not causal): no mask logic at all
-  kDiagonal,  // straddles the diagonal: key index > query index is excluded
+  kUnmasked,  // every key visible to every query (or not causal): no mask logic at all
+  kBoundary,  // straddles the diagonal, a document start or the window's edge: masked per element
 };
 
-BlockKind classify(int64_t q0, int64_t k1, bool causal) {
-  // Keys [k0, k1) vs queries [q0, q1): all keys are in the past of all queries iff k1 - 1 ≤ q0.
-  return (!causal || k1 - 1 <= q0) ? BlockKind::kUnmasked : BlockKind::kDiagonal;
+// First key query i of row b may see: lo(b, i) of the header. 0 without structured masks.
+int64_t first_visible(const AttentionShape& s, int64_t b, int64_t i) {
+  int64_t lo = s.doc_start ? int64_t(s.doc_start[b * s.T + i]) : 0;
+  if (s.window > 0) lo = std::max(lo, i - s.window + 1);
+  return lo;
+}
+
+// Keys [k0, k1) vs queries [q0, q1), where lo_last = lo(q1 − 1) is the largest first visible key
+// of the block (lo never decreases): every key is visible to every query iff all keys are in the
+// past of the first query (k1 − 1 ≤ q0) and none lies before the last query's first visible key.
+BlockKind classify(int64_t q0, int64_t k0, int64_t k1, int64_t lo_last, bool causal) {
+  if (!causal) return BlockKind::kUnmasked;
+  return (k1 - 1 <= q0 && k0 >= lo_last) ? BlockKind::kUnmasked : BlockKind::kBoundary;
 }
 
 // One (b, h) slice of a (B, T, H, D) tensor: row t starts at base + t·stride, D contiguous values.
@@ -78,12 +89,16 @@ void scores(T* S, const T* A, const T* B, int64_t nr, int64_t nc, int64_t D, T s
     for (int64_t c = 0; c < nc; ++c) S[r * kBc + c] = scale * dot(A + r * D, B + c * D, D);
 }
 
-// Excludes key k0 + c from query q0 + r when it lies in its future. Only diagonal tiles call this.
+// Excludes key k0 + c from query q0 + r when it lies in its future, or (structured masks) before
+// the query's first visible key. Only boundary tiles call this.
 template <typename T>
-void mask_causal(T* S, int64_t q0, int64_t k0, int64_t nr, int64_t nc) {
+void mask_tile(T* S, const AttentionShape& s, int64_t b, int64_t q0, int64_t k0, int64_t nr, int64_t nc) {
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
-  for (int64_t r = 0; r < nr; ++r)
+  for (int64_t r = 0; r < nr; ++r) {
+    const int64_t before = s.masked() ? std::min(first_visible(s, b, q0 + r) - k0, nc) : 0;
+    for (int64_t c = 0; c < before; ++c) S[r * kBc + c] = kNegInf;
     for (int64_t c = std::max<int64_t>(q0 + r - k0 + 1, 0); c < nc; ++c) S[r * kBc + c] = kNegInf;
+  }
 }
 
 template <typename T>
@@ -139,8 +154,9 @@ void online_softmax(T* S, T* m, T* l, T* acc, int64_t nr, int64_t nc, int64_t D)
     T* S_row = S + r * kBc;
     const T m_new = std::max(m[r], row_max(S_row, nc));
     if (m_new == kNegInf) {
-      // Row fully masked so far. Cannot happen with the causal rule (keys are visited from 0 up
-      // and key 0 is never masked); guarded so it cannot turn into exp(−inf + inf) = NaN.
+      // Row fully masked so far: a boundary tile before the row's first visible key (structured
+      // masks); guarded so it cannot turn into exp(−inf + inf) = NaN. Every row sees its own key
+      // on the diagonal, so no row ends fully masked.
       std::fill_n(S_row, nc, T(0));
       continue;
     }
@@ -210,13 +226,16 @@ void flash_attention_forward(const T* q, const T* k, const T* v, T* o, T* lse,
           std::fill(l.begin(), l.end(), T(0));
           std::fill(acc.begin(), acc.end(), T(0));
 
-          for (int64_t j = 0; j < key_block_end(q1, Tn, s.causal); ++j) {
+          // Key blocks before the one holding the first query's first visible key are wholly masked.
+          const int64_t j_begin = s.causal ? first_visible(s, b, q0) / kBc : 0;
+          const int64_t lo_last = s.causal ? first_visible(s, b, q1 - 1) : 0;
+          for (int64_t j = j_begin; j < key_block_end(q1, Tn, s.causal); ++j) {
             const int64_t k0 = j * kBc, k1 = std::min(k0 + kBc, Tn), nc = k1 - k0;
             load_tile(Kj.data(), K, k0, nc, D);
             load_tile(Vj.data(), V, k0, nc, D);
             scores(S.data(), Qi.data(), Kj.data(), nr, nc, D, scale);
-            if (classify(q0, k1, s.causal) == BlockKind::kDiagonal)
-              mask_causal(S.data(), q0, k0, nr, nc);
+            if (classify(q0, k0, k1, lo_last, s.causal) == BlockKind::kBoundary)
+              mask_tile(S.data(), s, b, q0, k0, nr, nc);
 
             online_softmax(S.data(), m.data(), l.data(), acc.data(), nr, nc, D);
             add_ab(acc.data(), D, S.data(), Vj.data(), nr, nc, D);  // acc += P V_j
@@ -280,13 +299,17 @@ void flash_attention_backward(const T* q, const T* k, const T* v, const T* o, co
 
           for (int64_t i = query_block_begin(k0, s.causal); i < n_qblocks; ++i) {
             const int64_t q0 = i * kBr, q1 = std::min(q0 + kBr, Tn), nr = q1 - q0;
+            // lo never decreases: once a query block's first query cannot see this key block,
+            // no later query block can.
+            if (s.causal && first_visible(s, b, q0) > k1 - 1) break;
+            const int64_t lo_last = s.causal ? first_visible(s, b, q1 - 1) : 0;
             load_tile(Qi.data(), Q, q0, nr, D);
             load_tile(dOi.data(), dO, q0, nr, D);
 
             // P = exp(scale·Q_i K_jᵀ − L_i): the forward's softmax, rebuilt tile by tile.
             scores(P.data(), Qi.data(), Kj.data(), nr, nc, D, scale);
-            if (classify(q0, k1, s.causal) == BlockKind::kDiagonal)
-              mask_causal(P.data(), q0, k0, nr, nc);
+            if (classify(q0, k0, k1, lo_last, s.causal) == BlockKind::kBoundary)
+              mask_tile(P.data(), s, b, q0, k0, nr, nc);
             softmax_from_lse(P.data(), L + q0, nr, nc);
 
             add_atb(dVj.data(), P.data(), dOi.data(), nr, nc, D);  // dV_j += Pᵀ dO_i

@@ -8,10 +8,20 @@ namespace tg::cpu {
 // Layout of q, k, v, o, dout, dq, dk, dv: (B, T, H, D) contiguous — token-major with heads
 // interleaved, i.e. a (B, T, C) tensor viewed as (B, T, H, C/H). lse: (B, H, T), in T's precision
 // (the softmax statistics are kept in T: float for float, double for double).
+//
+// Structured masks (causal only): query i of row b sees key j iff lo(b, i) ≤ j ≤ i, with
+// lo(b, i) = max(doc_start[b·T + i], i − window + 1) (a term is absent when its mask is off).
+// lo never decreases along a row (document starts and window starts both move forward), so a
+// query tile [q0, q1) can see key tiles from the one holding lo(q0) to the diagonal: tiles
+// before that are skipped, tiles with every key in [lo(q1 − 1), q0] run without any mask logic,
+// and only the tiles across a boundary mask element by element.
 struct AttentionShape {
   int64_t B, T, H, D;
   bool causal;   // key index > query index is excluded
   double scale;  // applied to Q Kᵀ; usually 1/sqrt(D)
+  int64_t window = 0;                 // sliding window: keys j > i − window; 0: no window
+  const int32_t* doc_start = nullptr;  // (B, T): first position of each token's document; null: none
+  bool masked() const { return window > 0 || doc_start != nullptr; }
 };
 
 // Computes o = softmax(scale · q kᵀ [masked]) v and lse = log-sum-exp of each row of the scaled,

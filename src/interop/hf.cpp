@@ -196,6 +196,9 @@ std::vector<std::string> export_hf(const CheckpointData& ckpt, const std::string
   const Config cfg = checkpoint_config(ckpt, path);
   const ModelConfig& m = cfg.model;
   const bool rope = m.pos_embedding == "rope";
+  // The exported configs (GPT-2, GPT-NeoX) have no sliding window: the model would attend otherwise.
+  TG_CHECK(m.attention_window == 0, "export --format hf: checkpoint ", path, " was trained with model.attention_window ",
+           m.attention_window, ", which a Hugging Face GPT-2 or GPT-NeoX config cannot express");
   // Every parameter of the config, present and shaped as the config says; nothing else.
   std::map<std::string, const CheckpointArray*> stored;
   for (const CheckpointArray& a : ckpt.arrays)

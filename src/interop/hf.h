@@ -26,7 +26,8 @@ bool is_conv1d_weight(const std::string& name);
 // transformers' GPT2LMHeadModel, or, for a RoPE model, GPTNeoXForCausalLM (which computes the
 // same block; see docs/huggingface.md). `ckpt` is a loaded checkpoint, `path` its file (for
 // messages). Errors: parameters missing from the checkpoint or shaped unlike its config (each
-// listed), `out_dir` an existing non-empty folder without `force`.
+// listed), a model trained with a sliding window (neither config has one), `out_dir` an existing
+// non-empty folder without `force`.
 // Returns the files written.
 std::vector<std::string> export_hf(const CheckpointData& ckpt, const std::string& path, const std::string& out_dir,
                                    bool force);

@@ -137,11 +137,22 @@ const std::vector<Field>& fields() {
     t.push_back(TG_FIELD(model, dropout, "Dropout probability; 0 disables it.").unit_open());
     t.push_back(
         TG_FIELD(model, rope_base, "RoPE frequency base (used only with pos_embedding: rope).").positive());
+    t.push_back(TG_FIELD(model, attention_window,
+                         "Sliding-window attention: query i sees keys i-W < j <= i; 0 = full causal. Part of the "
+                         "model: sampling uses the window it was trained with. CPU only in this build.")
+                    .min(0));
     // data
     t.push_back(TG_FIELD(data, train, "Glob of training token shards (relative to the working directory).")
                     .is_glob());
     t.push_back(TG_FIELD(data, val, "Glob of validation token shards (relative to the working directory).")
                     .is_glob());
+    t.push_back(TG_FIELD(data, document_mask,
+                         "Tokens attend only within their document: a document ends with (and includes) each "
+                         "data.eot_token. CPU only in this build."));
+    t.push_back(TG_FIELD(data, eot_token,
+                         "End-of-text id separating documents (the id `tilegrad prepare` writes between files: 256 "
+                         "for byte-level data); must be < model.vocab_size when data.document_mask is on.")
+                    .min(0));
     // train
     t.push_back(TG_FIELD(train, batch_size, "Sequences per micro-batch per rank.").min(1));
     t.push_back(
@@ -520,6 +531,12 @@ void validate(const Config& c, const Locations& loc) {
              std::to_string(m.max_seq_len) + ", " + loc.note("model.max_seq_len") +
              "); the learned position table has max_seq_len rows: lower train.seq_len or raise "
              "model.max_seq_len");
+  if (c.data.document_mask && c.data.eot_token >= m.vocab_size)
+    fail(loc.of_either("data.eot_token", "model.vocab_size"), "data.eot_token",
+         std::to_string(c.data.eot_token) + loc.if_default("data.eot_token") +
+             " is outside the vocabulary (model.vocab_size " + std::to_string(m.vocab_size) + ", " +
+             loc.note("model.vocab_size") + "); data.document_mask needs the end-of-text id the shards use: "
+             "byte-level data with several files has vocab_size 257 and eot_token 256");
   if (t.min_lr > t.lr)
     fail(loc.of_either("train.min_lr", "train.lr"), "train.min_lr",
          fmt_double(t.min_lr) + loc.if_default("train.min_lr") + " must be <= train.lr (" + fmt_double(t.lr) +

@@ -18,6 +18,7 @@ struct ModelConfig {
   bool bias = true;                 // biases in Linear and LayerNorm, as in GPT-2
   double dropout = 0.0;             // in [0, 1); 0 disables dropout
   double rope_base = 10000.0;       // RoPE frequency base; only read when pos_embedding is "rope"
+  int attention_window = 0;         // sliding window: query i sees keys i−W < j ≤ i; 0: full causal
   bool operator==(const ModelConfig&) const = default;
 };
 
@@ -25,6 +26,8 @@ struct ModelConfig {
 struct DataConfig {
   std::string train = "";  // glob of training shards, e.g. "data/kjv/train*.bin"; required to train
   std::string val = "";    // glob of validation shards; required to train
+  bool document_mask = false;  // tokens attend only within their document (documents end at eot_token)
+  int eot_token = 256;         // end-of-text id: what `tilegrad prepare` writes between byte-level files
   bool operator==(const DataConfig&) const = default;
 };
 

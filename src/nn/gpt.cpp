@@ -36,6 +36,7 @@ GPT::GPT(const GPTConfig& c, uint64_t seed, DType dtype, Device device, std::opt
   TG_CHECK(c.pos_embedding != PosEmbedding::rope || (c.d_model / c.n_head) % 2 == 0,
            "GPT: RoPE needs an even head dimension, got ", c.d_model / c.n_head);
   TG_CHECK(c.dropout >= 0.0 && c.dropout < 1.0, "GPT: dropout ", c.dropout, " is outside [0, 1)");
+  TG_CHECK(c.attention_window >= 0, "GPT: attention_window ", c.attention_window, " is negative (0: full causal)");
   const int64_t C = c.d_model;
   // GPT-2 initialisation: N(0, 0.02); residual projections scaled by 1/√(2·n_layer).
   const double residual_std = 0.02 / std::sqrt(2.0 * double(c.n_layer));
@@ -91,12 +92,20 @@ Tensor GPT::cached_attention(const Tensor& qkv, int64_t i, KVCache& cache) {
   }
   Tensor::view_of(cache.k[size_t(i)], pos * H * D, {1, n, H, D}).copy_from(k);
   Tensor::view_of(cache.v[size_t(i)], pos * H * D, {1, n, H, D}).copy_from(v);
-  // The prompt: the whole causal attention, exactly as forward() computes it.
-  if (pos == 0) return ops::self_attention(qkv, H, config_.attention, rope_base);
-  // One new token: every cached key is in its past, so no mask; softmax(q·Kᵀ/√D)·V per head.
-  Tensor keys = ops::transpose12(Tensor::view_of(cache.k[size_t(i)], 0, {1, end, H, D}));    // (1, H, end, D)
-  Tensor values = ops::transpose12(Tensor::view_of(cache.v[size_t(i)], 0, {1, end, H, D}));  // (1, H, end, D)
-  Tensor scores = ops::matmul(ops::transpose12(q), keys, false, true);                        // (1, H, 1, end)
+  // The prompt: the whole causal attention (with the model's window), exactly as forward() computes it.
+  if (pos == 0) {
+    ops::AttentionMask window;
+    window.window = config_.attention_window;
+    return ops::self_attention(qkv, H, config_.attention, rope_base, window);
+  }
+  // One new token at position pos: every cached key is in its past, so the only mask is the
+  // window, which drops the keys older than W by starting the key range later (pos − W < j ≤ pos).
+  // softmax(q·Kᵀ/√D)·V per head.
+  const int64_t first = config_.attention_window > 0 ? std::max<int64_t>(0, end - config_.attention_window) : 0;
+  const int64_t n_keys = end - first;
+  Tensor keys = ops::transpose12(Tensor::view_of(cache.k[size_t(i)], first * H * D, {1, n_keys, H, D}));  // (1, H, n, D)
+  Tensor values = ops::transpose12(Tensor::view_of(cache.v[size_t(i)], first * H * D, {1, n_keys, H, D}));
+  Tensor scores = ops::matmul(ops::transpose12(q), keys, false, true);                        // (1, H, 1, n)
   Tensor probs = ops::softmax(ops::scale(scores, 1.0 / std::sqrt(double(D))));
   Tensor y = ops::transpose12(ops::matmul(probs, values));                                   // (1, 1, H, D)
   return ops::reshape(y, {1, 1, C});
@@ -112,7 +121,7 @@ Tensor GPT::block(const Tensor& x, int64_t i, KVCache* cache) {
   Tensor qkv = ops::linear(h, w("attn.c_attn.weight"), b("attn.c_attn.bias"));  // (B, T, 3C)
   const double rope_base = config_.pos_embedding == PosEmbedding::rope ? config_.rope_base : 0.0;
   Tensor y = cache ? cached_attention(qkv, i, *cache)
-                   : ops::self_attention(qkv, H, config_.attention, rope_base);  // (B, T, C)
+                   : ops::self_attention(qkv, H, config_.attention, rope_base, mask_);  // (B, T, C)
   y = ops::linear(y, w("attn.c_proj.weight"), b("attn.c_proj.bias"));
   Tensor x1 = ops::add(x, dropout(y, uint64_t(2 * i)));
 
@@ -128,19 +137,21 @@ Tensor GPT::recomputed_block(const Tensor& x, int64_t i) {
   // parameters (forward() drops it when it returns) and the same dropout counter, rows and mode.
   return checkpoint(
       [this, i, compute = compute_values_, counter = dropout_counter_, first_row = dropout_first_row_,
-       training = training_](const std::vector<Tensor>& in) {
+       training = training_, mask = mask_](const std::vector<Tensor>& in) {
         struct Restore {
           GPT& m;
           Tensor compute;
           uint64_t counter;
           int64_t first_row;
           bool training;
+          ops::AttentionMask mask;
           ~Restore() {
             m.compute_values_ = compute, m.dropout_counter_ = counter, m.dropout_first_row_ = first_row;
-            m.training_ = training;
+            m.training_ = training, m.mask_ = mask;
           }
-        } restore{*this, compute_values_, dropout_counter_, dropout_first_row_, training_};
+        } restore{*this, compute_values_, dropout_counter_, dropout_first_row_, training_, mask_};
         compute_values_ = compute, dropout_counter_ = counter, dropout_first_row_ = first_row, training_ = training;
+        mask_ = mask;
         return block(in[0], i);
       },
       {x});
@@ -164,6 +175,15 @@ std::pair<Tensor, Tensor> GPT::features(const Tensor& ids, KVCache* cache) {
            "GPT.forward: sequence length ", first + T, " exceeds model.max_seq_len ", config_.max_seq_len,
            " of the learned position table (raise max_seq_len or use pos_embedding: rope)");
   if (training_) ++dropout_counter_;
+  // The structured masks of this batch: the model's window, and the document starts computed once
+  // from the ids (not a T×T mask) when document masks are on. The cached path applies the window
+  // itself (cached_attention).
+  mask_ = ops::AttentionMask{};
+  if (!cache) {
+    mask_.window = config_.attention_window;
+    if (document_eot_ >= 0)
+      mask_.doc_start = ops::document_starts(ids.device().is_cpu() ? ids : ids.to(Device::cpu()), document_eot_);
+  }
   // The compute copy of every parameter in one conversion of the flat buffer, not one per
   // parameter (p() then hands out views of it); dropped when the pass returns.
   struct ComputeCopy {

@@ -24,6 +24,7 @@ struct GPTConfig {
   bool bias = true;       // biases in every Linear and LayerNorm
   double dropout = 0.0;
   double rope_base = 10000.0;
+  int64_t attention_window = 0;  // sliding window (keys i − W < j ≤ i); 0: full causal
 };
 
 // The keys and values of the tokens a model has seen, per layer, for decoding one token at a
@@ -64,6 +65,10 @@ class GPT {
   // one more forward of the blocks. The same loss bit for bit and the same gradients (in bf16 up
   // to rounding: a block's input gradient is rounded once more before the residual's is added).
   void set_recompute(bool on) { recompute_ = on; }
+  // Document masks: with an end-of-text id ≥ 0, each forward computes per-row document starts
+  // from its ids (ops::document_starts) and tokens attend only within their document; −1: off.
+  void set_document_eot(int32_t eot) { document_eot_ = eot; }
+  int32_t document_eot() const { return document_eot_; }
   bool recompute() const { return recompute_; }
 
   void set_training(bool training) { training_ = training; }
@@ -102,6 +107,8 @@ class GPT {
   bool training_ = true;
   int64_t lm_head_chunk_ = 0;
   bool recompute_ = false;
+  int32_t document_eot_ = -1;
+  ops::AttentionMask mask_;  // during forward(): the window and this batch's document starts
 };
 
 // Parses "learned"/"rope" and "flash"/"naive" (errors list the choices).

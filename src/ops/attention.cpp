@@ -1,6 +1,7 @@
 // Attention on (B, T, H, D): the materialised reference, the fused FlashAttention op (CPU
 // kernel, or the CUDA tensor-core kernel for bf16 at head dims 32, 64, 96 and 128), and self-attention
 // straight from the fused qkv projection.
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <iostream>
@@ -8,6 +9,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "kernels/cpu/flash_attention.h"
 #include "kernels/cuda/flash_attention/flash.h"
@@ -66,8 +68,49 @@ bool fused_kernel_covers(const Tensor& like, const Shape& heads) {
   return false;
 }
 
-cpu::AttentionShape shape_of(const Tensor& q, bool causal) {
-  return {q.size(0), q.size(1), q.size(2), q.size(3), causal, 1.0 / std::sqrt(double(q.size(3)))};
+// Validates a structured mask against q (B, T, H, D): causal only, CPU only in this build,
+// document starts (B, T) i32 with 0 ≤ start ≤ t that never decrease along a row.
+void check_mask(const char* op, const Device& device, int64_t B, int64_t T, bool causal, const AttentionMask& mask) {
+  TG_CHECK(mask.window >= 0, op, ": attention window ", mask.window, " is negative");
+  if (!mask.any()) return;
+  TG_CHECK(causal, op, ": structured attention masks (window, documents) combine with causal attention only");
+  TG_CHECK(device.is_cpu(), op, ": attention masks run on the CPU in this build; a window or document mask on ",
+           device.str(), " has no fused kernel yet (train on the CPU, or set model.attention_window: 0 and "
+           "data.document_mask: false)");
+  if (!mask.doc_start.defined()) return;
+  const Tensor& d = mask.doc_start;
+  TG_CHECK(d.device().is_cpu() && d.dtype() == DType::i32 && d.dim() == 2 && d.size(0) == B && d.size(1) == T, op,
+           ": document starts must be i32 (", B, ", ", T, ") on the CPU, got ", d.desc());
+  const int32_t* p = d.data<int32_t>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t s = p[b * T + t];
+      TG_CHECK(s >= 0 && s <= t && (t == 0 || s >= p[b * T + t - 1]), op, ": document start ", s, " at row ", b,
+               " position ", t, " must lie in [0, t] and never decrease along the row");
+    }
+}
+
+cpu::AttentionShape shape_of(const Tensor& q, bool causal, const AttentionMask& mask = {}) {
+  cpu::AttentionShape s{q.size(0), q.size(1), q.size(2), q.size(3), causal, 1.0 / std::sqrt(double(q.size(3)))};
+  s.window = mask.window;
+  s.doc_start = mask.doc_start.defined() ? mask.doc_start.data<int32_t>() : nullptr;
+  return s;
+}
+
+// The materialised mask as an additive (B, H, T, T) bias in `like`'s dtype: 0 where key j is
+// visible to query i, −inf elsewhere (including the future).
+Tensor mask_bias(const Tensor& like, const Shape& heads, const AttentionMask& mask) {
+  const int64_t B = heads[0], T = heads[1], H = heads[2];
+  const int32_t* d = mask.doc_start.defined() ? mask.doc_start.data<int32_t>() : nullptr;
+  std::vector<double> bias(size_t(B * H * T * T), -INFINITY);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < T; ++i) {
+      int64_t lo = d ? d[b * T + i] : 0;
+      if (mask.window > 0) lo = std::max<int64_t>(lo, i - mask.window + 1);
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t j = lo; j <= i; ++j) bias[size_t(((b * H + h) * T + i) * T + j)] = 0.0;
+    }
+  return Tensor::from_vector(bias, {B, H, T, T}, like.dtype());
 }
 
 #ifdef TILEGRAD_HAVE_CUDA
@@ -84,9 +127,10 @@ cuda::FlashAttentionParams gpu_params(const Tensor& q, const Tensor& k, const Te
 #endif
 
 // O (B, T, H, D) and the per-row log-sum-exp L (B, H, T): all the backward needs.
-std::pair<Tensor, Tensor> flash_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+std::pair<Tensor, Tensor> flash_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                        const AttentionMask& mask = {}) {
   Tensor o = empty_like(q);
-  const cpu::AttentionShape s = shape_of(q, causal);
+  const cpu::AttentionShape s = shape_of(q, causal, mask);
   const DType stat = q.device().is_cpu() ? q.dtype() : DType::f32;  // fp32 statistics on the GPU
   Tensor lse = Tensor::empty({s.B, s.H, s.T}, stat, q.device());
   if (q.device().is_cuda()) {
@@ -108,7 +152,8 @@ std::pair<Tensor, Tensor> flash_forward(const Tensor& q, const Tensor& k, const 
 
 // dQ, dK, dV from (Q, K, V, O, L, dO): recomputes the scores block by block.
 std::tuple<Tensor, Tensor, Tensor> flash_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                                                  const Tensor& lse, const Tensor& dout, bool causal) {
+                                                  const Tensor& lse, const Tensor& dout, bool causal,
+                                                  const AttentionMask& mask = {}) {
   Tensor dq = empty_like(q), dk = empty_like(k), dv = empty_like(v);
   if (q.device().is_cuda()) {
 #ifdef TILEGRAD_HAVE_CUDA
@@ -131,7 +176,7 @@ std::tuple<Tensor, Tensor, Tensor> flash_backward(const Tensor& q, const Tensor&
 #endif
     return {dq, dk, dv};
   }
-  const cpu::AttentionShape s = shape_of(q, causal);
+  const cpu::AttentionShape s = shape_of(q, causal, mask);
   dispatch("attention_flash backward", q,
            [&]<typename T>() {
              cpu::flash_attention_backward(q.data<T>(), k.data<T>(), v.data<T>(), o.data<T>(), lse.data<T>(),
@@ -142,30 +187,50 @@ std::tuple<Tensor, Tensor, Tensor> flash_backward(const Tensor& q, const Tensor&
 }
 }  // namespace
 
-Tensor attention_naive(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+Tensor document_starts(const Tensor& ids, int32_t eot_token) {
+  TG_CHECK(ids.defined() && ids.dim() == 2 && ids.dtype() == DType::i32 && ids.device().is_cpu(),
+           "document_starts: ids must be i32 (B, T) on the CPU, got ", ids.defined() ? ids.desc() : "undefined");
+  const int64_t B = ids.size(0), T = ids.size(1);
+  const int32_t* x = ids.data<int32_t>();
+  std::vector<int32_t> starts(size_t(B * T));
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t start = 0;  // a row begins mid-document: its first document starts at position 0
+    for (int64_t t = 0; t < T; ++t) {
+      starts[size_t(b * T + t)] = start;
+      if (x[b * T + t] == eot_token) start = int32_t(t + 1);  // the eot closes its document
+    }
+  }
+  return Tensor::from_ints(starts, {B, T});
+}
+
+Tensor attention_naive(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, const AttentionMask& mask) {
   check_qkv("attention_naive", q, k, v);
+  check_mask("attention_naive", q.device(), q.size(0), q.size(1), causal, mask);
   const double scale_factor = 1.0 / std::sqrt(double(q.size(3)));
   Tensor qh = transpose12(q), kh = transpose12(k), vh = transpose12(v);  // (B, H, T, D)
   Tensor s = matmul(qh, kh, false, true);                               // (B, H, T, T)
-  Tensor p = attention_softmax(s, scale_factor, causal);               // scale, mask, softmax: only P is kept
+  Tensor p = mask.any() ? softmax(add(scale(s, scale_factor), mask_bias(s, q.shape(), mask)))
+                        : attention_softmax(s, scale_factor, causal);  // scale, mask, softmax: only P is kept
   return transpose12(matmul(p, vh));                                    // (B, T, H, D)
 }
 
-Tensor attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+Tensor attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, const AttentionMask& mask) {
   check_qkv("attention_flash", q, k, v);
-  if (!fused_kernel_covers(q, q.shape())) return attention_naive(q, k, v, causal);
-  auto [o, lse] = flash_forward(q, k, v, causal);
-  // Saved for the backward: the inputs, O and the log-sum-exp; never the (T, T) scores.
+  check_mask("attention_flash", q.device(), q.size(0), q.size(1), causal, mask);
+  if (!fused_kernel_covers(q, q.shape())) return attention_naive(q, k, v, causal, mask);
+  auto [o, lse] = flash_forward(q, k, v, causal, mask);
+  // Saved for the backward: the inputs, O and the log-sum-exp (and the mask); never the (T, T) scores.
   record(o, "attention_flash", {q, k, v},
-         [q = q.detach(), k = k.detach(), v = v.detach(), o_saved = o.detach(), lse, causal](const Tensor& g) {
-           auto [dq, dk, dv] = flash_backward(q, k, v, o_saved, lse, g, causal);
+         [q = q.detach(), k = k.detach(), v = v.detach(), o_saved = o.detach(), lse, causal, mask](const Tensor& g) {
+           auto [dq, dk, dv] = flash_backward(q, k, v, o_saved, lse, g, causal, mask);
            return std::vector<Tensor>{dq, dk, dv};
          });
   return o;
 }
 
-Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, AttentionKind kind) {
-  return kind == AttentionKind::flash ? attention_flash(q, k, v, causal) : attention_naive(q, k, v, causal);
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, AttentionKind kind,
+                 const AttentionMask& mask) {
+  return kind == AttentionKind::flash ? attention_flash(q, k, v, causal, mask) : attention_naive(q, k, v, causal, mask);
 }
 
 namespace {
@@ -247,12 +312,14 @@ Tensor self_attention_gpu(const Tensor& qkv, int64_t n_head, double rope_base) {
 }
 }  // namespace
 
-Tensor self_attention(const Tensor& qkv, int64_t n_head, AttentionKind kind, double rope_base) {
+Tensor self_attention(const Tensor& qkv, int64_t n_head, AttentionKind kind, double rope_base,
+                      const AttentionMask& mask) {
   check_defined("self_attention", qkv, "qkv");
   TG_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0 && n_head > 0 && (qkv.size(2) / 3) % n_head == 0,
            "self_attention: qkv must be (B, T, 3C) with C divisible by n_head ", n_head, ", got ", qkv.desc());
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, H = n_head, D = C / H;
   const Shape heads = {B, T, H, D};
+  check_mask("self_attention", qkv.device(), B, T, true, mask);
   auto split = [&](const Tensor& x) {
     std::vector<Tensor> parts = split_last(x, 3);
     Tensor q = reshape(parts[0], heads), k = reshape(parts[1], heads), v = reshape(parts[2], heads);
@@ -265,7 +332,7 @@ Tensor self_attention(const Tensor& qkv, int64_t n_head, AttentionKind kind, dou
   const bool fused = kind == AttentionKind::flash && fused_kernel_covers(qkv, heads);
   if (!fused) {  // the composite: every step its own node
     auto [q, k, v] = split(qkv);
-    return reshape(attention_naive(q, k, v, /*causal=*/true), {B, T, C});
+    return reshape(attention_naive(q, k, v, /*causal=*/true, mask), {B, T, C});
   }
   if (qkv.device().is_cuda()) return self_attention_gpu(qkv, n_head, rope_base);
   Tensor q, k, v;
@@ -273,10 +340,10 @@ Tensor self_attention(const Tensor& qkv, int64_t n_head, AttentionKind kind, dou
     NoGradGuard no_grad;  // one node for the whole op: the pieces below record nothing
     std::tie(q, k, v) = split(qkv.detach());
   }
-  auto [o, lse] = flash_forward(q, k, v, /*causal=*/true);
+  auto [o, lse] = flash_forward(q, k, v, /*causal=*/true, mask);
   Tensor out = o.view({B, T, C});
-  record(out, "self_attention", {qkv}, [q, k, v, o, lse, rope_base, B, T, C](const Tensor& g) {
-    auto [dq, dk, dv] = flash_backward(q, k, v, o, lse, g.view(o.shape()), /*causal=*/true);
+  record(out, "self_attention", {qkv}, [q, k, v, o, lse, rope_base, B, T, C, mask](const Tensor& g) {
+    auto [dq, dk, dv] = flash_backward(q, k, v, o, lse, g.view(o.shape()), /*causal=*/true, mask);
     if (rope_base > 0) {  // back through the rotation
       dq = rope(dq, rope_base, 0, /*inverse=*/true);
       dk = rope(dk, rope_base, 0, /*inverse=*/true);

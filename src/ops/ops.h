@@ -65,15 +65,30 @@ Tensor attention_softmax(const Tensor& scores, double scale, bool causal);
 void set_deterministic(bool on);
 bool deterministic();
 enum class AttentionKind { flash, naive };
-// The reference: materialises S = QKᵀ·scale (B, H, T, T), masks, softmax, P·V; built from the ops above.
-Tensor attention_naive(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);
+// Structured masks on top of causal attention: query i of row b sees key j iff
+// lo ≤ j ≤ i with lo = max(doc_start[b, i], i − window + 1) (each term only when its mask is on).
+// No mask (the default) is today's causal attention, bit for bit.
+struct AttentionMask {
+  int64_t window = 0;  // sliding window W: keys i − W < j ≤ i; 0: no window
+  Tensor doc_start;    // (B, T) i32 CPU: first position of each token's document; undefined: none
+  bool any() const { return window > 0 || doc_start.defined(); }
+};
+// Per-row document starts from token ids (B, T) i32: a document starts after each eot token,
+// and the eot token is the last token of the document it ends. (B, T) i32 on the CPU.
+Tensor document_starts(const Tensor& ids, int32_t eot_token);
+// The reference: materialises S = QKᵀ·scale (B, H, T, T), masks, softmax, P·V; built from the ops
+// above. With a structured mask, the (B, H, T, T) mask is materialised as an additive 0/−inf bias.
+Tensor attention_naive(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, const AttentionMask& mask = {});
 // Fused: saves only O and the per-row log-sum-exp; the backward recomputes scores block by block.
-Tensor attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);
-Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, AttentionKind kind);
+// Structured masks run on the CPU only in this build (a CUDA tensor with a mask is an error).
+Tensor attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, const AttentionMask& mask = {});
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, AttentionKind kind,
+                 const AttentionMask& mask = {});
 // Causal self-attention straight from the fused projection qkv (B, T, 3C) = [q | k | v]:
 // splits the heads, applies RoPE to q and k when rope_base > 0, attends, returns (B, T, C).
 // The flash kind is one node whose backward hands back d(qkv) in one piece; the naive kind
 // is the composite of the ops above (the reference).
-Tensor self_attention(const Tensor& qkv, int64_t n_head, AttentionKind kind, double rope_base = 0.0);
+Tensor self_attention(const Tensor& qkv, int64_t n_head, AttentionKind kind, double rope_base = 0.0,
+                      const AttentionMask& mask = {});
 
 }  // namespace tg::ops

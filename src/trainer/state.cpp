@@ -66,6 +66,7 @@ nn::GPTConfig gpt_config_from(const ModelConfig& m) {
   g.bias = m.bias;
   g.dropout = m.dropout;
   g.rope_base = m.rope_base;
+  g.attention_window = m.attention_window;
   return g;
 }
 
@@ -180,6 +181,8 @@ void check_model_compatible(const ModelConfig& cur, const ModelConfig& saved, co
   cmp("pos_embedding", cur.pos_embedding, saved.pos_embedding);
   cmp("bias", cur.bias, saved.bias);
   cmp("rope_base", cur.rope_base, saved.rope_base);
+  // The window is what the model learned to attend over: resuming must keep it.
+  cmp("attention_window", cur.attention_window, saved.attention_window);
   // attention and dropout change how the model computes, not its parameters: allowed to differ.
   std::string d = diff.str();
   TG_CHECK(d.empty(), "checkpoint ", path, " does not fit this config's model:", d,

@@ -160,7 +160,7 @@ TEST(Config, RoundTripThroughYaml) {
 
 TEST(Config, ReferenceTableCoversEveryKey) {
   const std::vector<tg::ConfigKeyDoc> ref = tg::config_reference();
-  EXPECT_EQ(ref.size(), 10u + 2u + 22u + 10u);
+  EXPECT_EQ(ref.size(), 11u + 4u + 22u + 10u);
   bool saw_lr = false;
   for (const tg::ConfigKeyDoc& d : ref) {
     EXPECT_FALSE(d.description.empty()) << d.key;
@@ -409,4 +409,27 @@ TEST(Config, DocumentedTableMatchesTheOptionTable) {
     FAIL() << path << "'s table differs from the option table (src/io/config.cpp); the current one is in "
            << fresh << ": cp " << fresh << " " << path;
   }
+}
+
+// The attention masks' keys: the window is a model key (non-negative), and a document mask needs an
+// end-of-text id inside the vocabulary, named with both keys' sources.
+TEST(Config, AttentionMaskKeys) {
+  const std::string path = write_temp("masks.yaml", "model:\n  vocab_size: 257\n  attention_window: 128\n"
+                                                    "data:\n  document_mask: true\n");
+  const tg::Config c = tg::load_config(path, {}, false);
+  EXPECT_EQ(c.model.attention_window, 128);
+  EXPECT_TRUE(c.data.document_mask);
+  EXPECT_EQ(c.data.eot_token, 256);  // what `tilegrad prepare` writes between byte-level files
+  const tg::Config d = tg::parse_config("", "empty.yaml", {}, false);
+  EXPECT_EQ(d.model.attention_window, 0);
+  EXPECT_FALSE(d.data.document_mask);
+  EXPECT_THAT(load_error("window_bad.yaml", "model:\n  attention_window: -1\n"),
+              AllOf(HasSubstr("window_bad.yaml:2:"), HasSubstr("model.attention_window"), HasSubstr("must be >= 0")));
+  EXPECT_THAT(load_error("eot_bad.yaml", "data:\n  document_mask: true\n"),
+              AllOf(HasSubstr("data.eot_token"), HasSubstr("outside the vocabulary"), HasSubstr("model.vocab_size 256")));
+  EXPECT_THAT(load_error("eot_bad2.yaml", "model:\n  vocab_size: 300\ndata:\n  document_mask: true\n  eot_token: 300\n"),
+              AllOf(HasSubstr("eot_bad2.yaml:5:"), HasSubstr("data.eot_token"), HasSubstr("300")));
+  // Off, the id is not checked (the default 256 with a 256-token vocabulary is fine).
+  EXPECT_EQ(tg::load_config(write_temp("eot_off.yaml", "data:\n  document_mask: false\n"), {}, false).data.eot_token,
+            256);
 }
