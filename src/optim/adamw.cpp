@@ -28,12 +28,15 @@ AdamW::AdamW(nn::ParameterStore& params, const AdamWConfig& config, std::vector<
 
 void AdamW::step(double lr, double grad_scale) {
   ++steps_;
+  update(lr, float(1.0 - std::pow(config_.beta1, double(steps_))), float(1.0 - std::pow(config_.beta2, double(steps_))),
+         float(grad_scale), nullptr);
+}
+
+void AdamW::update(double lr, float bc1, float bc2, float grad_scale, const cpu::StepDecision* device_decision) {
   Tensor values = params_.flat_values();
   TG_CHECK(values.dtype() == DType::f32, "AdamW: needs f32 master parameters, got ", values.desc());
-  const float bc1 = float(1.0 - std::pow(config_.beta1, double(steps_)));
-  const float bc2 = float(1.0 - std::pow(config_.beta2, double(steps_)));
   const float b1 = float(config_.beta1), b2 = float(config_.beta2), eps = float(config_.eps);
-  const float gs = float(grad_scale), wd = float(config_.weight_decay);
+  const float wd = float(config_.weight_decay);
   int64_t at = 0;  // where the range's moments start
   for (const nn::FlatRange& r : owned_) {
     float* p = values.data<float>() + r.offset;
@@ -45,14 +48,19 @@ void AdamW::step(double lr, double grad_scale) {
     const int64_t n = r.length, n_decay = std::clamp<int64_t>(params_.decay_numel() - r.offset, 0, n);
     if (values.device().is_cuda()) {
 #ifdef TILEGRAD_HAVE_CUDA
-      // One fused kernel over the range.
-      cuda::adamw_update(p, g, m, v, n, n_decay, float(lr), b1, b2, eps, wd, bc1, bc2, gs, detail::cuda_stream());
+      // One fused kernel over the range; with a device decision it reads the step's constants there.
+      if (device_decision)
+        cuda::adamw_update_decided(p, g, m, v, n, n_decay, float(lr), b1, b2, eps, wd, device_decision,
+                                   detail::cuda_stream());
+      else
+        cuda::adamw_update(p, g, m, v, n, n_decay, float(lr), b1, b2, eps, wd, bc1, bc2, grad_scale,
+                           detail::cuda_stream());
 #endif
       continue;
     }
-    cpu::adamw_update(p, g, m, v, n_decay, float(lr), b1, b2, eps, wd, bc1, bc2, gs);
+    cpu::adamw_update(p, g, m, v, n_decay, float(lr), b1, b2, eps, wd, bc1, bc2, grad_scale);
     cpu::adamw_update(p + n_decay, g + n_decay, m + n_decay, v + n_decay, n - n_decay, float(lr), b1, b2, eps, 0.0f,
-                      bc1, bc2, gs);
+                      bc1, bc2, grad_scale);
   }
 }
 
@@ -78,42 +86,19 @@ cpu::StepDecision AdamW::decision() {
 void AdamW::step_decided(double lr, const Tensor& record, const StepRules& rules) {
   TG_CHECK(record.numel() == 2 && record.dtype() == DType::f64 && record.device() == m_.device(),
            "AdamW::step_decided: the record must be two f64 on ", m_.device().str(), ", got ", record.desc());
-  Tensor values = params_.flat_values();
-  TG_CHECK(values.dtype() == DType::f32, "AdamW: needs f32 master parameters, got ", values.desc());
-  const float b1 = float(config_.beta1), b2 = float(config_.beta2), eps = float(config_.eps);
-  const float wd = float(config_.weight_decay);
   const double* rec = static_cast<const double*>(record.raw());
   auto* d = static_cast<cpu::StepDecision*>(decision_.raw());
-  const bool on_cuda = values.device().is_cuda();
-  if (on_cuda) {
+  if (m_.device().is_cuda()) {
 #ifdef TILEGRAD_HAVE_CUDA
     cuda::decide_step(rec, rules.max_norm, config_.beta1, config_.beta2, rules.max_bad_steps, d,
                       detail::cuda_stream());
 #endif
-  } else {
-    cpu::decide_step(rec[0], rec[1], rules.max_norm, config_.beta1, config_.beta2, rules.max_bad_steps, *d);
-    steps_ = d->steps;
-    if (d->skip) return;
+    update(lr, 1.0f, 1.0f, 1.0f, d);
+    return;
   }
-  int64_t at = 0;
-  for (const nn::FlatRange& r : owned_) {
-    float* p = values.data<float>() + r.offset;
-    const float* g = params_.flat_grads().data<float>() + r.offset;
-    float* m = m_.data<float>() + at;
-    float* v = v_.data<float>() + at;
-    at += r.length;
-    const int64_t n = r.length, n_decay = std::clamp<int64_t>(params_.decay_numel() - r.offset, 0, n);
-    if (on_cuda) {
-#ifdef TILEGRAD_HAVE_CUDA
-      cuda::adamw_update_decided(p, g, m, v, n, n_decay, float(lr), b1, b2, eps, wd, d, detail::cuda_stream());
-#endif
-      continue;
-    }
-    const float bc1 = float(d->bias_correction1), bc2 = float(d->bias_correction2), gs = float(d->clip);
-    cpu::adamw_update(p, g, m, v, n_decay, float(lr), b1, b2, eps, wd, bc1, bc2, gs);
-    cpu::adamw_update(p + n_decay, g + n_decay, m + n_decay, v + n_decay, n - n_decay, float(lr), b1, b2, eps, 0.0f,
-                      bc1, bc2, gs);
-  }
+  cpu::decide_step(rec[0], rec[1], rules.max_norm, config_.beta1, config_.beta2, rules.max_bad_steps, *d);
+  steps_ = d->steps;
+  if (!d->skip) update(lr, float(d->bias_correction1), float(d->bias_correction2), float(d->clip), nullptr);
 }
 
 void grad_sum_squares_to(const nn::ParameterStore& params, const std::vector<nn::FlatRange>& ranges,

@@ -52,6 +52,10 @@ class AdamW {
   bool owns_all() const { return owned_.size() == 1 && owned_[0].offset == 0 && owned_[0].length == params_.numel(); }
 
  private:
+  // The update of every owned range with the step's bias corrections and gradient scale, or, on a
+  // GPU with device_decision set, with those the device decided (skipping the step there).
+  void update(double lr, float bc1, float bc2, float grad_scale, const cpu::StepDecision* device_decision);
+
   nn::ParameterStore& params_;
   AdamWConfig config_;
   std::vector<nn::FlatRange> owned_;

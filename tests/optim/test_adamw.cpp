@@ -96,18 +96,21 @@ TEST(AdamW, ClipGradNormScalesToTheLimit) {
   EXPECT_NEAR(optim::grad_norm(store), 1.0, 1e-5);
 }
 
+// A weight and a bias with fixed values and gradients (norm above 0.5), the same on every call.
+std::unique_ptr<nn::ParameterStore> store_with_gradients() {
+  auto store = std::make_unique<nn::ParameterStore>();
+  store->declare("w", {3, 5}, nn::Init::normal, 0.5);
+  store->declare("b", {5}, nn::Init::zeros);
+  store->allocate(7);
+  float* g = store->flat_grads().data<float>();
+  for (int64_t i = 0; i < store->numel(); ++i) g[i] = float(0.3 * std::sin(1.7 * double(i) + 0.2));
+  return store;
+}
+
 // Clipping folded into the update (what training does) is bitwise the update after clipping the
 // gradients in place.
 TEST(AdamW, ClipFactorInTheUpdateEqualsClippingTheGradients) {
-  auto make = [] {
-    auto store = std::make_unique<nn::ParameterStore>();
-    store->declare("w", {3, 5}, nn::Init::normal, 0.5);
-    store->declare("b", {5}, nn::Init::zeros);
-    store->allocate(7);
-    float* g = store->flat_grads().data<float>();
-    for (int64_t i = 0; i < store->numel(); ++i) g[i] = float(0.3 * std::sin(1.7 * double(i) + 0.2));
-    return store;
-  };
+  auto make = store_with_gradients;
   auto a = make(), b = make();
   optim::AdamW opt_a(*a, {}), opt_b(*b, {});
   const double norm = optim::grad_norm(*a);
@@ -131,15 +134,7 @@ TEST(AdamW, ClipFactorInTheUpdateEqualsClippingTheGradients) {
 // skips a step whose loss or norm is not finite without touching anything, and after
 // max_bad_steps such steps in a row takes no update until the host stops the run.
 TEST(AdamW, DecidedStepsEqualHostDecidedOnesAndSkipNonFiniteOnes) {
-  auto make = [] {
-    auto store = std::make_unique<nn::ParameterStore>();
-    store->declare("w", {3, 5}, nn::Init::normal, 0.5);
-    store->declare("b", {5}, nn::Init::zeros);
-    store->allocate(7);
-    float* g = store->flat_grads().data<float>();
-    for (int64_t i = 0; i < store->numel(); ++i) g[i] = float(0.3 * std::sin(1.7 * double(i) + 0.2));
-    return store;
-  };
+  auto make = store_with_gradients;
   auto host = make(), device = make();
   optim::AdamW opt_host(*host, {}), opt_device(*device, {});
   opt_device.reset_decision(0);
