@@ -58,6 +58,8 @@ StepFigures run_training_steps(const Config& cfg, Device device, int64_t warmup,
   nn::GPT model(gpt_config_from(cfg.model), uint64_t(cfg.train.seed), DType::f32, device, compute);
   model.set_lm_head_chunk(cfg.train.lm_head_chunk);
   model.set_recompute(cfg.train.recompute);
+  model.set_recompute_rows(cfg.train.recompute_rows);
+  model.set_offload_activations(cfg.train.offload_activations);
   const int W = comm ? comm->world_size() : 1;
   std::unique_ptr<dist::GradientSync> sync;
   if (W > 1)

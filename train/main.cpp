@@ -50,6 +50,7 @@ Loaded load_model(const std::string& where, const std::string& device_setting) {
   const DType compute = device.is_cuda() && cfg.train.precision == "bf16" ? DType::bf16 : DType::f32;
   auto model = std::make_unique<nn::GPT>(gpt_config_from(cfg.model), uint64_t(cfg.train.seed), DType::f32, device, compute);
   model->set_lm_head_chunk(cfg.train.lm_head_chunk);
+  model->set_recompute_rows(cfg.train.recompute_rows);
   restore_parameters(*model, ckpt, path);
   TextCodec codec = codec_from_strings(ckpt.strings);
   std::cerr << "loaded " << path << " (step " << step << ", tokenizer: " << codec.describe() << ") on "

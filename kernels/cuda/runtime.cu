@@ -59,6 +59,29 @@ void cuda_copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_
   TG_CUDA_CHECK(cudaMemcpy(dst, src, nbytes, cudaMemcpyDefault));
 }
 
+// Page-locked host memory, for copies that run on the stream without the host waiting: the
+// parked block inputs of src/tensor/offload.h. Null when the host cannot lock that much.
+void* cuda_pinned_allocate(size_t nbytes) {
+  void* p = nullptr;
+  if (cudaMallocHost(&p, nbytes ? nbytes : 1) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return p;
+}
+
+void cuda_pinned_free(void* p) {
+  cudaError_t err = cudaFreeHost(p);
+  if (err != cudaSuccess)
+    std::fprintf(stderr, "tilegrad: cudaFreeHost failed at %s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(err));
+}
+
+// A copy in either direction between device memory and page-locked host memory, queued on the
+// stream: the host does not wait, and the kernels queued before and after see it in order.
+void cuda_copy_async(void* dst, const void* src, size_t nbytes) {
+  TG_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, cudaStreamPerThread));
+}
+
 void cuda_zero(void* p, size_t nbytes) { TG_CUDA_CHECK(cudaMemsetAsync(p, 0, nbytes, cudaStreamPerThread)); }
 
 // Device dtype conversion for Tensor::to: f32 ↔ bf16 (the mixed-precision casts).

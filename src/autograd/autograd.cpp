@@ -5,11 +5,39 @@
 #include <unordered_set>
 
 #include "src/tensor/accumulate.h"
+#include "src/tensor/offload.h"
 
 namespace tg {
 
 namespace {
 thread_local bool t_grad_enabled = true;
+// While set, backward() reports no leaf final: checkpoint_rows runs one backward per piece over
+// the same leaves and lets only the last one report.
+thread_local bool t_hold_leaf_reports = false;
+
+struct HoldLeafReports {
+  bool previous = t_hold_leaf_reports;
+  explicit HoldLeafReports(bool hold) { t_hold_leaf_reports = hold; }
+  ~HoldLeafReports() { t_hold_leaf_reports = previous; }
+};
+
+struct RecordingOn {
+  bool previous = t_grad_enabled;
+  RecordingOn() { t_grad_enabled = true; }
+  ~RecordingOn() { t_grad_enabled = previous; }
+};
+
+// A tensor that stands for `t` in a node's inputs where the node no longer needs t's values: the
+// same shape, dtype, device and producing node, but no memory. The engine reads only those.
+Tensor edge_only(const Tensor& t) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(0, t.device(), MemCategory::activations);
+  impl->shape = t.shape();
+  impl->dtype = t.dtype();
+  impl->requires_grad = t.requires_grad();
+  impl->grad_fn = t.grad_fn();
+  return Tensor(impl);
+}
 
 // The sinks one backward() handed gradients to, flushed when it ends, or, if a closure throws,
 // discarded: nothing is carried into the next backward().
@@ -121,7 +149,7 @@ void backward(const Tensor& root, const Tensor& seed) {
 
   // For the leaves whose sink has a ready hook: how many nodes still to walk read each one.
   auto reported = [](const Tensor& in) {
-    if (!in.defined() || in.grad_fn() || !in.requires_grad()) return false;
+    if (t_hold_leaf_reports || !in.defined() || in.grad_fn() || !in.requires_grad()) return false;
     const GradSink* s = grad_sink_of(in);
     return s && s->wants_final();
   };
@@ -196,37 +224,110 @@ void backward(const Tensor& root, const Tensor& seed) {
   root.impl()->grad_fn.reset();
 }
 
-Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, const std::vector<Tensor>& inputs) {
+Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, const std::vector<Tensor>& inputs,
+                  bool offload_inputs) {
   Tensor out;
   {
     NoGradGuard no_grad;
     out = fn(inputs);
   }
-  record(out, "checkpoint", inputs, [fn, inputs](const Tensor& grad_out) {
+  // What the backward runs fn again from: the inputs themselves, or their parked copies.
+  std::vector<Tensor> kept = inputs, edges = inputs;
+  std::vector<ParkedTensor> parked(inputs.size());
+  if (offload_inputs && grad_enabled())
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (inputs[i].defined() && inputs[i].device().is_cuda() && inputs[i].grad_fn()) {
+        parked[i] = ParkedTensor(inputs[i]);
+        kept[i] = Tensor();
+        edges[i] = edge_only(inputs[i]);
+      }
+  record(out, "checkpoint", edges, [fn, kept, parked, edges](const Tensor& grad_out) {
     // The second run records (closures run with recording off), from leaves that stand for the
     // inputs, so its backward stops at them.
-    struct RecordingOn {
-      bool previous = t_grad_enabled;
-      RecordingOn() { t_grad_enabled = true; }
-      ~RecordingOn() { t_grad_enabled = previous; }
-    };
     std::vector<Tensor> leaves;
     Tensor again;
     {
       RecordingOn recording;
-      for (const Tensor& in : inputs) {
-        Tensor leaf = in.detach();
-        if (in.requires_grad()) leaf.set_requires_grad(true);
+      for (size_t i = 0; i < edges.size(); ++i) {
+        const Tensor& in = edges[i];
+        Tensor leaf = parked[i].defined() ? parked[i].restore() : kept[i].defined() ? kept[i].detach() : Tensor();
+        if (leaf.defined() && in.requires_grad()) leaf.set_requires_grad(true);
         leaves.push_back(leaf);
       }
       again = fn(leaves);
     }
-    std::vector<Tensor> grads(inputs.size());
+    std::vector<Tensor> grads(edges.size());
     if (again.requires_grad()) {
       backward(again, grad_out);
       for (size_t i = 0; i < leaves.size(); ++i)
-        if (leaves[i].requires_grad()) grads[i] = leaves[i].grad();
+        if (leaves[i].defined() && leaves[i].requires_grad()) grads[i] = leaves[i].grad();
     }
+    return grads;
+  });
+  return out;
+}
+
+Tensor checkpoint_rows(const std::function<Tensor(const std::vector<Tensor>&, int64_t t0)>& fn,
+                       const std::vector<Tensor>& inputs, int64_t rows) {
+  TG_CHECK(!inputs.empty() && rows > 0, "checkpoint_rows: needs inputs and a positive number of rows, got ", rows);
+  const Tensor& first = inputs[0];
+  TG_CHECK(first.defined() && first.dim() == 3, "checkpoint_rows: inputs must be (B, T, ·), got ",
+           first.defined() ? first.desc() : "undefined");
+  const int64_t B = first.size(0), T = first.size(1);
+  for (const Tensor& in : inputs)
+    TG_CHECK(in.defined() && in.dim() == 3 && in.size(0) == B && in.size(1) == T && in.device() == first.device(),
+             "checkpoint_rows: every input must be (", B, ", ", T, ", ·) on ", first.device().str(), ", got ",
+             in.defined() ? in.desc() : "undefined");
+  // The rows of sequence b from position t0 on, n of them, of a (B, T, K) tensor: contiguous.
+  auto piece = [T](const Tensor& x, int64_t b, int64_t t0, int64_t n) {
+    return Tensor::view_of(x, (b * T + t0) * x.size(2), {1, n, x.size(2)});
+  };
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t0 = 0; t0 < T; t0 += rows) {
+        const int64_t n = std::min(rows, T - t0);
+        std::vector<Tensor> in;
+        for (const Tensor& x : inputs) in.push_back(piece(x, b, t0, n));
+        Tensor y = fn(in, t0);
+        TG_CHECK(y.dim() == 3 && y.size(0) == 1 && y.size(1) == n, "checkpoint_rows: fn gave ", y.desc(),
+                 " for ", n, " rows");
+        if (!out.defined()) out = Tensor::empty({B, T, y.size(2)}, y.dtype(), y.device());
+        piece(out, b, t0, n).copy_from(y);
+      }
+  }
+  record(out, "checkpoint_rows", inputs, [fn, inputs, rows, B, T, piece](const Tensor& grad_out) {
+    std::vector<Tensor> grads(inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (inputs[i].requires_grad()) grads[i] = Tensor::empty(inputs[i].shape(), inputs[i].dtype(), inputs[i].device());
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t0 = 0; t0 < T; t0 += rows) {
+        const int64_t n = std::min(rows, T - t0);
+        const bool last = b == B - 1 && t0 + rows >= T;
+        std::vector<Tensor> leaves;
+        Tensor again;
+        {
+          RecordingOn recording;
+          for (const Tensor& x : inputs) {
+            Tensor leaf = piece(x, b, t0, n).detach();
+            if (x.requires_grad()) leaf.set_requires_grad(true);
+            leaves.push_back(leaf);
+          }
+          again = fn(leaves, t0);
+        }
+        if (!again.requires_grad()) continue;
+        {
+          HoldLeafReports hold(!last);
+          backward(again, piece(grad_out, b, t0, n));
+        }
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          if (!grads[i].defined()) continue;
+          Tensor g = leaves[i].grad();
+          if (g.defined()) piece(grads[i], b, t0, n).copy_from(g.dtype() == grads[i].dtype() ? g : g.to(grads[i].dtype()));
+          else piece(grads[i], b, t0, n).copy_from(Tensor::zeros(leaves[i].shape(), grads[i].dtype(), grads[i].device()));
+        }
+      }
     return grads;
   });
   return out;

@@ -88,6 +88,23 @@ void backward(const Tensor& root, const Tensor& grad_root);
 // its dropout from state it restores), and every tensor it reads besides `inputs` must be a leaf
 // or made inside fn: the second run's backward would otherwise walk into the outer graph. Like
 // any op, the node is recorded only when an input requires grad.
-Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, const std::vector<Tensor>& inputs);
+//
+// offload_inputs: the inputs that are CUDA tensors made by other ops (not leaves) are parked in
+// page-locked host memory until the backward (src/tensor/offload.h), so the node holds none of
+// their device memory; the backward copies them back before running fn again.
+Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, const std::vector<Tensor>& inputs,
+                  bool offload_inputs = false);
+
+// Recomputation in pieces of rows, for a function that works token by token: every input and the
+// output are contiguous (B, T, ·), row (b, t) of the output depends only on row (b, t) of each
+// input (and on the leaves fn reads, e.g. parameters), and fn learns its rows' first position t0
+// (for RoPE). The forward runs fn on `rows` positions of one sequence at a time without
+// recording and keeps only the inputs; the backward runs each piece again, recording, and
+// backpropagates that piece's gradient through it. So neither pass ever holds more than one
+// piece of fn's intermediates: a transformer block's MLP at a million tokens holds a piece of
+// its (T, 4C) activations, not all of them. fn's leaves receive each piece's gradient in turn;
+// they are reported final (GradSink) once, after the last piece.
+Tensor checkpoint_rows(const std::function<Tensor(const std::vector<Tensor>&, int64_t t0)>& fn,
+                       const std::vector<Tensor>& inputs, int64_t rows);
 
 }  // namespace tg

@@ -186,6 +186,16 @@ const std::vector<Field>& fields() {
                          "Keep only each transformer block's input and run the block again in the backward: "
                          "activations of one block instead of all (long context), for about a third more "
                          "compute; the same values and gradients."));
+    t.push_back(TG_FIELD(train, recompute_rows,
+                         "Positions at a time for the token-wise parts of each block (LayerNorms, projections, "
+                         "RoPE, the MLP), each piece run again in the backward: a block keeps 5 activations of "
+                         "(seq_len, d_model) instead of 18 or more, for one more forward of those parts "
+                         "(long context, with train.recompute; needs model.dropout 0); 0 runs them whole.")
+                    .min(0));
+    t.push_back(TG_FIELD(train, offload_activations,
+                         "With train.recompute on a GPU: each block's input waits in page-locked host memory "
+                         "from its forward to its backward instead of on the GPU (one copy out, one back, "
+                         "queued with the kernels)."));
     t.push_back(TG_FIELD(train, zero,
                          "Data parallelism: 0 keeps AdamW's moments whole on every rank; 1 shards them (ZeRO-1): "
                          "each rank updates 1/W of the parameters and all-gathers them.")
@@ -546,6 +556,14 @@ void validate(const Config& c, const Locations& loc) {
          std::to_string(t.warmup_steps) + loc.if_default("train.warmup_steps") +
              " must be <= train.max_steps (" + std::to_string(t.max_steps) + ", " +
              loc.note("train.max_steps") + ")");
+  if (t.offload_activations && !t.recompute)
+    fail(loc.of_either("train.offload_activations", "train.recompute"), "train.offload_activations",
+         "parks the inputs of recomputed blocks, but train.recompute is false (" + loc.note("train.recompute") +
+             "); set train.recompute: true as well");
+  if (t.recompute_rows > 0 && m.dropout > 0)
+    fail(loc.of_either("train.recompute_rows", "model.dropout"), "train.recompute_rows",
+         std::to_string(t.recompute_rows) + " runs blocks in pieces, which model.dropout " + fmt_double(m.dropout) +
+             " (" + loc.note("model.dropout") + ") does not support: set train.recompute_rows: 0 or model.dropout: 0");
   if (t.precision == "bf16" && c.run.device == "cpu")
     fail(loc.of_either("train.precision", "run.device"), "train.precision",
          "bf16" + loc.if_default("train.precision") + " needs a CUDA device but run.device is 'cpu' (" +

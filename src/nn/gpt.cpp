@@ -63,12 +63,21 @@ GPT::GPT(const GPTConfig& c, uint64_t seed, DType dtype, Device device, std::opt
   params_.allocate(seed, dtype, device);
 }
 
-Tensor GPT::p(const std::string& name) const {
-  if (!compute_values_.defined()) return ops::cast(params_.get(name), compute_);
+Tensor GPT::param_of(const Tensor& compute, const std::string& name) const {
+  if (!compute.defined()) return ops::cast(params_.get(name), compute_);
   const Parameter& q = params_.find(name);
-  return ops::cast_precomputed(q.value, Tensor::view_of(compute_values_, q.offset, q.value.shape()));
+  return ops::cast_precomputed(q.value, Tensor::view_of(compute, q.offset, q.value.shape()));
 }
-Tensor GPT::maybe(const std::string& name) const { return params_.has(name) ? p(name) : Tensor(); }
+Tensor GPT::maybe_of(const Tensor& compute, const std::string& name) const {
+  return params_.has(name) ? param_of(compute, name) : Tensor();
+}
+Tensor GPT::p(const std::string& name) const { return param_of(compute_values_, name); }
+Tensor GPT::maybe(const std::string& name) const { return maybe_of(compute_values_, name); }
+
+void GPT::set_recompute_rows(int64_t rows) {
+  TG_CHECK(rows >= 0, "GPT: recompute_rows is ", rows, "; give a positive number of positions, or 0 for none");
+  recompute_rows_ = rows;
+}
 
 Tensor GPT::dropout(const Tensor& x, uint64_t site) {
   if (!training_ || config_.dropout == 0.0) return x;
@@ -112,6 +121,7 @@ Tensor GPT::cached_attention(const Tensor& qkv, int64_t i, KVCache& cache) {
 }
 
 Tensor GPT::block(const Tensor& x, int64_t i, KVCache* cache) {
+  if (!cache && recompute_rows_ > 0) return block_in_pieces(x, i);
   const int64_t H = config_.n_head;
   auto w = [&](const std::string& rest) { return p(layer_name(i, rest)); };
   auto b = [&](const std::string& rest) { return maybe(layer_name(i, rest)); };
@@ -130,6 +140,47 @@ Tensor GPT::block(const Tensor& x, int64_t i, KVCache* cache) {
   h = ops::linear_gelu(h, w("mlp.c_fc.weight"), b("mlp.c_fc.bias"));  // (B, T, 4C)
   h = ops::linear(h, w("mlp.c_proj.weight"), b("mlp.c_proj.bias"));
   return ops::add(x1, dropout(h, uint64_t(2 * i + 1)));
+}
+
+Tensor GPT::block_in_pieces(const Tensor& x, int64_t i) {
+  TG_CHECK(config_.dropout == 0.0 || !training_ || !grad_enabled(), "GPT: train.recompute_rows needs model.dropout 0 "
+           "(dropout's masks are drawn over whole tensors); got dropout ", config_.dropout);
+  const int64_t C = config_.d_model, H = config_.n_head, D = C / H, rows = recompute_rows_;
+  const double rope_base = config_.pos_embedding == PosEmbedding::rope ? config_.rope_base : 0.0;
+  // The pieces run again in the backward, after forward() has dropped its compute copy: they take
+  // this one's views (made inside each piece, so each piece's graph ends at the parameters).
+  const Tensor compute = compute_values_;
+  auto w = [this, i, compute](const std::string& rest) { return param_of(compute, layer_name(i, rest)); };
+  auto b = [this, i, compute](const std::string& rest) { return maybe_of(compute, layer_name(i, rest)); };
+
+  // LayerNorm 1, the qkv projection and RoPE, piece by piece: qkv with q and k already rotated,
+  // so the attention reads all three straight out of it.
+  Tensor qkv = checkpoint_rows(
+      [=](const std::vector<Tensor>& in, int64_t t0) {
+        Tensor h = ops::layernorm(in[0], w("ln_1.weight"), b("ln_1.bias"));
+        Tensor qkv = ops::linear(h, w("attn.c_attn.weight"), b("attn.c_attn.bias"));
+        if (rope_base <= 0) return qkv;
+        const int64_t n = qkv.size(1);
+        std::vector<Tensor> parts = ops::split_last(qkv, 3);
+        Tensor q = ops::rope(ops::reshape(parts[0], {1, n, H, D}), rope_base, t0);
+        Tensor k = ops::rope(ops::reshape(parts[1], {1, n, H, D}), rope_base, t0);
+        return ops::concat_last({ops::reshape(q, {1, n, C}), ops::reshape(k, {1, n, C}), parts[2]});
+      },
+      {x}, rows);
+  Tensor y = ops::self_attention(qkv, H, config_.attention, /*rope_base=*/0.0, mask_);  // (B, T, C)
+  // The attention's projection and the residual, then the MLP and its residual.
+  Tensor x1 = checkpoint_rows(
+      [=](const std::vector<Tensor>& in, int64_t) {
+        return ops::add(in[0], ops::linear(in[1], w("attn.c_proj.weight"), b("attn.c_proj.bias")));
+      },
+      {x, y}, rows);
+  return checkpoint_rows(
+      [=](const std::vector<Tensor>& in, int64_t) {
+        Tensor h = ops::layernorm(in[0], w("ln_2.weight"), b("ln_2.bias"));
+        h = ops::linear_gelu(h, w("mlp.c_fc.weight"), b("mlp.c_fc.bias"));
+        return ops::add(in[0], ops::linear(h, w("mlp.c_proj.weight"), b("mlp.c_proj.bias")));
+      },
+      {x1}, rows);
 }
 
 Tensor GPT::recomputed_block(const Tensor& x, int64_t i) {
@@ -154,7 +205,7 @@ Tensor GPT::recomputed_block(const Tensor& x, int64_t i) {
         mask_ = mask;
         return block(in[0], i);
       },
-      {x});
+      {x}, offload_activations_);
 }
 
 void GPT::set_lm_head_chunk(int64_t rows) {

@@ -65,6 +65,17 @@ class GPT {
   // one more forward of the blocks. The same loss bit for bit and the same gradients (in bf16 up
   // to rounding: a block's input gradient is rounded once more before the residual's is added).
   void set_recompute(bool on) { recompute_ = on; }
+  // rows > 0: the token-wise parts of every block — the LayerNorms, the projections, RoPE, the
+  // MLP and the residual adds — run `rows` positions at a time, each piece again in the backward
+  // (tg::checkpoint_rows): a block holds its qkv, attention output and residual (five units)
+  // instead of all its intermediates (eighteen and more), for one more forward of those parts.
+  // With recompute this is what lets a recomputed block at a million tokens fit beside the rest;
+  // inference runs in pieces too. Needs model.dropout 0 when training. 0 (the default): whole.
+  void set_recompute_rows(int64_t rows);
+  int64_t recompute_rows() const { return recompute_rows_; }
+  // true (with recompute): each recomputed block's input is parked in page-locked host memory
+  // from its forward until its backward (tg::checkpoint's offload_inputs); a no-op on the CPU.
+  void set_offload_activations(bool on) { offload_activations_ = on; }
   // Document masks: with an end-of-text id ≥ 0, each forward computes per-row document starts
   // from its ids (ops::document_starts) and tokens attend only within their document; −1: off.
   void set_document_eot(int32_t eot) { document_eot_ = eot; }
@@ -92,8 +103,12 @@ class GPT {
   // Causal self-attention of a block with the cache: stores the new keys and values, attends.
   Tensor cached_attention(const Tensor& qkv, int64_t layer, KVCache& cache);
   Tensor recomputed_block(const Tensor& x, int64_t layer);  // block() under tg::checkpoint
+  Tensor block_in_pieces(const Tensor& x, int64_t layer);   // block() under tg::checkpoint_rows
   Tensor p(const std::string& name) const;      // the parameter in the compute dtype
   Tensor maybe(const std::string& name) const;  // same, undefined when the model has no such parameter
+  // p() and maybe() from a given compute copy: for closures that outlive forward().
+  Tensor param_of(const Tensor& compute, const std::string& name) const;
+  Tensor maybe_of(const Tensor& compute, const std::string& name) const;
   Tensor dropout(const Tensor& x, uint64_t site);
 
   GPTConfig config_;
@@ -107,6 +122,8 @@ class GPT {
   bool training_ = true;
   int64_t lm_head_chunk_ = 0;
   bool recompute_ = false;
+  int64_t recompute_rows_ = 0;
+  bool offload_activations_ = false;
   int32_t document_eot_ = -1;
   ops::AttentionMask mask_;  // during forward(): the window and this batch's document starts
 };

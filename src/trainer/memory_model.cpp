@@ -13,6 +13,76 @@
 
 namespace tg {
 
+namespace {
+// Blocks in pieces (train.recompute_rows, GPT::block_in_pieces): the token-wise parts of a block
+// keep only their inputs and run again piece by piece in the backward, so a block keeps qkv, the
+// attention output o, the residual x1 and its output. These phases replace the whole-block ones
+// (the head's phase stands; under offload_activations its blocks hold one unit).
+void add_piece_phases(MemoryPrediction& p, const Config& c, bool gpu, bool fused, int64_t common,
+                      int64_t head_dw_pending, int64_t loss_scalars) {
+  const ModelConfig& m = c.model;
+  const TrainConfig& t = c.train;
+  const std::string what = "the memory model of train.recompute_rows";
+  auto mul = [&](int64_t a, int64_t b) { return checked_mul(a, b, what); };
+  auto add = [&](std::initializer_list<int64_t> xs) {
+    int64_t s = 0;
+    for (int64_t x : xs) s = checked_add(s, x, what);
+    return s;
+  };
+  const int64_t e = t.precision == "bf16" ? 2 : 4, s = gpu ? 4 : e;
+  const int64_t B = t.batch_size, T = t.seq_len, C = m.d_model, L = m.n_layer, H = m.n_head;
+  const int64_t u = mul(mul(mul(B, T), C), e), lse = mul(mul(mul(B, H), T), s);
+  const int64_t scores = mul(mul(mul(mul(B, H), T), T), e);
+  const int64_t ln_stats = mul(mul(mul(B, T), 2), s);
+  // One piece: `rows` positions of one sequence. Its recorded rerun and backward (the MLP's, the
+  // largest) at its peak, in GELU's backward: of LayerNorm 2's output, the pre-activation and
+  // GELU output (1 + 4 + 4) and c_proj's output and the sum (1 + 1), and the gradients (1 + 4 +
+  // 4 + 1), about 16 piece units are held (measured on the CPU: docs/memory.md), with the
+  // LayerNorm's statistics and c_fc's and c_proj's weight and bias gradients.
+  const int64_t r = std::min<int64_t>(t.recompute_rows, T), pu = mul(mul(r, C), e);
+  const int64_t piece = add({mul(16, pu), mul(mul(r, 2), s), mul(add({mul(mul(8, C), C), mul(5, C)}), e)});
+  // What a block keeps, its output included: qkv 3, o 1, x1 1, the output 1, and the attention's
+  // statistics; the CPU's fused attention adds its contiguous q, k, v (3); the materialised one
+  // its slices, transposes and P·V (8) and S and P.
+  int64_t keep_units = 6, keep_extra = lse;
+  if (!fused) keep_units += 8, keep_extra = mul(scores, 2);
+  else if (!gpu) keep_units += 3;
+  const int64_t kept = add({mul(keep_units, u), keep_extra});
+  p.saved_per_block = kept;
+  const bool offload = gpu && t.recompute && t.offload_activations;
+  // Held besides the block being backpropagated: under recompute the block inputs (L, or under
+  // offload only the restored one) and the second run's output; otherwise block 0's input and the
+  // L − 1 earlier blocks' tensors.
+  const int64_t before = t.recompute ? (offload ? mul(2, u) : mul(L + 1, u)) : add({u, mul(L - 1, kept)});
+  // The attention's backward: of the block's own tensors qkv, o and the statistics (x1 is freed
+  // once the MLP's pieces have run backward), with x's gradient from the residual, o's gradient
+  // and d(qkv) (1 + 1 + 3), and under recompute the block output's gradient, which the outer
+  // backward holds while the block's runs (1); the CPU's attention also holds its q, k, v and
+  // their gradients before joining them (6); the materialised one its S, P, dP and dS (4) with
+  // the slices and transposes, 12 units in all (measured on the CPU: docs/memory.md).
+  const int64_t held_grad = t.recompute ? 1 : 0;
+  int64_t attn = add({mul(9 + held_grad, u), keep_extra});
+  if (!fused) attn = add({mul(11 + held_grad, u), mul(scores, 4)});
+  else if (!gpu) attn = add({attn, mul(6, u)});
+  int64_t ws = 0;
+  if (gpu && fused) ws = (mul(mul(B, H), T) * 4 + 255) / 256 * 256;
+  const std::string kind = t.recompute ? "recomputed block" : "last block";
+  p.phases.push_back({kind + " backward, attention (blocks in pieces)",
+                      add({common, before, attn, head_dw_pending, loss_scalars}), ws});
+  // The MLP's pieces run backward first: the block's tensors less its output, the output's
+  // gradient and x1's (1 + 1), and one piece.
+  p.phases.push_back({kind + " backward, MLP pieces",
+                      add({common, before, kept - u, mul(2, u), piece, ln_stats, head_dw_pending, loss_scalars}), 0});
+  if (t.recompute) {
+    // The first run, recording nothing: the inputs so far (under offload the one in hand) and the
+    // block's tensors with a piece.
+    const int64_t inputs = offload ? u : mul(L, u);
+    p.phases.push_back({"block forward in pieces (not recorded)", add({common, inputs, kept, piece}), 0});
+  }
+  p.block_working = attn;
+}
+}  // namespace
+
 MemoryPrediction predict_memory(const Config& c, const std::string& device_kind, int world_size) {
   const ModelConfig& m = c.model;
   const TrainConfig& t = c.train;
@@ -145,6 +215,23 @@ MemoryPrediction predict_memory(const Config& c, const std::string& device_kind,
     p.phases.push_back({"block forward (not recorded)", add({common, mul(L, u), run}), 0});
   }
 
+  if (t.recompute_rows > 0) {  // the head's phase stands; the block phases are the pieces'
+    p.phases.resize(1);
+    if (gpu && t.recompute && t.offload_activations) p.phases[0].activations -= mul(L, u);
+    const int64_t whole_block = p.saved_per_block;
+    add_piece_phases(p, c, gpu, fused, common, head_dw_pending, loss_scalars);
+    if (!t.recompute) p.phases[0].activations -= mul(L, whole_block - p.saved_per_block);
+  } else if (gpu && t.recompute && t.offload_activations) {
+    // Offloaded block inputs: the head holds the last block's output alone; a block's backward
+    // its restored input and the second run's output (not the L inputs); the first run the input
+    // in hand.
+    for (MemoryPhase& ph : p.phases) {
+      if (ph.name == "block forward (not recorded)") ph.activations -= mul(L - 1, u);
+      else if (ph.name == "recomputed block backward" || ph.name == "attention backward") ph.activations -= mul(L - 1, u);
+      else ph.activations -= mul(L, u);
+    }
+  }
+
   const MemoryPhase* best = &p.phases[0];
   for (const MemoryPhase& ph : p.phases)
     if (ph.activations + ph.workspace > best->activations + best->workspace) best = &ph;
@@ -153,6 +240,7 @@ MemoryPrediction predict_memory(const Config& c, const std::string& device_kind,
   p.workspace = best->workspace;
   p.total = add({p.params, p.grads, p.optimizer, p.activations, p.workspace});
   p.saved_blocks = t.recompute ? mul(L + 1, u) : mul(L, p.saved_per_block);
+  if (gpu && t.recompute && t.offload_activations) p.offloaded = mul(L, u), p.saved_blocks = u;
   p.block_working = working;
   p.head = head;
   // The workspace category's own peak: the GPU attention backward's scratch (the per-row
@@ -172,6 +260,7 @@ std::string describe_prediction(const MemoryPrediction& p) {
      << format_bytes(p.optimizer) << ", activations " << format_bytes(p.activations);
   if (p.workspace) os << ", workspace " << format_bytes(p.workspace);
   os << "; peak " << format_bytes(p.total) << " in the " << p.peak_phase;
+  if (p.offloaded) os << "; block inputs in host memory " << format_bytes(p.offloaded);
   return os.str();
 }
 

@@ -39,6 +39,7 @@ struct MemoryPrediction {
   int64_t saved_blocks = 0;     // what all blocks keep: L × saved_per_block, or the L + 1 block inputs under recompute
   int64_t block_working = 0;    // the block being backpropagated (recomputed under recompute): its saved tensors and gradients
   int64_t head = 0;             // the LM head's working set (logits chunk, dlogits, dx, dW)
+  int64_t offloaded = 0;        // train.offload_activations: the block inputs parked in host memory (not on the GPU)
   int64_t parameter_count = 0;
   std::vector<MemoryPhase> phases;  // every candidate, for the docs and --predict's breakdown
 };

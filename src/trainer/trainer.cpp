@@ -352,6 +352,8 @@ TrainResult Trainer::run(const std::string& resume) {
   model_ = std::make_unique<nn::GPT>(gpt_config_from(config_.model), uint64_t(tc.seed), DType::f32, device, compute);
   model_->set_lm_head_chunk(tc.lm_head_chunk);
   model_->set_recompute(tc.recompute);
+  model_->set_recompute_rows(tc.recompute_rows);
+  model_->set_offload_activations(tc.offload_activations);
   TG_CHECK(device.is_cpu() || (config_.model.attention_window == 0 && !config_.data.document_mask),
            "model.attention_window / data.document_mask: attention masks run on the CPU in this build; this run "
            "is on ", device.str(), " (set run.device: cpu, or attention_window: 0 and document_mask: false)");

@@ -133,6 +133,37 @@ TEST(GPT, RecomputedBlocksGiveTheSameLossAndGradients) {
   }
 }
 
+TEST(GPT, BlocksInPiecesGiveTheSameLossAndGradients) {
+  // The token-wise parts in pieces of 3 positions (the last one ragged; pieces restart at each
+  // sequence of the batch), recomputed or not, learned and rotary positions (RoPE rotates each
+  // piece from its own first position), and a document mask: float64, so any piece's error shows.
+  for (nn::PosEmbedding pos : {nn::PosEmbedding::learned, nn::PosEmbedding::rope})
+    for (bool recompute : {false, true}) {
+      nn::GPT whole(tiny(pos), 8, DType::f64), pieces(tiny(pos), 8, DType::f64);
+      pieces.set_recompute_rows(3);
+      pieces.set_recompute(recompute);
+      for (nn::GPT* m : {&whole, &pieces}) m->set_document_eot(2);
+      auto [ids, tgt] = batch(2, 8, 11, 5);
+      Tensor lw = whole.loss(ids, tgt), lp = pieces.loss(ids, tgt);
+      EXPECT_NEAR(lp.item(), lw.item(), 1e-13) << "recompute " << recompute;
+      lw.backward();
+      lp.backward();
+      EXPECT_LT(testing::rel_error(pieces.params().flat_grads().to_double_vector(),
+                                   whole.params().flat_grads().to_double_vector()), 1e-12)
+          << "recompute " << recompute;
+      NoGradGuard no_grad;  // inference in pieces too
+      whole.set_training(false), pieces.set_training(false);
+      EXPECT_LT(testing::rel_error(pieces.forward(ids).to_double_vector(), whole.forward(ids).to_double_vector()), 1e-13);
+    }
+  nn::GPTConfig c = tiny();
+  c.dropout = 0.1;
+  nn::GPT with_dropout(c, 1);
+  with_dropout.set_recompute_rows(4);
+  auto [ids, tgt] = batch(1, 8, 11, 5);
+  EXPECT_THROW(with_dropout.loss(ids, tgt), Error);
+  EXPECT_THROW(with_dropout.set_recompute_rows(-1), Error);
+}
+
 TEST(GPT, RopeModelRunsPastMaxSeqLen) {
   nn::GPT rope(tiny(nn::PosEmbedding::rope), 1);
   auto [ids, tgt] = batch(1, 20, 11, 4);  // 20 > max_seq_len 8

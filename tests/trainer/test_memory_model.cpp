@@ -39,6 +39,7 @@ MemoryStats measure_steps(const Config& cfg) {
     nn::GPT model(gpt_config_from(cfg.model), uint64_t(cfg.train.seed), DType::f32, device, DType::f32);
     model.set_lm_head_chunk(cfg.train.lm_head_chunk);
     model.set_recompute(cfg.train.recompute);
+    model.set_recompute_rows(cfg.train.recompute_rows);
     optim::AdamW opt(model.params(), {cfg.train.beta1, cfg.train.beta2, cfg.train.eps, cfg.train.weight_decay});
     const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len, V = cfg.model.vocab_size;
     std::vector<int32_t> x(size_t(B * T)), y(size_t(B * T));
@@ -65,6 +66,7 @@ struct Variant {
   int batch;
   int64_t max_t;
   double dropout = 0.0;
+  int rows = 0;  // train.recompute_rows
 };
 
 Config tiny(const Variant& v, int64_t T) {
@@ -81,6 +83,7 @@ Config tiny(const Variant& v, int64_t T) {
   c.train.seq_len = int(T);
   c.train.lm_head_chunk = v.chunk;
   c.train.recompute = v.recompute;
+  c.train.recompute_rows = v.rows;
   c.train.precision = "fp32";
   return c;
 }
@@ -99,6 +102,10 @@ TEST(MemoryModel, PredictsTheMeasuredCpuPeakWithinFivePercent) {
       {"learned, dropout 0.1, recompute", "learned", "flash", 0, true, 1, 2048, 0.1},
       {"materialised, rope", "rope", "naive", 0, false, 1, 512},
       {"materialised, learned, recompute + chunk 256", "learned", "naive", 256, true, 1, 512},
+      {"rope, recompute + chunk 256, pieces 128", "rope", "flash", 256, true, 1, 4096, 0.0, 128},
+      {"rope, recompute + chunk 1024, pieces 1000", "rope", "flash", 1024, true, 1, 4096, 0.0, 1000},
+      {"learned, chunk 128, pieces 64, B 2", "learned", "flash", 128, false, 2, 2048, 0.0, 64},
+      {"materialised, rope, recompute, pieces 128", "rope", "naive", 256, true, 1, 512, 0.0, 128},
   };
   for (const Variant& v : variants) {
     for (int64_t T = 256; T <= v.max_t; T *= 2) {
