@@ -30,6 +30,8 @@ MemoryStats measure_gpu_step(const Config& cfg) {
     nn::GPT model(gpt_config_from(cfg.model), uint64_t(cfg.train.seed), DType::f32, device, compute);
     model.set_lm_head_chunk(cfg.train.lm_head_chunk);
     model.set_recompute(cfg.train.recompute);
+    model.set_recompute_rows(cfg.train.recompute_rows);
+    model.set_offload_activations(cfg.train.offload_activations);
     optim::AdamW opt(model.params(), {cfg.train.beta1, cfg.train.beta2, cfg.train.eps, cfg.train.weight_decay});
     const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len, V = cfg.model.vocab_size;
     std::vector<int32_t> x(size_t(B * T)), y(size_t(B * T));
@@ -56,6 +58,8 @@ TEST(MemoryModelGpu, PredictsTheMeasuredBf16PeakWithinFivePercent) {
     int chunk;
     bool recompute;
     int64_t max_t;
+    int rows = 0;          // train.recompute_rows
+    bool offload = false;  // train.offload_activations
   };
   const std::vector<Variant> variants = {
       {"bf16 learned, recompute + chunk 1024", "learned", "flash", "bf16", 1024, true, 16384},
@@ -64,6 +68,9 @@ TEST(MemoryModelGpu, PredictsTheMeasuredBf16PeakWithinFivePercent) {
       {"bf16 learned, chunk 2048", "learned", "flash", "bf16", 2048, false, 16384},
       {"bf16 materialised", "rope", "naive", "bf16", 0, false, 2048},
       {"fp32 (materialised fallback), chunk 512", "learned", "flash", "fp32", 512, false, 2048},
+      {"bf16 rope, recompute + chunk 1024, pieces 4096", "rope", "flash", "bf16", 1024, true, 65536, 4096},
+      {"bf16 rope, recompute, pieces 4096, offload", "rope", "flash", "bf16", 1024, true, 65536, 4096, true},
+      {"bf16 rope, recompute + chunk 1024, offload", "rope", "flash", "bf16", 1024, true, 65536, 0, true},
   };
   for (const Variant& v : variants) {
     for (int64_t T = 1024; T <= v.max_t; T *= 2) {
@@ -71,6 +78,7 @@ TEST(MemoryModelGpu, PredictsTheMeasuredBf16PeakWithinFivePercent) {
       c.model.n_layer = 2, c.model.n_head = 4, c.model.d_model = 256, c.model.vocab_size = 50304;
       c.model.pos_embedding = v.pos, c.model.attention = v.attention, c.model.max_seq_len = int(T);
       c.train.batch_size = 1, c.train.seq_len = int(T), c.train.lm_head_chunk = v.chunk, c.train.recompute = v.recompute;
+      c.train.recompute_rows = v.rows, c.train.offload_activations = v.offload;
       c.train.precision = v.precision;
       const MemoryPrediction p = predict_memory(c, "cuda");
       const MemoryStats m = measure_gpu_step(c);
