@@ -1,12 +1,13 @@
 // Index arithmetic past 2^31 and 2^32 elements on the GPU. At a sequence length of two million
-// tokens GPT-2 small's activations pass 2^31 elements, its fused qkv (T, 2304) and MLP hidden
-// (T, 3072) pass 2^32: every op of a training step on such tensors must index in 64 bits. Each
-// test builds bf16 (or fp32) tensors of just over 2^32 elements on the device, runs one op through
-// the ops API and checks sampled rows — the first, those around elements 2^31 and 2^32, the last,
-// and rows spread in between — against a formula evaluated in double on the host. An index that
-// wraps at 2^31 (int32) points before the buffer, one that wraps at 2^32 (uint32) at element
-// i − 2^32: either way the rows past the wrap are never written. Outputs are allocated over a
-// freed block of NaN bytes (poison_next), so an unwritten element reads NaN and fails its check.
+// tokens GPT-2 small's fused qkv (T, 2304) and MLP hidden (T, 3072) hold 4.8 and 6.4 G elements,
+// past 2^32, and its (T, 768) activations pass 2^31 from T = 2.8 M: every op of a training step
+// on such tensors must index in 64 bits. Each test builds bf16 (or fp32) tensors of just over 2^32
+// elements on the device, runs one op through the ops API and checks sampled rows — the first,
+// those around elements 2^31 and 2^32, the last, and rows spread in between — against a formula
+// evaluated in double on the host. An index that wraps at 2^31 (int32) points before the buffer,
+// one that wraps at 2^32 (uint32) at element i − 2^32: either way the elements past the wrap are
+// never written. Outputs are allocated over a freed block of NaN bytes (poison_next), so an
+// unwritten element reads NaN and fails its check.
 //
 // Run alone: test_cuda --gtest_filter='LargeIndex.*'. Each test states the device memory it
 // needs (at most about 52 GB, the cast test) and skips, saying why, when that much is not free.
@@ -25,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/hash.h"
 #include "src/autograd/autograd.h"
 #include "src/ops/ops.h"
 
@@ -278,6 +280,31 @@ TEST(LargeIndex, GeluForwardBackward) {
       check(r, c, C, row[size_t(c)], want, std::abs(want) / 128 + 1.0 / 1024);
     }
   }
+}
+
+// Dropout's mask is a hash of the element index (plus `first`): elements past 2^32 must draw
+// their own keep bits, not those of element i − 2^32.
+TEST(LargeIndex, DropoutMaskByElementIndex) {
+  const int64_t C = 768, N = rows_past_2_32(C);
+  const size_t S = bf16_bytes(N, C);
+  REQUIRE_GPU_MEMORY(2 * S);
+  const Pattern px = dense_pattern(N, C, 18);
+  const Tensor x = device_pattern(px, DType::bf16);
+  const uint64_t seed = 0x5eed, first = 12345;
+  poison_next({S});
+  const Tensor y = ops::dropout(x, 0.5, seed, /*training=*/true, first);
+  Checker check("dropout");
+  int64_t kept = 0, seen = 0;
+  for (int64_t r : sample_rows(N, C)) {
+    const std::vector<double> row = read_row(y, r, C);
+    for (int64_t c = 0; c < C; ++c) {
+      const bool keep = cpu::uniform_from(seed, first + uint64_t(r * C + c)) >= 0.5f;
+      kept += keep, ++seen;
+      check(r, c, C, row[size_t(c)], keep ? 2.0 * px.at(r, c) : 0.0, 0.0);
+    }
+  }
+  EXPECT_GT(kept, seen / 4);  // the mask is not all zeros (nor, with the values checked, all ones)
+  EXPECT_LT(kept, 3 * seen / 4);
 }
 
 // fp32 → bf16 (rounding), and the backward's bf16 → fp32: the gradient of a bf16 copy of an fp32
