@@ -418,6 +418,54 @@ TEST(LargeIndex, LayerNormForwardBackward) {
   }
 }
 
+// ── cross-entropy ──
+
+// Logits (N, V) of GPT-2's vocabulary past 2^32 elements (the unchunked loss; the chunked head's
+// chunks are 4096 rows): the loss and, written in the same pass, its gradient.
+TEST(LargeIndex, CrossEntropyLossAndGradient) {
+  const int64_t V = 50304, N = rows_past_2_32(V, 16);
+  const size_t S = bf16_bytes(N, V);
+  REQUIRE_GPU_MEMORY(3 * S);  // logits, their gradient and the leaf's copy of it
+  const Pattern pl = dense_pattern(N, V, 30);
+  const int64_t table_rows = int64_t(pl.table.size()) / V;
+  std::vector<int32_t> targets(static_cast<size_t>(N));
+  int64_t count = 0;
+  for (int64_t r = 0; r < N; ++r) {
+    targets[size_t(r)] = r % 7 == 3 ? -1 : int32_t(mix(31 + uint64_t(r)) % uint64_t(V));  // some rows ignored
+    count += targets[size_t(r)] != -1;
+  }
+  // Per table row: max and log Σ exp, in double.
+  std::vector<double> lse(static_cast<size_t>(table_rows));
+  for (int64_t v = 0; v < table_rows; ++v) {
+    const float* row = &pl.table[size_t(v * V)];
+    double m = -INFINITY, sum = 0;
+    for (int64_t j = 0; j < V; ++j) m = std::max(m, double(row[j]));
+    for (int64_t j = 0; j < V; ++j) sum += std::exp(double(row[j]) - m);
+    lse[size_t(v)] = m + std::log(sum);
+  }
+  double want_loss = 0;
+  for (int64_t r = 0; r < N; ++r)
+    if (targets[size_t(r)] != -1) want_loss += lse[size_t(pl.ids[size_t(r)])] - pl.at(r, targets[size_t(r)]);
+  want_loss /= double(count);
+
+  Tensor logits = device_pattern(pl, DType::bf16);
+  logits.set_requires_grad(true);
+  poison_next({S, S});  // the gradient written with the loss, and the leaf's copy of it
+  const Tensor loss = ops::cross_entropy(logits, Tensor::from_ints(targets, {N}));
+  EXPECT_NEAR(loss.item(), want_loss, 1e-4 * want_loss);
+  backward(loss);
+  Checker check("cross_entropy gradient");
+  for (int64_t r : sample_rows(N, V)) {
+    const std::vector<double> row = read_row(logits.grad(), r, V);
+    const int32_t t = targets[size_t(r)];
+    for (int64_t j = 0; j < V; ++j) {
+      const double p = std::exp(double(pl.at(r, j)) - lse[size_t(pl.ids[size_t(r)])]);
+      const double want = t == -1 ? 0.0 : (p - (j == t ? 1.0 : 0.0)) / double(count);
+      check(r, j, V, row[size_t(j)], want, std::abs(want) / 128);
+    }
+  }
+}
+
 // ── layout: the fused qkv's thirds, and RoPE ──
 
 // concat_last writes three (N, C) tensors into (N, 3C) column ranges (the copy that places dq,
