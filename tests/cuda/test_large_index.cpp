@@ -6,8 +6,8 @@
 // those around elements 2^31 and 2^32, the last, and rows spread in between — against a formula
 // evaluated in double on the host. An index that wraps at 2^31 (int32) points before the buffer,
 // one that wraps at 2^32 (uint32) at element i − 2^32: either way the elements past the wrap are
-// never written. Outputs are allocated over a freed block of NaN bytes (poison_next), so an
-// unwritten element reads NaN and fails its check.
+// never written. Outputs are allocated over freed blocks of NaN bytes (poison_next), so an
+// unwritten element reads NaN and fails its check; each test prints whether they landed there.
 //
 // Run alone: test_cuda --gtest_filter='LargeIndex.*'. Each test states the device memory it
 // needs (at most about 52 GB, the cast test) and skips, saying why, when that much is not free.
@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/hash.h"
@@ -66,16 +67,30 @@ std::string memory_shortfall(size_t bytes) {
   REQUIRE_GPU();                                                                  \
   if (const std::string why_ = memory_shortfall(bytes); !why_.empty()) GTEST_SKIP() << why_
 
-// Blocks of the given sizes filled with 0xFF bytes (NaN in bf16 and fp32) and freed again: the
-// stream-ordered pool hands a freed block back to the next allocations of its size on the same
-// stream, so the outputs of the op that follows start as NaN rather than as zeros or as values an
-// earlier op left there.
+// Blocks of the given sizes (each 256 MiB larger, room for the small allocations an op may make
+// first) filled with 0xFF bytes, NaN in bf16 and fp32, and freed again: the stream-ordered pool
+// hands freed memory back to the next allocations on the same stream, so the outputs of the op
+// that follows start as NaN rather than as zeros or as values an earlier op left there.
+// poisoned() says whether a tensor did land in such a block (it is printed, not asserted: where
+// the pool places an allocation is the pool's choice).
+std::vector<std::pair<uintptr_t, uintptr_t>> g_poisoned;
 void poison_next(const std::vector<size_t>& sizes) {
   std::vector<Tensor> blocks;
+  g_poisoned.clear();
   for (size_t bytes : sizes) {
-    blocks.push_back(Tensor::empty({int64_t((bytes + 3) / 4)}, DType::f32, kGpu));
+    blocks.push_back(Tensor::empty({int64_t((bytes + (size_t(256) << 20)) / 4)}, DType::f32, kGpu));
     CHECK_CUDA(cudaMemsetAsync(blocks.back().raw(), 0xFF, blocks.back().nbytes(), cudaStreamPerThread));
+    const uintptr_t at = reinterpret_cast<uintptr_t>(blocks.back().raw());
+    g_poisoned.push_back({at, at + blocks.back().nbytes()});
   }
+}
+void report_poisoned(const Tensor& t, const char* what) {
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(t.raw()), hi = lo + t.nbytes();
+  bool inside = false;
+  for (const auto& [a, b] : g_poisoned) inside = inside || (lo >= a && hi <= b);
+  std::printf("%s: %s\n", what,
+              inside ? "allocated over NaN (poisoned) memory"
+                     : "not allocated over the poisoned block: an element never written reads what the memory held");
 }
 
 uint64_t mix(uint64_t x) {  // splitmix64's finaliser
@@ -199,6 +214,7 @@ TEST(LargeIndex, EmbeddingGather) {
   poison_next({bf16_bytes(N, C)});
   const Tensor x = device_pattern(p, DType::bf16);
   ASSERT_GT(x.numel(), kTwo32);
+  report_poisoned(x, "embedding output");
   Checker check("embedding forward");
   for (int64_t r : sample_rows(N, C)) {
     const std::vector<double> row = read_row(x, r, C);
@@ -219,6 +235,7 @@ TEST(LargeIndex, AddSameShapeBroadcastAndBiasGradient) {
     const Tensor a2 = device_pattern(pb, DType::bf16);
     poison_next({S});
     const Tensor sum = ops::add(a, a2);  // same shapes: the flat elementwise kernel
+    report_poisoned(sum, "add output");
     Checker check("add, same shapes");
     for (int64_t r : rows) {
       const std::vector<double> row = read_row(sum, r, C);
@@ -232,6 +249,7 @@ TEST(LargeIndex, AddSameShapeBroadcastAndBiasGradient) {
   b.set_requires_grad(true);
   poison_next({S});
   const Tensor y = ops::add(a, b);
+  report_poisoned(y, "broadcast add output");
   {
     Checker check("add, broadcast bias");
     for (int64_t r : rows) {
@@ -259,6 +277,7 @@ TEST(LargeIndex, GeluForwardBackward) {
   x.set_requires_grad(true);
   poison_next({S});
   const Tensor y = ops::gelu(x);
+  report_poisoned(y, "gelu output");
   {
     Checker check("gelu forward");
     for (int64_t r : rows) {
@@ -272,6 +291,7 @@ TEST(LargeIndex, GeluForwardBackward) {
   const Tensor g = device_pattern(pg, DType::bf16);
   poison_next({S, S});
   backward(y, g);
+  report_poisoned(x.grad(), "gelu input gradient");
   Checker check("gelu backward");
   for (int64_t r : rows) {
     const std::vector<double> row = read_row(x.grad(), r, C);
@@ -293,6 +313,7 @@ TEST(LargeIndex, DropoutMaskByElementIndex) {
   const uint64_t seed = 0x5eed, first = 12345;
   poison_next({S});
   const Tensor y = ops::dropout(x, 0.5, seed, /*training=*/true, first);
+  report_poisoned(y, "dropout output");
   Checker check("dropout");
   int64_t kept = 0, seen = 0;
   for (int64_t r : sample_rows(N, C)) {
@@ -321,6 +342,7 @@ TEST(LargeIndex, CastsAndConvertedGradientAdd) {
   {
     poison_next({S});
     const Tensor xb = ops::cast(x, DType::bf16);
+    report_poisoned(xb, "cast output");
     {
       Checker check("cast fp32 → bf16");
       for (int64_t r : rows) {
@@ -330,6 +352,7 @@ TEST(LargeIndex, CastsAndConvertedGradientAdd) {
     }
     poison_next({2 * S});
     backward(xb, g);  // x.grad = g converted to fp32
+    report_poisoned(x.grad(), "converted gradient");
   }
   {
     Checker check("cast bf16 → fp32 (the first gradient)");
@@ -366,6 +389,7 @@ TEST(LargeIndex, LayerNormForwardBackward) {
   const double eps = 1e-5;
   poison_next({S});
   const Tensor y = ops::layernorm(x, wt, bt, eps);
+  report_poisoned(y, "layernorm output");
 
   // Per sampled row, in double: x̂, then out = x̂·w + b and dx from dout (the sparse gradient).
   std::vector<double> dw(size_t(C), 0.0), db(size_t(C), 0.0), dw_abs(size_t(C), 0.0);
@@ -401,6 +425,7 @@ TEST(LargeIndex, LayerNormForwardBackward) {
   const Tensor g = device_pattern(pg, DType::bf16);
   poison_next({S, S});
   backward(y, g);
+  report_poisoned(x.grad(), "layernorm input gradient");
   for (size_t i = 0; i < rows.size(); ++i) {
     const std::vector<double> row = read_row(x.grad(), rows[i], C);
     double scale = 0;
@@ -454,6 +479,7 @@ TEST(LargeIndex, CrossEntropyLossAndGradient) {
   const Tensor loss = ops::cross_entropy(logits, Tensor::from_ints(targets, {N}));
   EXPECT_NEAR(loss.item(), want_loss, 1e-4 * want_loss);
   backward(loss);
+  report_poisoned(logits.grad(), "cross_entropy logits gradient");
   Checker check("cross_entropy gradient");
   for (int64_t r : sample_rows(N, V)) {
     const std::vector<double> row = read_row(logits.grad(), r, V);
@@ -482,6 +508,7 @@ TEST(LargeIndex, QkvConcatAndSplit) {
   poison_next({S});
   const Tensor qkv = ops::concat_last({q, k, v});
   ASSERT_GT(qkv.numel(), kTwo32);
+  report_poisoned(qkv, "concat_last output");
   {
     Checker check("concat_last (unslice)");
     for (int64_t r : rows) {
@@ -491,6 +518,7 @@ TEST(LargeIndex, QkvConcatAndSplit) {
   }
   poison_next({S / 3, S / 3, S / 3});
   const std::vector<Tensor> split = ops::split_last(qkv, 3);
+  for (const Tensor& t : split) report_poisoned(t, "split_last output");
   Checker check("split_last (slice)");
   for (int j = 0; j < 3; ++j)
     for (int64_t r : rows) {
@@ -510,8 +538,10 @@ TEST(LargeIndex, RopeForwardAndInverse) {
   const Tensor x = device_pattern(px, DType::bf16).view({1, T, H, D});
   poison_next({S});
   const Tensor y = ops::rope(x, base);
+  report_poisoned(y, "rope output");
   poison_next({S});
   const Tensor z = ops::rope(y, base, 0, /*inverse=*/true);
+  report_poisoned(z, "rope inverse output");
   Checker check_y("rope"), check_z("rope inverse");
   const int64_t half = D / 2;
   for (int64_t t : rows) {
@@ -554,9 +584,10 @@ void check_linear(bool with_gelu, int64_t out_features) {
   wt.set_requires_grad(true);
   bt.set_requires_grad(true);
   const std::string name = with_gelu ? "linear_gelu" : "linear";
-  poison_next({S});
+  poison_next(with_gelu ? std::vector<size_t>{S, S} : std::vector<size_t>{S});  // linear_gelu: pre and out
   const Tensor y = with_gelu ? ops::linear_gelu(x, wt, bt) : ops::linear(x, wt, bt);
   ASSERT_GT(y.numel(), kTwo32);
+  report_poisoned(y, (name + " output").c_str());
 
   // Forward, and per sampled row the gradient of the pre-activation as the GPU stores it (bf16).
   std::vector<std::vector<double>> dpre(rows.size());
@@ -584,6 +615,7 @@ void check_linear(bool with_gelu, int64_t out_features) {
   const Tensor g = device_pattern(pg, DType::bf16);
   poison_next({bf16_bytes(N, K), bf16_bytes(N, K)});  // dx and the leaf's copy of it
   backward(y, g);
+  report_poisoned(x.grad(), (name + " input gradient").c_str());
 
   // dx = dpre · W per sampled row; dW = dpreᵀ · x and db = Σ dpre over the active rows. With GELU
   // a stored dpre may differ from the host's by a bf16 rounding (tolerances scale with Σ|terms|),
