@@ -718,6 +718,9 @@ void softmax_backward(const T* y, const T* dy, T* dx, int64_t N, int64_t C, cuda
 void cross_entropy_count(const int32_t* targets, int64_t N, int32_t ignore_index, int32_t* count_out,
                          cudaStream_t stream) {
   require(N >= 0, "cross_entropy_count", "negative N");
+  // The count is an int32 (and so is each thread's share before the 64-bit total): more rows
+  // than INT32_MAX would wrap it, and with it the mean and every chunk's gradient scale.
+  require(N <= INT32_MAX, "cross_entropy_count", "more than 2^31 rows");
   cross_entropy_count_kernel<<<1, kCeReduceThreads, 0, stream>>>(targets, N, ignore_index, count_out);
   TG_CUDA_CHECK(cudaGetLastError());
 }
