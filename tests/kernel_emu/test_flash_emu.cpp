@@ -92,7 +92,10 @@ template <int D>
 void forward(const FlashAttentionParams& p_in) {
   const FlashAttentionParams p = flash::with_resolved_row_strides(p_in);
   using Tr = flash::FwdConfig<D>;
-  emu_launch(tile_grid(p, Tr::kBr), Tr::kThreads, Tr::kSmemBytes, [&] { flash::flash_fwd_kernel<Tr>(p); });
+  flash::with_mask(p, [&](auto masked) {
+    emu_launch(tile_grid(p, Tr::kBr), Tr::kThreads, Tr::kSmemBytes,
+               [&] { flash::flash_fwd_kernel<Tr, decltype(masked)::value>(p); });
+  });
 }
 
 template <int D>
@@ -103,21 +106,25 @@ void backward(const FlashAttentionParams& p_in) {
   delta_pass<D>(p, ws);
   using Dkdv = flash::DkdvConfig<D>;
   const int accum_rows = int(Ws::accum_rows(p.T));
-  if (!Ws::has_accum(p.dq_mode)) {  // as launch_bwd: the pair serves kAtomic where no atomic kernel is built
-    emu_launch(tile_grid(p, Dkdv::kOwn), Dkdv::kThreads, Dkdv::kSmemBytes, [&] {
-      flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kRecompute>(p, ws.delta, ws.dq_accum, accum_rows);
-    });
-    using Dq = flash::DqConfig<D>;
-    emu_launch(tile_grid(p, Dq::kOwn), Dq::kThreads, Dq::kSmemBytes,
-               [&] { flash::flash_bwd_dq_kernel<Dq>(p, ws.delta); });
-    return;
-  }
-  if constexpr (flash::kMmaSyncAtomicDq<D>) {
-    std::memset(ws.dq_accum, 0, Ws::accum_bytes(p.B, p.T, p.H));
-    emu_launch(tile_grid(p, Dkdv::kOwn), Dkdv::kThreads, Dkdv::kSmemDkdvBytes,
-               [&] { flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kAtomic>(p, ws.delta, ws.dq_accum, accum_rows); });
-    dq_convert_pass<D>(p, ws);
-  }
+  flash::with_mask(p, [&](auto masked) {
+    constexpr bool kMasked = decltype(masked)::value;
+    if (!Ws::has_accum(p.dq_mode)) {  // as launch_bwd: the pair serves kAtomic where no atomic kernel is built
+      emu_launch(tile_grid(p, Dkdv::kOwn), Dkdv::kThreads, Dkdv::kSmemBytes, [&] {
+        flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kRecompute, kMasked>(p, ws.delta, ws.dq_accum, accum_rows);
+      });
+      using Dq = flash::DqConfig<D>;
+      emu_launch(tile_grid(p, Dq::kOwn), Dq::kThreads, Dq::kSmemBytes,
+                 [&] { flash::flash_bwd_dq_kernel<Dq, kMasked>(p, ws.delta); });
+      return;
+    }
+    if constexpr (flash::kMmaSyncAtomicDq<D>) {
+      std::memset(ws.dq_accum, 0, Ws::accum_bytes(p.B, p.T, p.H));
+      emu_launch(tile_grid(p, Dkdv::kOwn), Dkdv::kThreads, Dkdv::kSmemDkdvBytes, [&] {
+        flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kAtomic, kMasked>(p, ws.delta, ws.dq_accum, accum_rows);
+      });
+      dq_convert_pass<D>(p, ws);
+    }
+  });
 }
 
 struct EmuCase {
@@ -204,8 +211,10 @@ template <class Tr>
 void forward_sm90a_traits(const FlashAttentionParams& p) {
   const flash::FwdTmaMaps maps = flash::fwd_tma_maps<Tr>(p);
   ItemCounter counter;
-  emu_launch(item_grid(p, Tr::kBr), Tr::kThreads, Tr::kSmemBytes,
-             [&] { flash::flash_fwd_sm90a_kernel<Tr>(p, maps, counter.words); });
+  flash::with_mask(p, [&](auto masked) {
+    emu_launch(item_grid(p, Tr::kBr), Tr::kThreads, Tr::kSmemBytes,
+               [&] { flash::flash_fwd_sm90a_kernel<Tr, decltype(masked)::value>(p, maps, counter.words); });
+  });
 }
 // A shape of sm90_shapes.h, its last tile's products as narrow as the launcher makes them
 // (fwd_last_tile_keys).
@@ -233,8 +242,10 @@ void dkdv_sm90a_with(const FlashAttentionParams& p, const float* delta) {
   using Tr = flash::DkdvWsSm90aTraits<Shape>;
   const flash::BwdTmaMaps maps = flash::bwd_tma_maps<Tr>(p);
   ItemCounter counter;
-  emu_launch(item_grid(p, Tr::kBc), Tr::kThreads, Tr::kSmemBytes, [&] {
-    flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr>(p, delta, nullptr, 0, maps, counter.words);
+  flash::with_mask(p, [&](auto masked) {
+    emu_launch(item_grid(p, Tr::kBc), Tr::kThreads, Tr::kSmemBytes, [&] {
+      flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr, decltype(masked)::value>(p, delta, nullptr, 0, maps, counter.words);
+    });
   });
 }
 template <int D>
@@ -250,8 +261,11 @@ void backward_sm90a(const FlashAttentionParams& p_in) {
       std::memset(ws.dq_accum, 0, Ws::accum_bytes(p.B, p.T, p.H));
       const flash::BwdTmaMaps maps = flash::bwd_tma_maps<Atomic>(p);
       ItemCounter counter;
-      emu_launch(item_grid(p, Atomic::kBc), Atomic::kThreads, Atomic::kSmemBytes, [&] {
-        flash::flash_bwd_dkdv_sm90a_ws_kernel<Atomic>(p, ws.delta, ws.dq_accum, accum_rows, maps, counter.words);
+      flash::with_mask(p, [&](auto masked) {
+        emu_launch(item_grid(p, Atomic::kBc), Atomic::kThreads, Atomic::kSmemBytes, [&] {
+          flash::flash_bwd_dkdv_sm90a_ws_kernel<Atomic, decltype(masked)::value>(p, ws.delta, ws.dq_accum, accum_rows,
+                                                                                maps, counter.words);
+        });
       });
       dq_convert_pass<D>(p, ws);
       return;
@@ -265,8 +279,11 @@ void backward_sm90a(const FlashAttentionParams& p_in) {
     using Dq = flash::DqSm90aTraits<typename decltype(tag)::type>;
     const flash::BwdTmaMaps maps = flash::bwd_tma_maps<Dq>(p);
     ItemCounter dq_counter;
-    emu_launch(item_grid(p, Dq::kBr), Dq::kThreads, Dq::kSmemBytes,
-               [&] { flash::flash_bwd_dq_sm90a_kernel<Dq>(p, ws.delta, maps, dq_counter.words); });
+    flash::with_mask(p, [&](auto masked) {
+      emu_launch(item_grid(p, Dq::kBr), Dq::kThreads, Dq::kSmemBytes, [&] {
+        flash::flash_bwd_dq_sm90a_kernel<Dq, decltype(masked)::value>(p, ws.delta, maps, dq_counter.words);
+      });
+    });
   };
   // As the dK/dV kernel above: the long shape from T = 256 here, but at d 64's T 300 the short one
   // (two Q/dO buffers, kQBuffers), so that its buffers alternate over the several items each of

@@ -74,7 +74,7 @@ __global__ void flash_bwd_delta_kernel(const tg::bf16* __restrict__ o, int64_t l
 // the block computes dQ_i += dS K_j and adds it into the fp32 buffer dq_accum with unordered
 // atomics (kept unscaled; flash_bwd_dq_convert_kernel scales and rounds it). With kRecompute it
 // does not: flash_bwd_dq_kernel forms dQ in a deterministic pass of its own.
-template <class Tr, FlashDq Mode>
+template <class Tr, FlashDq Mode, bool kMasked = false>
 __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dkdv_kernel(const FlashAttentionParams p,
                                                                        const float* __restrict__ delta,
                                                                        float* __restrict__ dq_accum,
@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dkdv_kernel(const Flas
 
   // Causal: query blocks ending before k0 only see keys in their future, never visited; with a
   // structured mask (mask.cuh) neither are those past the last query that sees this key block.
-  const SeqMask mask = seq_mask(p, b);
+  const SeqMask mask = seq_mask_if<kMasked>(p, b);
   const int i_begin = causal ? k0 / Br : 0;
   const int n_qb = mask.on ? mask.query_tiles(k0, Bc, Br).end : (T + Br - 1) / Br;  // (the end of the loop)
   float* dQacc = dq_accum + (int64_t(b) * H + h) * accum_rows * D;  // this head's rows: ≥ n_qb·Br
@@ -243,7 +243,7 @@ __global__ void flash_bwd_dq_convert_kernel(const float* __restrict__ dq_accum, 
 // blocks of query rows starting at q0 + 16R·w; Q_i and dO_i stay in smem, K and V tiles stream
 // double-buffered, and dQ accumulates in fp32 registers in key-block order: deterministic
 // without atomics, at the price of recomputing S and dP a second time.
-template <class Tr>
+template <class Tr, bool kMasked = false>
 __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dq_kernel(const FlashAttentionParams p,
                                                                      const float* __restrict__ delta) {
   constexpr int D = Tr::kD, Br = Tr::kOwn, Bc = Tr::kStream, LDS = Tr::kLds, NT = Tr::kThreads, R = Tr::kRowBlocks;
@@ -272,7 +272,7 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dq_kernel(const FlashA
   tg::bf16* dQ = p.dq + bt * p.dq_row_stride + hd;
 
   // The key tiles kb0 … n_kb − 1, as in the forward.
-  const SeqMask mask = seq_mask(p, b);
+  const SeqMask mask = seq_mask_if<kMasked>(p, b);
   const int q_last = min(q0 + Br, T) - 1;
   const int kb0 = mask.lo(q0) / Bc;  // 0 without a mask
   const int n_kb = causal ? q_last / Bc + 1 : (T + Bc - 1) / Bc;
@@ -414,15 +414,22 @@ void launch_bwd(const FlashAttentionParams& p_in, cudaStream_t stream) {
     FlashAttentionParams pw = p;
     pw.dq_mode = atomic_dq ? FlashDq::kAtomic : FlashDq::kRecompute;
     flash::flash_bwd_sm90a(pw, ws.delta, ws.dq_accum, accum_rows, stream);
-  } else if (!atomic_dq) {
-    using Dq = flash::DqConfig<D>;
-    flash::launch_tile_kernel<Dkdv>(flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kRecompute>, Dkdv::kSmemBytes, p,
-                                    stream, static_cast<const float*>(ws.delta), ws.dq_accum, accum_rows);
-    flash::launch_tile_kernel<Dq>(flash::flash_bwd_dq_kernel<Dq>, Dq::kSmemBytes, p, stream,
-                                  static_cast<const float*>(ws.delta));
-  } else if constexpr (flash::kMmaSyncAtomicDq<D>) {
-    flash::launch_tile_kernel<Dkdv>(flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kAtomic>, Dkdv::kSmemDkdvBytes, p,
-                                    stream, static_cast<const float*>(ws.delta), ws.dq_accum, accum_rows);
+  } else {
+    flash::with_mask(p, [&](auto masked) {
+      constexpr bool kMasked = decltype(masked)::value;
+      if (!atomic_dq) {
+        using Dq = flash::DqConfig<D>;
+        flash::launch_tile_kernel<Dkdv>(flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kRecompute, kMasked>,
+                                        Dkdv::kSmemBytes, p, stream, static_cast<const float*>(ws.delta), ws.dq_accum,
+                                        accum_rows);
+        flash::launch_tile_kernel<Dq>(flash::flash_bwd_dq_kernel<Dq, kMasked>, Dq::kSmemBytes, p, stream,
+                                      static_cast<const float*>(ws.delta));
+      } else if constexpr (flash::kMmaSyncAtomicDq<D>) {
+        flash::launch_tile_kernel<Dkdv>(flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kAtomic, kMasked>,
+                                        Dkdv::kSmemDkdvBytes, p, stream, static_cast<const float*>(ws.delta),
+                                        ws.dq_accum, accum_rows);
+      }
+    });
   }
   if (atomic_dq) {
     const unsigned row_blocks = unsigned((rows * (D / 8) + kThreads - 1) / kThreads);  // a thread per 8 elements

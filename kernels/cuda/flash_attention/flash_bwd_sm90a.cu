@@ -138,7 +138,7 @@ BwdTmaMaps bwd_tma_maps(const FlashAttentionParams& p) {  // p's row strides res
   return maps;
 }
 
-template <class Tr>
+template <class Tr, bool kMasked = false>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     flash_bwd_dq_sm90a_kernel(const FlashAttentionParams p, const float* __restrict__ delta,
                                  const __grid_constant__ BwdTmaMaps maps, unsigned* item_counter) {
@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   auto keys_of = [=](const sm90::ItemTile& item) -> SeqMask::Range {
     const int q_last = min(item.row0 + Br, T) - 1;
     if (!causal) return {0, (T + Bc - 1) / Bc};
-    return {seq_mask(doc_start, window, T, item.b).lo(item.row0) / Bc, q_last / Bc + 1};
+    return {seq_mask_if<kMasked>(doc_start, window, T, item.b).lo(item.row0) / Bc, q_last / Bc + 1};
   };
 
   // The mbarriers, after the tiles: the own tiles' (q_full), then the K/V stream's, whose empty
@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
 
   const DqSmem<decltype(q_full_of), decltype(q_empty_of)> sm{sQ, sdO, sK, sV, sStage, kv, q_full_of, q_empty_of, s_item};
-  dq_consumer<Tr>(p, delta, maps, sm, T, H, B, causal, n_qb, n_items, keys_of, tid, wg);
+  dq_consumer<Tr, kMasked>(p, delta, maps, sm, T, H, B, causal, n_qb, n_items, keys_of, tid, wg);
 }
 
 // ── dK/dV, warp-specialised ──
@@ -343,7 +343,7 @@ struct DkdvWsSm90aTraits {
 // beside it and its measurements in docs/kernels.md §4.2. The head dims with an atomic kernel:
 template <int D> constexpr bool kSm90aAtomicDq = D == 128 || D == 64;
 
-template <class Tr>
+template <class Tr, bool kMasked = false>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     flash_bwd_dkdv_sm90a_ws_kernel(const FlashAttentionParams p, const float* __restrict__ delta,
                                    float* __restrict__ dq_accum, int accum_rows,
@@ -378,7 +378,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int64_t window = p.window;
   auto query_tiles = [=](const sm90::ItemTile& item) -> SeqMask::Range {
     if (!causal) return {0, n_qb};
-    const SeqMask mask = seq_mask(doc_start, window, T, item.b);
+    const SeqMask mask = seq_mask_if<kMasked>(doc_start, window, T, item.b);
     return {item.row0 / Br, mask.on ? mask.query_tiles(item.row0, Bc, Br).end : n_qb};
   };
   // Item w's key block, head and batch, in the kernel's order (Tr::kGroupedItems).
@@ -499,7 +499,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   const DkdvSmem sm{sK,       sV,       sQ,      sdO,      sStage,  sdSt,     sDq,    sL,    sDelta,
                     qdo,      own_full, own_empty, ds_full, ds_empty, dq_full, dq_empty, s_item, s_dq};
-  dkdv_consumer<Tr>(p, maps, sm, T, H, causal, n_items, query_tiles, item_of, dq_accum, accum_rows, tid, wg);
+  dkdv_consumer<Tr, kMasked>(p, maps, sm, T, H, causal, n_items, query_tiles, item_of, dq_accum, accum_rows, tid, wg);
 }
 
 }  // namespace flash
@@ -523,26 +523,47 @@ int item_count(const FlashAttentionParams& p, int rows) { return int(p.H * p.B *
 // closes. It reads only what the delta pass and the forward wrote, and takes its own item counter
 // (slot 1: the dK/dV kernel's last blocks may still be claiming from slot 0). It pays most at
 // short T, where the last wave is a larger share of the kernel (docs/kernels.md §5.3).
+// Each kernel as its masked instantiation when p has a structured mask (causal shapes only have
+// one), else as its unmasked one: f(the kernel of Tr, masked or not).
+template <class Tr, template <class, bool> class Kernel, class F>
+void with_masked(const FlashAttentionParams& p, F&& f) {
+  if constexpr (Tr::S::mask != flash::Mask::kNonCausal)
+    if (flash::has_mask(p)) return f(Kernel<Tr, true>::get());
+  f(Kernel<Tr, false>::get());
+}
+template <class Tr, bool kMasked>
+struct DqKernel {
+  static auto get() { return flash::flash_bwd_dq_sm90a_kernel<Tr, kMasked>; }
+};
+template <class Tr, bool kMasked>
+struct DkdvKernel {
+  static auto get() { return flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr, kMasked>; }
+};
+
 template <class Tr>
 void launch_dq_sm90a_with(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
-  flash::launch_item_kernel<Tr>(flash::Overlap::kPrevious, flash::flash_bwd_dq_sm90a_kernel<Tr>, Tr::kSmemBytes,
-                                item_count(p, Tr::kBr), p, stream, delta, flash::bwd_tma_maps<Tr>(p),
-                                flash::item_counter(stream, 1));
+  with_masked<Tr, DqKernel>(p, [&](auto kernel) {
+    flash::launch_item_kernel<Tr>(flash::Overlap::kPrevious, kernel, Tr::kSmemBytes, item_count(p, Tr::kBr), p, stream,
+                                  delta, flash::bwd_tma_maps<Tr>(p), flash::item_counter(stream, 1));
+  });
 }
 // The dK/dV kernel, likewise.
 template <class Tr>
 void launch_dkdv_sm90a_with(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
-  flash::launch_item_kernel<Tr>(flash::Overlap::kNone, flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr>, Tr::kSmemBytes,
-                                item_count(p, Tr::kBc), p, stream, delta, static_cast<float*>(nullptr), 0,
-                                flash::bwd_tma_maps<Tr>(p), flash::item_counter(stream));
+  with_masked<Tr, DkdvKernel>(p, [&](auto kernel) {
+    flash::launch_item_kernel<Tr>(flash::Overlap::kNone, kernel, Tr::kSmemBytes, item_count(p, Tr::kBc), p, stream,
+                                  delta, static_cast<float*>(nullptr), 0, flash::bwd_tma_maps<Tr>(p),
+                                  flash::item_counter(stream));
+  });
 }
 // FlashDq::kAtomic's dK/dV kernel, which forms dQ too and adds it into dq_accum.
 template <class Tr>
 void launch_dkdv_atomic_sm90a_with(const FlashAttentionParams& p, const float* delta, float* dq_accum, int accum_rows,
                                    cudaStream_t stream) {
-  flash::launch_item_kernel<Tr>(flash::Overlap::kNone, flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr>, Tr::kSmemBytes,
-                                item_count(p, Tr::kBc), p, stream, delta, dq_accum, accum_rows,
-                                flash::bwd_tma_maps<Tr>(p), flash::item_counter(stream));
+  with_masked<Tr, DkdvKernel>(p, [&](auto kernel) {
+    flash::launch_item_kernel<Tr>(flash::Overlap::kNone, kernel, Tr::kSmemBytes, item_count(p, Tr::kBc), p, stream,
+                                  delta, dq_accum, accum_rows, flash::bwd_tma_maps<Tr>(p), flash::item_counter(stream));
+  });
 }
 
 }  // namespace

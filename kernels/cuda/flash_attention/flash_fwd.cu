@@ -26,8 +26,8 @@ namespace flash {
 // query rows q0 + 16R·w .. q0 + 16R·(w+1) − 1: their Q fragments stay in registers (or are re-read
 // from smem, see kQInRegs), their S (16 × Bc) and O (16 × D) accumulators in registers, so the
 // softmax statistics of a row never leave the 4 lanes that hold it. Each K/V fragment loaded from
-// smem feeds the mmas of all R row blocks.
-template <class Tr>
+// smem feeds the mmas of all R row blocks. kMasked: the structured masks (mask.cuh) are on.
+template <class Tr, bool kMasked = false>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel(const FlashAttentionParams p) {
   constexpr int D = Tr::kD, Br = Tr::kBr, Bc = Tr::kBc, LDS = Tr::kLds, NT = Tr::kThreads, R = Tr::kRowBlocks;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
 
   // Causal: key blocks starting after the last query row are wholly in the future, never loaded;
   // with a structured mask (mask.cuh) neither are those before the one holding lo(q0).
-  const SeqMask mask = seq_mask(p, b);
+  const SeqMask mask = seq_mask_if<kMasked>(p, b);
   const int q_last = min(q0 + Br, T) - 1;
   const int kb0 = mask.lo(q0) / Bc;  // 0 without a mask
   const int n_kb = causal ? q_last / Bc + 1 : (T + Bc - 1) / Bc;  // (the end: tiles kb0 … n_kb − 1)
@@ -162,11 +162,13 @@ namespace {
 template <int D>
 void launch_fwd(const FlashAttentionParams& p, cudaStream_t stream) {
   using Tr = flash::FwdConfig<D>;
-  auto kernel = flash::flash_fwd_kernel<Tr>;
-  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tr::kSmemBytes)));
-  const dim3 grid(unsigned(p.H), unsigned(p.B), unsigned((p.T + Tr::kBr - 1) / Tr::kBr));  // tile index slowest
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(flash::with_resolved_row_strides(p));
-  TG_CUDA_CHECK(cudaGetLastError());
+  flash::with_mask(p, [&](auto masked) {
+    auto kernel = flash::flash_fwd_kernel<Tr, decltype(masked)::value>;
+    TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tr::kSmemBytes)));
+    const dim3 grid(unsigned(p.H), unsigned(p.B), unsigned((p.T + Tr::kBr - 1) / Tr::kBr));  // tile index slowest
+    kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(flash::with_resolved_row_strides(p));
+    TG_CUDA_CHECK(cudaGetLastError());
+  });
 }
 
 // Why these block sizes (reasoned, then measured on the H200 with `tilegrad bench attention`:

@@ -7,11 +7,13 @@
 //     bounds exclude it (key_tiles, query_tiles below);
 //   - it needs no mask at all iff lo(i1 − 1) ≤ j0 and j1 − 1 ≤ i0 (needs_mask);
 //   - otherwise it is a boundary tile, masked element by element (excluded).
-// Without a mask (window 0, doc_start null) every function reduces to the causal rule, and the
-// kernels test `on` (uniform across the grid) before any of this runs, so the unmasked kernels'
+// Without a mask (window 0 or ≥ T, doc_start null) the launchers run each kernel's unmasked
+// instantiation (kMasked = false, with_mask below): its SeqMask is the constant "off" one
+// (seq_mask_if), every function above folds to the causal rule at compile time, and the kernel's
 // instructions and results are those without the feature.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/flash_attention/flash.h"
 
@@ -74,14 +76,15 @@ struct SeqMask {
 // row's, which decides whether a key tile from k0 on needs the elementwise test. Without a mask
 // every lo is 0, so needs_mask is never true.
 struct ItemMask {
+  bool on;
   int lo_last;
   int lo_g, lo_g8;  // rows g and g + 8
-  __host__ __device__ __forceinline__ bool needs_mask(int k0) const { return lo_last > k0; }
+  __host__ __device__ __forceinline__ bool needs_mask(int k0) const { return on && lo_last > k0; }
   // Key k excluded from the row r (0 ≤ r < 16, r mod 8 = g) by the structured mask.
   __host__ __device__ __forceinline__ bool excluded(int r, int k) const { return k < ((r & 8) ? lo_g8 : lo_g); }
 };
 __host__ __device__ __forceinline__ ItemMask item_mask(const SeqMask& m, int row0, int lane) {
-  return {m.lo(row0 + 15), m.lo(row0 + (lane >> 2)), m.lo(row0 + (lane >> 2) + 8)};
+  return {m.on, m.lo(row0 + 15), m.lo(row0 + (lane >> 2)), m.lo(row0 + (lane >> 2) + 8)};
 }
 
 // The mask of sequence b of T tokens under doc_start (B, T) and window (FlashAttentionParams').
@@ -92,6 +95,29 @@ __host__ __device__ __forceinline__ SeqMask seq_mask(const int32_t* doc_start, i
 }
 __host__ __device__ __forceinline__ SeqMask seq_mask(const FlashAttentionParams& p, int b) {
   return seq_mask(p.doc_start, p.window, int(p.T), b);
+}
+// The mask a kernel instantiation sees: sequence b's with kMasked, else the constant "off" one
+// (every test on it folds away).
+template <bool kMasked>
+__host__ __device__ __forceinline__ SeqMask seq_mask_if(const int32_t* doc_start, int64_t window, int T, int b) {
+  if constexpr (kMasked) return seq_mask(doc_start, window, T, b);
+  else return SeqMask{nullptr, 0, T, false};
+}
+template <bool kMasked>
+__host__ __device__ __forceinline__ SeqMask seq_mask_if(const FlashAttentionParams& p, int b) {
+  return seq_mask_if<kMasked>(p.doc_start, p.window, int(p.T), b);
+}
+
+// Launchers: whether p has a structured mask that excludes anything beyond causality's (a window
+// ≥ T excludes nothing), and f(std::bool_constant<that>{}), so that each kernel is launched as its
+// masked or its unmasked instantiation.
+inline bool has_mask(const FlashAttentionParams& p) { return p.doc_start != nullptr || (p.window > 0 && p.window < p.T); }
+template <class F>
+void with_mask(const FlashAttentionParams& p, F&& f) {
+  if (has_mask(p))
+    f(std::true_type{});
+  else
+    f(std::false_type{});
 }
 
 }  // namespace tg::cuda::flash

@@ -38,7 +38,7 @@ struct DkdvSmem {
 // Consumer warpgroup wg (≥ 1) of the dK/dV kernel (Tr: DkdvWsSm90aTraits), over the items of its
 // block until the last: query_tiles(item) the query tiles [first, end) an item's key block is
 // seen by, item_of(w) work item w's key block, head and batch (the kernel's order).
-template <class Tr, class Maps, class QueryTiles, class ItemOf>
+template <class Tr, bool kMasked, class Maps, class QueryTiles, class ItemOf>
 __device__ __forceinline__ void dkdv_consumer(const FlashAttentionParams& p, const Maps& maps, const DkdvSmem& sm, int T,
                                               int H, bool causal, int n_items, QueryTiles query_tiles, ItemOf item_of,
                                               float* dq_accum, int accum_rows, int tid, int wg) {
@@ -119,9 +119,7 @@ __device__ __forceinline__ void dkdv_consumer(const FlashAttentionParams& p, con
     // The item's batch row: from `item` where it is kept (kReleaseOwnEarly: the slot may already
     // hold the next item), else read again from the slot (stable until own_empty, not kept in
     // registers across the loop).
-    const SeqMask mask = p.doc_start || p.window
-                             ? seq_mask(p, Tr::kReleaseOwnEarly ? item.b : item_of(s_item[0]).b)
-                             : SeqMask{nullptr, 0, T, false};
+    const SeqMask mask = seq_mask_if<kMasked>(p, kMasked ? (Tr::kReleaseOwnEarly ? item.b : item_of(s_item[0]).b) : 0);
     if (mask.needs_mask(min(q0 + Br, T) - 1, key0))  // uniform per warp; masked entries exactly 0
       mask_tile<Br>(s, key0, q0, lane, [=](int k, int q) { return q >= T || k > q || mask.excluded(q, k); }, 0.0f);
     else if (q0 + Br > T || (causal && key0 + kRowsPerWarp - 1 > q0))  // uniform per warp; masked entries exactly 0
@@ -361,7 +359,7 @@ struct DqSmem {
 // delta), dQ += dS K_j (summed over j in a fixed order: deterministic); keys_of(item) the key
 // tiles [first, end) an item's query tile sees (causal and structured-mask block skipping), and
 // with kSkipIdle a consumer takes the tiles past its own rows' diagonal as turns without products.
-template <class Tr, class Maps, class Smem, class KeysOf>
+template <class Tr, bool kMasked, class Maps, class Smem, class KeysOf>
 __device__ __forceinline__ void dq_consumer(const FlashAttentionParams& p, const float* __restrict__ delta, const Maps& maps,
                                             const Smem& sm, int T, int H, int B, bool causal, int n_qb, int n_items,
                                             KeysOf keys_of, int tid, int wg) {
@@ -412,7 +410,7 @@ __device__ __forceinline__ void dq_consumer(const FlashAttentionParams& p, const
     const SeqMask::Range keys = keys_of(item);
     const int kb0 = keys.first, n_kb = keys.end - keys.first;
     const int row0 = item.row0 + 64 * c + 16 * warp;  // this warp's first query row
-    const ItemMask mask = item_mask(seq_mask(p, item.b), row0, lane);
+    const ItemMask mask = item_mask(seq_mask_if<kMasked>(p, item.b), row0, lane);
     // This lane's rows g and g+8: lse (log2 units) and delta, 0 past T (those rows are never stored).
     float lse2[2], dlt[2];
 #pragma unroll
