@@ -147,9 +147,12 @@ std::vector<double> document_curve(bool document_mask, int steps) {
 
 TEST(AttentionMasksGpu, DocumentMaskTrainingLearns) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU on this machine (or built without CUDA)";
-  const std::vector<double> masked = document_curve(true, 60), plain = document_curve(false, 60);
+  const std::vector<double> masked = document_curve(true, 200), plain = document_curve(false, 200);
   for (size_t i = 0; i < masked.size(); ++i) ASSERT_TRUE(std::isfinite(masked[i])) << "step " << i;
-  EXPECT_LT(masked.back(), 0.7 * masked.front()) << "the model must learn the documents";
+  // (Mean of the last 10 steps: each step draws new documents.)
+  double last = 0;
+  for (size_t i = masked.size() - 10; i < masked.size(); ++i) last += masked[i] / 10;
+  EXPECT_LT(last, 0.6 * masked.front()) << "the model must learn the documents";
   double diff = 0;
   for (size_t i = 1; i < masked.size(); ++i) diff = std::max(diff, std::abs(masked[i] - plain[i]));
   EXPECT_GT(diff, 1e-3) << "the document mask changed nothing";
