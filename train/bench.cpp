@@ -622,7 +622,14 @@ int bench_attention(const cli::Args& a) {
   // docs/kernels.md §4.4) instead of the one the launchers select, wherever it applies; the others
   // run the launchers' shapes. tools/attention_ab.sh compares variants so, from one binary.
   const std::string variant = a.get("variant", "");
+  // --window W, --docs N: the structured masks (causal only): a sliding window of W keys, and N
+  // equal documents per row (doc_start built accordingly). Each masked shape is timed beside the
+  // same shape's full causal attention; its TF/s count the visible (query, key) pairs exactly.
+  const int64_t window = a.get_int("window", 0), docs = a.get_int("docs", 0);
+  const bool masked = window > 0 || docs > 0;
   const char* fn = "tilegrad bench attention";
+  TG_CHECK(window >= 0 && docs >= 0, fn, ": --window and --docs must be ≥ 0");
+  TG_CHECK(!masked || masks != 0, fn, ": --window and --docs are causal masks; --causal 0 times nothing");
   TG_CHECK(runs >= 1, fn, ": --steps ", runs, " times nothing; give at least 1");
   TG_CHECK(only_d == 0 || only_d == 32 || only_d == 64 || only_d == 96 || only_d == 128, fn, ": --head-dim ", only_d,
            " has no kernel; give 32, 64, 96, 128 or 0 (64 and 128)");
@@ -652,8 +659,9 @@ int bench_attention(const cli::Args& a) {
   TG_CHECK(atomic_arg >= 0 && atomic_arg <= 2, fn, ": --atomic takes 0, 1 or 2, got ", atomic_arg);
   const bool atomic = backward && atomic_arg != 0;  // 0: not the opt-in atomic backward (column 0)
   const cuda::FlashDq atomic_mode = atomic_arg == 2 ? cuda::FlashDq::kAtomicKernel : cuda::FlashDq::kAtomic;
-  std::printf("%-4s %-6s %-7s %-9s %-9s %-9s %-9s %-10s%s\n", "d", "T", "causal", "fwd ms", "bwd ms", "fwd TF/s",
-              "bwd TF/s", "atomic TF/s", compare ? " mma.sync fwd / bwd TF/s" : "");
+  std::printf("%-4s %-6s %-7s %-9s %-9s %-9s %-9s %-10s%s%s\n", "d", "T", "causal", "fwd ms", "bwd ms", "fwd TF/s",
+              "bwd TF/s", "atomic TF/s", compare ? " mma.sync fwd / bwd TF/s" : "",
+              masked ? " | full causal: fwd ms, bwd ms, fwd TF/s, bwd TF/s" : "");
   // Head dims 32 and 96 only when asked for: the reference benchmark's shapes (torch_attention.py) are
   // 64 and 128 (hidden 2048: 2048 / 96 is not whole, so d 96 runs 21 heads, hidden 2016).
   for (int64_t D : {32, 64, 96, 128}) {
@@ -670,8 +678,28 @@ int bench_attention(const cli::Args& a) {
       // Sized for the atomic mode, which also serves the default.
       const size_t ws_bytes = cuda::flash_attention_backward_workspace_bytes(B, T, H, D, cuda::FlashDq::kAtomic);
       Tensor ws = Tensor::empty({int64_t(ws_bytes / 4 + 4)}, DType::f32, dev);
+      // --docs N: N equal documents per row (the last one shorter when N does not divide T).
+      Tensor doc_start;
+      std::vector<int32_t> starts;
+      if (docs > 0) {
+        const int64_t len = (T + docs - 1) / docs;
+        starts.resize(size_t(B * T));
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t t = 0; t < T; ++t) starts[size_t(b * T + t)] = int32_t(t / len * len);
+        doc_start = Tensor::from_ints(starts, {B, T}).to(dev);
+      }
+      // The visible (query, key) pairs of the mask, counted exactly from lo(i): Σ (i − lo(i) + 1).
+      double visible = 0;
+      if (masked)
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t i = 0; i < T; ++i) {
+            int64_t lo = docs > 0 ? starts[size_t(b * T + i)] : 0;
+            if (window > 0) lo = std::max<int64_t>(lo, i - window + 1);
+            visible += double(i - lo + 1);
+          }
       for (bool causal : {true, false}) {
         if (masks != 2 && causal != (masks == 1)) continue;
+        if (masked && !causal) continue;
         cuda::FlashAttentionParams p{};
         p.q = q.data<bf16>(), p.k = k.data<bf16>(), p.v = v.data<bf16>(), p.o = o.data<bf16>();
         p.lse = lse.data<float>(), p.dout = dout.data<bf16>(), p.dq = dq.data<bf16>(), p.dk = dk.data<bf16>();
@@ -697,6 +725,13 @@ int bench_attention(const cli::Args& a) {
           const double tfb = median_event_seconds(std::max<int64_t>(1, runs / 2), warm_fb, [&] { fwd(), bwd(); });
           return std::max(tfb - tf, 1e-9);
         };
+        // Masked: the same shape's full causal attention first, then the mask.
+        double tf_full = 0, tb_full = 0;
+        if (masked) {
+          tf_full = time_fwd(), tb_full = backward ? time_bwd(tf_full) : 0.0;
+          p.window = window;
+          p.doc_start = docs > 0 ? doc_start.data<int32_t>() : nullptr;
+        }
         const double tf = time_fwd();
         const double tb = backward ? time_bwd(tf) : 0.0;  // 0: not timed
         p.dq_mode = atomic_mode;
@@ -709,12 +744,19 @@ int bench_attention(const cli::Args& a) {
           p.kernels = cuda::FlashKernels::kAuto;
         }
         // FlashAttention papers' convention: 4·B·H·T²·d forward, halved when causal; backward 2.5×.
-        const double flops = 4.0 * double(B * H) * double(T) * double(T) * double(D) / (causal ? 2.0 : 1.0);
+        // Masked: 4·H·d per visible (query, key) pair, counted exactly (the full causal beside it
+        // keeps the convention).
+        const double full_flops = 4.0 * double(B * H) * double(T) * double(T) * double(D) / (causal ? 2.0 : 1.0);
+        const double flops = masked ? 4.0 * double(H) * double(D) * visible : full_flops;
         const double bf = 2.5 * flops / 1e12;
         auto rate = [](double tflop, double seconds) { return seconds > 0 ? tflop / seconds : 0.0; };
         std::printf("%-4lld %-6lld %-7s %-9.3f %-9.3f %-9.1f %-9.1f %-10.1f", (long long)D, (long long)T,
-                    causal ? "yes" : "no", tf * 1e3, tb * 1e3, flops / tf / 1e12, rate(bf, tb), rate(bf, tb_atomic));
+                    masked ? "masked" : causal ? "yes" : "no", tf * 1e3, tb * 1e3, flops / tf / 1e12, rate(bf, tb),
+                    rate(bf, tb_atomic));
         if (compare) std::printf(" %-7.1f %-7.1f", flops / tf_mma / 1e12, bf / tb_mma);
+        if (masked)
+          std::printf(" | %-9.3f %-9.3f %-9.1f %-9.1f", tf_full * 1e3, tb_full * 1e3, full_flops / tf_full / 1e12,
+                      rate(2.5 * full_flops / 1e12, tb_full));
         std::printf("\n");
         std::printf("{\"bench\":\"attention\",\"impl\":\"tilegrad\",\"variant\":\"%s\",\"d\":%lld,\"T\":%lld,"
                     "\"B\":%lld,\"H\":%lld,\"protocol\":\"%s\",\"causal\":%s,\"fwd_ms\":%.4f,\"bwd_ms\":%.4f,\"fwd_tflops\":%.1f,\"bwd_tflops\":%.1f,"
@@ -724,6 +766,11 @@ int bench_attention(const cli::Args& a) {
                     tb * 1e3, flops / tf / 1e12, rate(bf, tb), rate(bf, tb_atomic));
         if (compare)
           std::printf(",\"fwd_mma_sync_tflops\":%.1f,\"bwd_mma_sync_tflops\":%.1f", flops / tf_mma / 1e12, bf / tb_mma);
+        if (masked)
+          std::printf(",\"window\":%lld,\"docs\":%lld,\"visible_fraction\":%.4f,\"causal_fwd_ms\":%.4f,"
+                      "\"causal_bwd_ms\":%.4f,\"causal_fwd_tflops\":%.1f,\"causal_bwd_tflops\":%.1f",
+                      (long long)window, (long long)docs, visible / (double(B) * double(T) * double(T + 1) / 2.0),
+                      tf_full * 1e3, tb_full * 1e3, full_flops / tf_full / 1e12, rate(2.5 * full_flops / 1e12, tb_full));
         std::printf("}\n");
         std::fflush(stdout);
       }

@@ -288,6 +288,14 @@ std::vector<cli::Command> commands() {
          "attention: 0 skips the opt-in atomic-dQ backward (its column reads 0); 2 times its kernel at every shape "
          "(FlashDq::kAtomicKernel), not only where kAtomic takes it",
          "1"},
+        {"--window", "W",
+         "attention: a sliding window of W keys (causal shapes only), timed beside the same shape's full causal "
+         "attention; TF/s count the visible (query, key) pairs exactly",
+         "0"},
+        {"--docs", "N",
+         "attention: N equal documents per row (a document mask; causal shapes only, with --window too), timed "
+         "beside the full causal attention; TF/s count the visible pairs exactly",
+         "0"},
         {"--variant", "NAME",
          "attention: a wgmma kernel shape of the development registry (docs/kernels.md §4.4) instead of the "
          "launchers' shape, wherever it applies (its kernel, head dim, mask and T); an unknown name lists them",

@@ -139,7 +139,7 @@ const std::vector<Field>& fields() {
         TG_FIELD(model, rope_base, "RoPE frequency base (used only with pos_embedding: rope).").positive());
     t.push_back(TG_FIELD(model, attention_window,
                          "Sliding-window attention: query i sees keys i-W < j <= i; 0 = full causal. Part of the "
-                         "model: sampling uses the window it was trained with. CPU only in this build.")
+                         "model: sampling uses the window it was trained with.")
                     .min(0));
     // data
     t.push_back(TG_FIELD(data, train, "Glob of training token shards (relative to the working directory).")
@@ -148,7 +148,7 @@ const std::vector<Field>& fields() {
                     .is_glob());
     t.push_back(TG_FIELD(data, document_mask,
                          "Tokens attend only within their document: a document ends with (and includes) each "
-                         "data.eot_token. CPU only in this build."));
+                         "data.eot_token."));
     t.push_back(TG_FIELD(data, eot_token,
                          "End-of-text id separating documents (the id `tilegrad prepare` writes between files: 256 "
                          "for byte-level data); must be < model.vocab_size when data.document_mask is on.")

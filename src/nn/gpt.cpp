@@ -232,8 +232,11 @@ std::pair<Tensor, Tensor> GPT::features(const Tensor& ids, KVCache* cache) {
   mask_ = ops::AttentionMask{};
   if (!cache) {
     mask_.window = config_.attention_window;
-    if (document_eot_ >= 0)
+    if (document_eot_ >= 0) {
       mask_.doc_start = ops::document_starts(ids.device().is_cpu() ? ids : ids.to(Device::cpu()), document_eot_);
+      // On a GPU, copied there once for every layer's attention (forward and backward).
+      if (!device_.is_cpu()) mask_.doc_start_device = mask_.doc_start.to(device_);
+    }
   }
   // The compute copy of every parameter in one conversion of the flat buffer, not one per
   // parameter (p() then hands out views of it); dropped when the pass returns.

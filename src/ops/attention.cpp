@@ -68,16 +68,21 @@ bool fused_kernel_covers(const Tensor& like, const Shape& heads) {
   return false;
 }
 
-// Validates a structured mask against q (B, T, H, D): causal only, CPU only in this build,
-// document starts (B, T) i32 with 0 ≤ start ≤ t that never decrease along a row.
+// Validates a structured mask against q (B, T, H, D): causal only, document starts (B, T) i32 on
+// the CPU with 0 ≤ start ≤ t that never decrease along a row (and, when given, their device copy
+// of the same shape on q's device). Every device takes masks: the CPU and the fused GPU kernels
+// as block ranges, the materialised attention as an additive bias.
 void check_mask(const char* op, const Device& device, int64_t B, int64_t T, bool causal, const AttentionMask& mask) {
   TG_CHECK(mask.window >= 0, op, ": attention window ", mask.window, " is negative");
   if (!mask.any()) return;
   TG_CHECK(causal, op, ": structured attention masks (window, documents) combine with causal attention only");
-  TG_CHECK(device.is_cpu(), op, ": attention masks run on the CPU in this build; a window or document mask on ",
-           device.str(), " has no fused kernel yet (train on the CPU, or set model.attention_window: 0 and "
-           "data.document_mask: false)");
   if (!mask.doc_start.defined()) return;
+  if (mask.doc_start_device.defined()) {
+    const Tensor& g = mask.doc_start_device;
+    TG_CHECK(g.device() == device && g.dtype() == DType::i32 && g.dim() == 2 && g.size(0) == B && g.size(1) == T, op,
+             ": the device copy of the document starts must be i32 (", B, ", ", T, ") on ", device.str(), ", got ",
+             g.desc());
+  }
   const Tensor& d = mask.doc_start;
   TG_CHECK(d.device().is_cpu() && d.dtype() == DType::i32 && d.dim() == 2 && d.size(0) == B && d.size(1) == T, op,
            ": document starts must be i32 (", B, ", ", T, ") on the CPU, got ", d.desc());
@@ -97,8 +102,8 @@ cpu::AttentionShape shape_of(const Tensor& q, bool causal, const AttentionMask& 
   return s;
 }
 
-// The materialised mask as an additive (B, H, T, T) bias in `like`'s dtype: 0 where key j is
-// visible to query i, −inf elsewhere (including the future).
+// The materialised mask as an additive (B, H, T, T) bias in `like`'s dtype and on its device: 0
+// where key j is visible to query i, −inf elsewhere (including the future).
 Tensor mask_bias(const Tensor& like, const Shape& heads, const AttentionMask& mask) {
   const int64_t B = heads[0], T = heads[1], H = heads[2];
   const int32_t* d = mask.doc_start.defined() ? mask.doc_start.data<int32_t>() : nullptr;
@@ -110,11 +115,28 @@ Tensor mask_bias(const Tensor& like, const Shape& heads, const AttentionMask& ma
       for (int64_t h = 0; h < H; ++h)
         for (int64_t j = lo; j <= i; ++j) bias[size_t(((b * H + h) * T + i) * T + j)] = 0.0;
     }
-  return Tensor::from_vector(bias, {B, H, T, T}, like.dtype());
+  Tensor out = Tensor::from_vector(bias, {B, H, T, T}, like.dtype());
+  return like.device().is_cpu() ? out : out.to(like.device());
+}
+
+// The mask with its document starts on `device` too (doc_start_device): copied here once per
+// forward unless the caller (the GPT, once per step) already did; the backward keeps this copy.
+AttentionMask on_device(const AttentionMask& mask, const Device& device) {
+  if (device.is_cpu() || !mask.doc_start.defined() || mask.doc_start_device.defined()) return mask;
+  AttentionMask m = mask;
+  m.doc_start_device = mask.doc_start.to(device);
+  return m;
 }
 
 #ifdef TILEGRAD_HAVE_CUDA
-cuda::FlashAttentionParams gpu_params(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+// The mask's fields of the kernels' parameters (the document starts from their device copy).
+void set_gpu_mask(cuda::FlashAttentionParams& p, const AttentionMask& mask) {
+  p.window = mask.window;
+  p.doc_start = mask.doc_start_device.defined() ? mask.doc_start_device.data<int32_t>() : nullptr;
+}
+
+cuda::FlashAttentionParams gpu_params(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                      const AttentionMask& mask) {
   cuda::FlashAttentionParams p{};
   p.q = q.data<bf16>();
   p.k = k.data<bf16>();
@@ -122,11 +144,13 @@ cuda::FlashAttentionParams gpu_params(const Tensor& q, const Tensor& k, const Te
   p.B = q.size(0), p.T = q.size(1), p.H = q.size(2), p.D = q.size(3);
   p.scale = float(1.0 / std::sqrt(double(p.D)));
   p.causal = causal;
+  set_gpu_mask(p, mask);
   return p;
 }
 #endif
 
-// O (B, T, H, D) and the per-row log-sum-exp L (B, H, T): all the backward needs.
+// O (B, T, H, D) and the per-row log-sum-exp L (B, H, T): all the backward needs. On the GPU the
+// mask's document starts are read from doc_start_device (on_device).
 std::pair<Tensor, Tensor> flash_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                         const AttentionMask& mask = {}) {
   Tensor o = empty_like(q);
@@ -135,7 +159,7 @@ std::pair<Tensor, Tensor> flash_forward(const Tensor& q, const Tensor& k, const 
   Tensor lse = Tensor::empty({s.B, s.H, s.T}, stat, q.device());
   if (q.device().is_cuda()) {
 #ifdef TILEGRAD_HAVE_CUDA
-    cuda::FlashAttentionParams p = gpu_params(q, k, v, causal);
+    cuda::FlashAttentionParams p = gpu_params(q, k, v, causal, mask);
     p.o = o.data<bf16>();
     p.lse = lse.data<float>();
     cuda::flash_attention_forward(p, cuda_stream());
@@ -157,7 +181,7 @@ std::tuple<Tensor, Tensor, Tensor> flash_backward(const Tensor& q, const Tensor&
   Tensor dq = empty_like(q), dk = empty_like(k), dv = empty_like(v);
   if (q.device().is_cuda()) {
 #ifdef TILEGRAD_HAVE_CUDA
-    cuda::FlashAttentionParams p = gpu_params(q, k, v, causal);
+    cuda::FlashAttentionParams p = gpu_params(q, k, v, causal, mask);
     p.dq_mode = flash_dq_mode();
     Tensor workspace;
     {
@@ -214,10 +238,11 @@ Tensor attention_naive(const Tensor& q, const Tensor& k, const Tensor& v, bool c
   return transpose12(matmul(p, vh));                                    // (B, T, H, D)
 }
 
-Tensor attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, const AttentionMask& mask) {
+Tensor attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, const AttentionMask& mask_in) {
   check_qkv("attention_flash", q, k, v);
-  check_mask("attention_flash", q.device(), q.size(0), q.size(1), causal, mask);
-  if (!fused_kernel_covers(q, q.shape())) return attention_naive(q, k, v, causal, mask);
+  check_mask("attention_flash", q.device(), q.size(0), q.size(1), causal, mask_in);
+  if (!fused_kernel_covers(q, q.shape())) return attention_naive(q, k, v, causal, mask_in);
+  const AttentionMask mask = on_device(mask_in, q.device());
   auto [o, lse] = flash_forward(q, k, v, causal, mask);
   // Saved for the backward: the inputs, O and the log-sum-exp (and the mask); never the (T, T) scores.
   record(o, "attention_flash", {q, k, v},
@@ -237,7 +262,7 @@ namespace {
 // The GPU's fused self-attention reads q, k, v straight out of qkv (token stride 3C) and writes
 // d(qkv) in place: no slice copies either way. With RoPE, q and k are rotated into their own
 // buffers first (and their gradients rotated back and placed into d(qkv) afterwards).
-Tensor self_attention_gpu(const Tensor& qkv, int64_t n_head, double rope_base) {
+Tensor self_attention_gpu(const Tensor& qkv, int64_t n_head, double rope_base, const AttentionMask& mask) {
 #ifdef TILEGRAD_HAVE_CUDA
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, H = n_head, D = C / H;
   const Shape heads = {B, T, H, D};
@@ -260,6 +285,7 @@ Tensor self_attention_gpu(const Tensor& qkv, int64_t n_head, double rope_base) {
     p.B = B, p.T = T, p.H = H, p.D = D;
     p.scale = float(1.0 / std::sqrt(double(D)));
     p.causal = true;
+    set_gpu_mask(p, mask);  // (mask is captured with its device copy: the backward reads it too)
     return p;
   };
   Tensor o = Tensor::empty(heads, DType::bf16, qkv.device());
@@ -305,7 +331,7 @@ Tensor self_attention_gpu(const Tensor& qkv, int64_t n_head, double rope_base) {
   });
   return out;
 #else
-  (void)qkv, (void)n_head, (void)rope_base;
+  (void)qkv, (void)n_head, (void)rope_base, (void)mask;
   TG_ASSERT(false);
   return Tensor();
 #endif
@@ -334,7 +360,7 @@ Tensor self_attention(const Tensor& qkv, int64_t n_head, AttentionKind kind, dou
     auto [q, k, v] = split(qkv);
     return reshape(attention_naive(q, k, v, /*causal=*/true, mask), {B, T, C});
   }
-  if (qkv.device().is_cuda()) return self_attention_gpu(qkv, n_head, rope_base);
+  if (qkv.device().is_cuda()) return self_attention_gpu(qkv, n_head, rope_base, on_device(mask, qkv.device()));
   Tensor q, k, v;
   {
     NoGradGuard no_grad;  // one node for the whole op: the pieces below record nothing

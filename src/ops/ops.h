@@ -71,6 +71,9 @@ enum class AttentionKind { flash, naive };
 struct AttentionMask {
   int64_t window = 0;  // sliding window W: keys i − W < j ≤ i; 0: no window
   Tensor doc_start;    // (B, T) i32 CPU: first position of each token's document; undefined: none
+  // doc_start copied to the GPU the attention runs on, once per step by the caller (the GPT);
+  // undefined: the fused GPU attention copies doc_start itself, once per call.
+  Tensor doc_start_device;
   bool any() const { return window > 0 || doc_start.defined(); }
 };
 // Per-row document starts from token ids (B, T) i32: a document starts after each eot token,
@@ -80,7 +83,9 @@ Tensor document_starts(const Tensor& ids, int32_t eot_token);
 // above. With a structured mask, the (B, H, T, T) mask is materialised as an additive 0/−inf bias.
 Tensor attention_naive(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, const AttentionMask& mask = {});
 // Fused: saves only O and the per-row log-sum-exp; the backward recomputes scores block by block.
-// Structured masks run on the CPU only in this build (a CUDA tensor with a mask is an error).
+// Structured masks run on the CPU and in the fused GPU kernels (bf16, head dims 32, 64, 96, 128),
+// which skip the key tiles wholly outside each query tile's range; elsewhere on the GPU the
+// materialised attention takes them as a bias.
 Tensor attention_flash(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, const AttentionMask& mask = {});
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, AttentionKind kind,
                  const AttentionMask& mask = {});

@@ -354,9 +354,6 @@ TrainResult Trainer::run(const std::string& resume) {
   model_->set_recompute(tc.recompute);
   model_->set_recompute_rows(tc.recompute_rows);
   model_->set_offload_activations(tc.offload_activations);
-  TG_CHECK(device.is_cpu() || (config_.model.attention_window == 0 && !config_.data.document_mask),
-           "model.attention_window / data.document_mask: attention masks run on the CPU in this build; this run "
-           "is on ", device.str(), " (set run.device: cpu, or attention_window: 0 and document_mask: false)");
   if (config_.data.document_mask) model_->set_document_eot(config_.data.eot_token);
   sync_ = std::make_unique<dist::GradientSync>(*comm_, model_->params(), tc.zero,
                                                int64_t(tc.bucket_mb * double(1 << 20)));

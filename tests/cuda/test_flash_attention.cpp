@@ -7,6 +7,8 @@
 // within the same bounds. Row strides: q, k, v read straight
 // out of one packed (B, T, 3·H·D) qkv buffer and dq, dk, dv written into one (B, T, 3·H·D)
 // d(qkv) buffer give the same bits as the contiguous layout; invalid strides are rejected.
+// Structured masks (sliding window, documents) against the masked reference, and a mask that
+// excludes nothing bit for bit equal to plain causal attention.
 #include <gtest/gtest.h>
 
 #include "tests/cuda/cuda_test_util.h"
@@ -19,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <ostream>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -561,6 +564,160 @@ TEST(FlashAttention, UnsupportedHeadDimIsRejected) {
   p.B = 1, p.T = 8, p.H = 1, p.D = 80, p.scale = 1.0f;
   EXPECT_THROW(tg::cuda::flash_attention_forward(p, nullptr), std::invalid_argument);
   EXPECT_THROW(tg::cuda::flash_attention_backward(p, nullptr), std::invalid_argument);
+}
+
+// ─── Structured masks (window, documents) ───
+
+// A mask: a sliding window (0: none) and documents whose lengths cycle through `lengths` (none if
+// empty), the pattern rotated by the batch row so that the rows differ.
+struct MaskSpec {
+  const char* name;
+  int64_t window;
+  std::vector<int> lengths;
+};
+void PrintTo(const MaskSpec& m, std::ostream* os) { *os << m.name; }
+std::vector<int32_t> doc_starts(const MaskSpec& m, int64_t B, int64_t T) {
+  std::vector<int32_t> out;
+  if (m.lengths.empty()) return out;
+  out.resize(size_t(B * T));
+  for (int64_t b = 0; b < B; ++b) {
+    size_t next = size_t(b) % m.lengths.size();
+    int64_t start = 0, end = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      if (t == end) start = t, end = t + m.lengths[next], next = (next + 1) % m.lengths.size();
+      out[size_t(b * T + t)] = int32_t(start);
+    }
+  }
+  return out;
+}
+
+// Masked forward and backward on the device, outputs poisoned before every run.
+struct MaskedRun {
+  DeviceProblem d;
+  DeviceBuffer<int32_t> doc;
+  DeviceBuffer<unsigned char> ws_atomic;
+  MaskedRun(const Case& c, const Problem& pr, const std::vector<int32_t>& starts, int64_t window)
+      : d(c, pr), doc(std::max<size_t>(starts.size(), 1)),
+        ws_atomic(tg::cuda::flash_attention_backward_workspace_bytes(c.B, c.T, c.H, c.D, tg::cuda::FlashDq::kAtomic)) {
+    if (!starts.empty()) doc.upload(starts);
+    d.p.doc_start = starts.empty() ? nullptr : doc.ptr;
+    d.p.window = window;
+    d.p.workspace = ws_atomic.ptr;
+  }
+  struct Out {
+    std::vector<tg::bf16> o, dq, dk, dv;
+    std::vector<float> lse;
+  };
+  Out run(FlashKernels kernels, tg::cuda::FlashDq mode) {
+    d.p.kernels = kernels;
+    d.p.dq_mode = mode;
+    d.o.poison(), d.lse.poison(), d.dq.poison(), d.dk.poison(), d.dv.poison(), ws_atomic.poison();
+    tg::cuda::flash_attention_forward(d.p, nullptr);
+    tg::cuda::flash_attention_backward(d.p, nullptr);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    return {d.o.download(), d.dq.download(), d.dk.download(), d.dv.download(), d.lse.download()};
+  }
+};
+
+using MaskCase = std::tuple<int64_t /*T*/, int64_t /*D*/, FlashKernels, MaskSpec>;
+class FlashAttentionMaskTest : public ::testing::TestWithParam<MaskCase> {};
+
+// O, lse, dQ, dK, dV of the masked kernels against the masked double reference, both dQ modes
+// (the atomic one asked for as kAtomicKernel: it runs at every shape); the default backward
+// bitwise reproducible; dK, dV the same bits in both modes.
+TEST_P(FlashAttentionMaskTest, MatchesDoubleReference) {
+  const auto& [T, D, kernels, mask] = GetParam();
+  if (const std::string why = skip_reason(kernels); !why.empty()) GTEST_SKIP() << why;
+  const int64_t B = T >= 4096 ? 1 : 2, H = 2;
+  const Case c{B, T, H, D, true, 0.0};
+  const Problem pr = make_problem(c);
+  const std::vector<int32_t> starts = doc_starts(mask, B, T);
+  const Reference ref =
+      reference(c, pr.scale, pr.q.val, pr.k.val, pr.v.val, pr.dout.val, starts.empty() ? nullptr : starts.data(), mask.window);
+  MaskedRun r(c, pr, starts, mask.window);
+  const auto det = r.run(kernels, tg::cuda::FlashDq::kRecompute);
+  const std::vector<double> o = to_double(det.o), lse = to_double(det.lse);
+  ASSERT_EQ(count_nonfinite(o), 0u) << "O has NaN/inf (unwritten elements?)";
+  ASSERT_EQ(count_nonfinite(lse), 0u) << "lse has NaN/inf";
+  EXPECT_LE(rel_error(o, ref.o), 2e-2) << "O";
+  EXPECT_LE(max_abs_diff(lse, ref.lse), 1e-3) << "lse";
+  const char* names[3] = {"dQ", "dK", "dV"};
+  const std::vector<tg::bf16>* got[3] = {&det.dq, &det.dk, &det.dv};
+  const std::vector<double>* refs[3] = {&ref.dq, &ref.dk, &ref.dv};
+  for (int t = 0; t < 3; ++t) {
+    const std::vector<double> g = to_double(*got[t]);
+    ASSERT_EQ(count_nonfinite(g), 0u) << names[t] << " has NaN/inf (unwritten elements?)";
+    EXPECT_LE(rel_error(g, *refs[t]), 5e-2) << names[t];
+  }
+  const auto again = r.run(kernels, tg::cuda::FlashDq::kRecompute);
+  const std::vector<tg::bf16>* got2[3] = {&again.dq, &again.dk, &again.dv};
+  for (int t = 0; t < 3; ++t)
+    EXPECT_EQ(std::memcmp(got[t]->data(), got2[t]->data(), pr.n * sizeof(tg::bf16)), 0) << names[t] << " not reproducible";
+  const auto atomic = r.run(kernels, tg::cuda::FlashDq::kAtomicKernel);
+  const std::vector<double> gq = to_double(atomic.dq);
+  ASSERT_EQ(count_nonfinite(gq), 0u) << "dQ (kAtomic) has NaN/inf";
+  EXPECT_LE(rel_error(gq, ref.dq), 5e-2) << "dQ (kAtomic)";
+  EXPECT_EQ(std::memcmp(atomic.dk.data(), det.dk.data(), pr.n * sizeof(tg::bf16)), 0) << "dK (kAtomic)";
+  EXPECT_EQ(std::memcmp(atomic.dv.data(), det.dv.data(), pr.n * sizeof(tg::bf16)), 0) << "dV (kAtomic)";
+}
+
+// A mask that excludes nothing — one document over the whole sequence (doc_start all 0), or a
+// window ≥ T — gives the unmasked causal outputs bit for bit, in both dQ modes.
+TEST_P(FlashAttentionMaskTest, WholeSequenceDocumentIsCausalBitForBit) {
+  const auto& [T, D, kernels, mask] = GetParam();
+  if (const std::string why = skip_reason(kernels); !why.empty()) GTEST_SKIP() << why;
+  if (std::string(mask.name) != "docs") GTEST_SKIP() << "run once per shape and family";
+  const Case c{2, T, 2, D, true, 0.0};
+  const Problem pr = make_problem(c);
+  MaskedRun causal(c, pr, {}, 0), whole(c, pr, std::vector<int32_t>(size_t(2 * T), 0), 0), wide(c, pr, {}, T);
+  for (tg::cuda::FlashDq mode : {tg::cuda::FlashDq::kRecompute, tg::cuda::FlashDq::kAtomicKernel}) {
+    const auto base = causal.run(kernels, mode);
+    for (MaskedRun* m : {&whole, &wide}) {
+      const auto got = m->run(kernels, mode);
+      EXPECT_EQ(std::memcmp(got.o.data(), base.o.data(), pr.n * 2), 0) << "O";
+      EXPECT_EQ(std::memcmp(got.lse.data(), base.lse.data(), pr.n_lse * 4), 0) << "lse";
+      if (mode == tg::cuda::FlashDq::kRecompute) EXPECT_EQ(std::memcmp(got.dq.data(), base.dq.data(), pr.n * 2), 0) << "dQ";
+      EXPECT_EQ(std::memcmp(got.dk.data(), base.dk.data(), pr.n * 2), 0) << "dK";
+      EXPECT_EQ(std::memcmp(got.dv.data(), base.dv.data(), pr.n * 2), 0) << "dV";
+    }
+  }
+}
+
+// Windows inside a fragment, past a tile and past most of the sequence; documents of length 1
+// beside ones spanning tiles; both masks at once.
+std::vector<MaskCase> mask_cases() {
+  const std::vector<MaskSpec> masks = {
+      {"window7", 7, {}},
+      {"window300", 300, {}},
+      {"docs", 0, {1, 1, 3, 70, 1, 150, 2, 400, 1, 1000, 29}},
+      {"docs_window100", 100, {90, 1, 7, 700, 1, 1, 33}},
+  };
+  std::vector<MaskCase> out;
+  for (int64_t T : {1, 17, 129, 1000, 4096})
+    for (int64_t D : {64, 128})
+      for (FlashKernels k : {FlashKernels::kMmaSync, FlashKernels::kWgmma})
+        for (const MaskSpec& m : masks) out.emplace_back(T, D, k, m);
+  // The other head dims (mma.sync everywhere; 96 on the d 128 wgmma kernels).
+  out.emplace_back(1000, 32, FlashKernels::kMmaSync, masks[3]);
+  out.emplace_back(1000, 96, FlashKernels::kMmaSync, masks[3]);
+  out.emplace_back(1000, 96, FlashKernels::kWgmma, masks[3]);
+  return out;
+}
+std::string mask_case_name(const ::testing::TestParamInfo<MaskCase>& info) {
+  const auto& [T, D, kernels, mask] = info.param;
+  return "T" + std::to_string(T) + "_D" + std::to_string(D) + (kernels == FlashKernels::kWgmma ? "_wgmma_" : "_mma_sync_") +
+         mask.name;
+}
+INSTANTIATE_TEST_SUITE_P(Masks, FlashAttentionMaskTest, ::testing::ValuesIn(mask_cases()), mask_case_name);
+
+TEST(FlashAttention, MaskWithoutCausalIsRejected) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
+  tg::cuda::FlashAttentionParams p{};
+  p.B = 1, p.T = 8, p.H = 1, p.D = 64, p.scale = 1.0f, p.window = 4;
+  EXPECT_THROW(tg::cuda::flash_attention_forward(p, nullptr), std::invalid_argument);
+  EXPECT_THROW(tg::cuda::flash_attention_backward(p, nullptr), std::invalid_argument);
+  p.causal = true, p.window = -1;
+  EXPECT_THROW(tg::cuda::flash_attention_forward(p, nullptr), std::invalid_argument);
 }
 
 }  // namespace

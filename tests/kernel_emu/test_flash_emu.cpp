@@ -1,6 +1,7 @@
 // The FlashAttention CUDA kernels' own source, run on the CPU by tools/kernel_emu/emu.h, against
 // the double-precision reference of the GPU tests: forward O and lse, backward dQ, dK, dV with
-// both dQ strategies, over head dims, sequence tails and the causal rule, outputs poisoned first.
+// both dQ strategies, over head dims, sequence tails, the causal rule and the structured masks
+// (sliding window, documents), outputs poisoned first.
 // This checks the kernels' logic (tiles, indices, masks, fragment layouts, cp.async ordering) on
 // machines without a GPU, CI included; speed and the GPU's mma rounding are the GPU tests' job.
 #include <gtest/gtest.h>
@@ -18,6 +19,7 @@
 // Then the kernels, as generated from kernels/cuda/flash_attention/ at build time.
 #include "kernels/cuda/flash_attention/flash.h"
 #include "kernels/cuda/flash_attention/kernel_traits.cuh"
+#include "kernels/cuda/flash_attention/mask.cuh"
 #include "tile_emu.cuh"
 #include "sm90_emu.cuh"
 #include "flash_fwd_emu.h"
@@ -90,7 +92,10 @@ template <int D>
 void forward(const FlashAttentionParams& p_in) {
   const FlashAttentionParams p = flash::with_resolved_row_strides(p_in);
   using Tr = flash::FwdConfig<D>;
-  emu_launch(tile_grid(p, Tr::kBr), Tr::kThreads, Tr::kSmemBytes, [&] { flash::flash_fwd_kernel<Tr>(p); });
+  flash::with_mask(p, [&](auto masked) {
+    emu_launch(tile_grid(p, Tr::kBr), Tr::kThreads, Tr::kSmemBytes,
+               [&] { flash::flash_fwd_kernel<Tr, decltype(masked)::value>(p); });
+  });
 }
 
 template <int D>
@@ -101,21 +106,25 @@ void backward(const FlashAttentionParams& p_in) {
   delta_pass<D>(p, ws);
   using Dkdv = flash::DkdvConfig<D>;
   const int accum_rows = int(Ws::accum_rows(p.T));
-  if (!Ws::has_accum(p.dq_mode)) {  // as launch_bwd: the pair serves kAtomic where no atomic kernel is built
-    emu_launch(tile_grid(p, Dkdv::kOwn), Dkdv::kThreads, Dkdv::kSmemBytes, [&] {
-      flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kRecompute>(p, ws.delta, ws.dq_accum, accum_rows);
-    });
-    using Dq = flash::DqConfig<D>;
-    emu_launch(tile_grid(p, Dq::kOwn), Dq::kThreads, Dq::kSmemBytes,
-               [&] { flash::flash_bwd_dq_kernel<Dq>(p, ws.delta); });
-    return;
-  }
-  if constexpr (flash::kMmaSyncAtomicDq<D>) {
-    std::memset(ws.dq_accum, 0, Ws::accum_bytes(p.B, p.T, p.H));
-    emu_launch(tile_grid(p, Dkdv::kOwn), Dkdv::kThreads, Dkdv::kSmemDkdvBytes,
-               [&] { flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kAtomic>(p, ws.delta, ws.dq_accum, accum_rows); });
-    dq_convert_pass<D>(p, ws);
-  }
+  flash::with_mask(p, [&](auto masked) {
+    constexpr bool kMasked = decltype(masked)::value;
+    if (!Ws::has_accum(p.dq_mode)) {  // as launch_bwd: the pair serves kAtomic where no atomic kernel is built
+      emu_launch(tile_grid(p, Dkdv::kOwn), Dkdv::kThreads, Dkdv::kSmemBytes, [&] {
+        flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kRecompute, kMasked>(p, ws.delta, ws.dq_accum, accum_rows);
+      });
+      using Dq = flash::DqConfig<D>;
+      emu_launch(tile_grid(p, Dq::kOwn), Dq::kThreads, Dq::kSmemBytes,
+                 [&] { flash::flash_bwd_dq_kernel<Dq, kMasked>(p, ws.delta); });
+      return;
+    }
+    if constexpr (flash::kMmaSyncAtomicDq<D>) {
+      std::memset(ws.dq_accum, 0, Ws::accum_bytes(p.B, p.T, p.H));
+      emu_launch(tile_grid(p, Dkdv::kOwn), Dkdv::kThreads, Dkdv::kSmemDkdvBytes, [&] {
+        flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kAtomic, kMasked>(p, ws.delta, ws.dq_accum, accum_rows);
+      });
+      dq_convert_pass<D>(p, ws);
+    }
+  });
 }
 
 struct EmuCase {
@@ -202,8 +211,10 @@ template <class Tr>
 void forward_sm90a_traits(const FlashAttentionParams& p) {
   const flash::FwdTmaMaps maps = flash::fwd_tma_maps<Tr>(p);
   ItemCounter counter;
-  emu_launch(item_grid(p, Tr::kBr), Tr::kThreads, Tr::kSmemBytes,
-             [&] { flash::flash_fwd_sm90a_kernel<Tr>(p, maps, counter.words); });
+  flash::with_mask(p, [&](auto masked) {
+    emu_launch(item_grid(p, Tr::kBr), Tr::kThreads, Tr::kSmemBytes,
+               [&] { flash::flash_fwd_sm90a_kernel<Tr, decltype(masked)::value>(p, maps, counter.words); });
+  });
 }
 // A shape of sm90_shapes.h, its last tile's products as narrow as the launcher makes them
 // (fwd_last_tile_keys).
@@ -231,8 +242,10 @@ void dkdv_sm90a_with(const FlashAttentionParams& p, const float* delta) {
   using Tr = flash::DkdvWsSm90aTraits<Shape>;
   const flash::BwdTmaMaps maps = flash::bwd_tma_maps<Tr>(p);
   ItemCounter counter;
-  emu_launch(item_grid(p, Tr::kBc), Tr::kThreads, Tr::kSmemBytes, [&] {
-    flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr>(p, delta, nullptr, 0, maps, counter.words);
+  flash::with_mask(p, [&](auto masked) {
+    emu_launch(item_grid(p, Tr::kBc), Tr::kThreads, Tr::kSmemBytes, [&] {
+      flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr, decltype(masked)::value>(p, delta, nullptr, 0, maps, counter.words);
+    });
   });
 }
 template <int D>
@@ -248,8 +261,11 @@ void backward_sm90a(const FlashAttentionParams& p_in) {
       std::memset(ws.dq_accum, 0, Ws::accum_bytes(p.B, p.T, p.H));
       const flash::BwdTmaMaps maps = flash::bwd_tma_maps<Atomic>(p);
       ItemCounter counter;
-      emu_launch(item_grid(p, Atomic::kBc), Atomic::kThreads, Atomic::kSmemBytes, [&] {
-        flash::flash_bwd_dkdv_sm90a_ws_kernel<Atomic>(p, ws.delta, ws.dq_accum, accum_rows, maps, counter.words);
+      flash::with_mask(p, [&](auto masked) {
+        emu_launch(item_grid(p, Atomic::kBc), Atomic::kThreads, Atomic::kSmemBytes, [&] {
+          flash::flash_bwd_dkdv_sm90a_ws_kernel<Atomic, decltype(masked)::value>(p, ws.delta, ws.dq_accum, accum_rows,
+                                                                                maps, counter.words);
+        });
       });
       dq_convert_pass<D>(p, ws);
       return;
@@ -263,8 +279,11 @@ void backward_sm90a(const FlashAttentionParams& p_in) {
     using Dq = flash::DqSm90aTraits<typename decltype(tag)::type>;
     const flash::BwdTmaMaps maps = flash::bwd_tma_maps<Dq>(p);
     ItemCounter dq_counter;
-    emu_launch(item_grid(p, Dq::kBr), Dq::kThreads, Dq::kSmemBytes,
-               [&] { flash::flash_bwd_dq_sm90a_kernel<Dq>(p, ws.delta, maps, dq_counter.words); });
+    flash::with_mask(p, [&](auto masked) {
+      emu_launch(item_grid(p, Dq::kBr), Dq::kThreads, Dq::kSmemBytes, [&] {
+        flash::flash_bwd_dq_sm90a_kernel<Dq, decltype(masked)::value>(p, ws.delta, maps, dq_counter.words);
+      });
+    });
   };
   // As the dK/dV kernel above: the long shape from T = 256 here, but at d 64's T 300 the short one
   // (two Q/dO buffers, kQBuffers), so that its buffers alternate over the several items each of
@@ -456,8 +475,10 @@ TEST(ShapeTables, VariantsRunOnlyWhereNamedAndApplicable) {
   EXPECT_EQ(flash::variant_name(0), nullptr);
   EXPECT_EQ(flash::variant_name(n + 1), nullptr);
   EXPECT_EQ(flash::variant_id("fwd_d64"), 0);
-  // The pointers, the two modes, B, T, H, D, scale with causal and the variant, the eight row strides.
-  static_assert(sizeof(FlashAttentionParams) == 10 * 8 + 2 * 4 + 4 * 8 + 8 + 8 * 8, "variant in the padding after causal");
+  // The pointers, the two modes, B, T, H, D, scale with causal and the variant, the eight row
+  // strides, the window and doc_start.
+  static_assert(sizeof(FlashAttentionParams) == 10 * 8 + 2 * 4 + 4 * 8 + 8 + 8 * 8 + 2 * 8,
+                "variant in the padding after causal");
 }
 
 // The emulator's own check on wgmma operands: a product whose shared-memory operand tile, register
@@ -666,6 +687,209 @@ TEST(ForwardLastTile, NarrowestWidthThatHoldsTsLastTile) {
   // 1k: 144 keys in the last tile; 2k: 112; 4k: 48; 8k: 96; 16k: 16; 32k: 32.
   const std::pair<int64_t, int> expected[] = {{1024, 176}, {2048, 128}, {4096, 64}, {8192, 128}, {16384, 64}, {32768, 64}};
   for (const auto& [T, keys] : expected) EXPECT_EQ(flash::fwd_last_tile_keys<Wide>(T), keys) << T;
+}
+
+}  // namespace
+
+namespace {
+
+// ── Structured masks (mask.cuh): both kernel families, forward and both backward modes ──
+
+// A mask: a sliding window (0: none) and documents whose lengths cycle through doc_lengths (none
+// if empty), the pattern rotated by the batch row so that the rows differ.
+struct MaskSpec {
+  const char* name;
+  int64_t window;
+  std::vector<int> doc_lengths;
+};
+std::vector<int32_t> doc_starts(const MaskSpec& m, int64_t B, int64_t T) {
+  std::vector<int32_t> out;
+  if (m.doc_lengths.empty()) return out;
+  out.resize(size_t(B * T));
+  for (int64_t b = 0; b < B; ++b) {
+    size_t next = size_t(b) % m.doc_lengths.size();
+    int64_t start = 0, end = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      if (t == end) {
+        start = t;
+        end = t + m.doc_lengths[next];
+        next = (next + 1) % m.doc_lengths.size();
+      }
+      out[size_t(b * T + t)] = int32_t(start);
+    }
+  }
+  return out;
+}
+
+enum class Family { kMmaSync, kWgmma };
+struct MaskedCase {
+  Family family;
+  int64_t B, T, H, D;
+  MaskSpec mask;
+  FlashDq dq_mode;
+};
+void PrintTo(const MaskedCase& e, std::ostream* os) {
+  *os << (e.family == Family::kWgmma ? "wgmma" : "mma.sync") << " B" << e.B << " T" << e.T << " H" << e.H << " D"
+      << e.D << " " << e.mask.name << (e.dq_mode == FlashDq::kAtomic ? " atomic dQ" : "");
+}
+
+struct Outputs {
+  std::vector<tg::bf16> o, dq, dk, dv;
+  std::vector<float> lse;
+};
+// Forward and backward of one family, every output poisoned first.
+Outputs run_masked(const MaskedCase& mc, const Problem& pr, const int32_t* doc, int64_t window) {
+  const tg::bf16 nan_bf16{0xFFFF};
+  Outputs out{std::vector<tg::bf16>(pr.n, nan_bf16), std::vector<tg::bf16>(pr.n, nan_bf16),
+              std::vector<tg::bf16>(pr.n, nan_bf16), std::vector<tg::bf16>(pr.n, nan_bf16),
+              std::vector<float>(pr.n_lse, NAN)};
+  const size_t ws_bytes = with_head_dim<32, 64, 96, 128>(
+      mc.D, [&](auto d) { return flash::BwdWorkspace<d()>::bytes(mc.B, mc.T, mc.H, mc.dq_mode); });
+  std::vector<float> workspace(ws_bytes / sizeof(float) + 4, NAN);
+  FlashAttentionParams p{};
+  p.q = pr.q.bits.data(), p.k = pr.k.bits.data(), p.v = pr.v.bits.data(), p.o = out.o.data(), p.lse = out.lse.data();
+  p.dout = pr.dout.bits.data(), p.dq = out.dq.data(), p.dk = out.dk.data(), p.dv = out.dv.data();
+  p.workspace = workspace.data();
+  p.B = mc.B, p.T = mc.T, p.H = mc.H, p.D = mc.D, p.scale = float(pr.scale), p.causal = true;
+  p.dq_mode = mc.dq_mode;
+  p.window = window, p.doc_start = doc;
+  if (mc.family == Family::kMmaSync) {
+    with_head_dim<32, 64, 96, 128>(mc.D, [&](auto d) {
+      forward<d()>(p);
+      backward<d()>(p);
+    });
+  } else {
+    with_head_dim<64, 96, 128>(mc.D, [&](auto d) {
+      forward_sm90a(p);
+      backward_sm90a<d()>(p);
+    });
+  }
+  return out;
+}
+
+class FlashMaskedEmulated : public ::testing::TestWithParam<MaskedCase> {};
+
+TEST_P(FlashMaskedEmulated, MatchesDoubleReference) {
+  const MaskedCase& mc = GetParam();
+  const Case c{mc.B, mc.T, mc.H, mc.D, true, 0.0};
+  const Problem pr = make_problem(c);
+  const std::vector<int32_t> doc = doc_starts(mc.mask, mc.B, mc.T);
+  const int32_t* d = doc.empty() ? nullptr : doc.data();
+  const Reference ref = reference(c, pr.scale, pr.q.val, pr.k.val, pr.v.val, pr.dout.val, d, mc.mask.window);
+  const Outputs got = run_masked(mc, pr, d, mc.mask.window);
+  expect_matches_reference(got.o, got.lse, got.dq, got.dk, got.dv, ref);
+}
+
+// One document over the whole sequence (doc_start all 0, or a window ≥ T) excludes nothing: the
+// masked kernels must give the unmasked causal outputs bit for bit (no tile takes the mask).
+class FlashMaskedBitwiseEmulated : public ::testing::TestWithParam<MaskedCase> {};
+TEST_P(FlashMaskedBitwiseEmulated, WholeSequenceDocumentIsCausalBitForBit) {
+  const MaskedCase& mc = GetParam();
+  const Case c{mc.B, mc.T, mc.H, mc.D, true, 0.0};
+  const Problem pr = make_problem(c);
+  const std::vector<int32_t> whole(size_t(mc.B * mc.T), 0);
+  const Outputs causal = run_masked(mc, pr, nullptr, 0);
+  const Outputs doc = run_masked(mc, pr, whole.data(), 0);
+  const Outputs wide = run_masked(mc, pr, nullptr, mc.T);
+  auto bits = [](const std::vector<tg::bf16>& x) {
+    std::vector<uint16_t> u(x.size());
+    for (size_t i = 0; i < x.size(); ++i) u[i] = x[i].bits;
+    return u;
+  };
+  for (const Outputs* m : {&doc, &wide}) {
+    EXPECT_EQ(bits(m->o), bits(causal.o)) << "O";
+    EXPECT_EQ(std::memcmp(m->lse.data(), causal.lse.data(), causal.lse.size() * sizeof(float)), 0) << "lse";
+    EXPECT_EQ(bits(m->dq), bits(causal.dq)) << "dQ";
+    EXPECT_EQ(bits(m->dk), bits(causal.dk)) << "dK";
+    EXPECT_EQ(bits(m->dv), bits(causal.dv)) << "dV";
+  }
+}
+
+// Windows inside a 16-row fragment, between the 64- and 128-row tiles and past them; documents of
+// length 1 beside ones spanning several tiles; both masks at once; two batch rows whose documents
+// differ. The wgmma kernels at T = 300 (their long shapes, several items per block, ragged tails),
+// the mma.sync ones (slower to emulate) at T = 200 (2 tiles of 128 rows, 4 of 64, a ragged tail);
+// both at T = 129 with two heads.
+const std::vector<MaskSpec>& emu_masks() {
+  static const std::vector<MaskSpec> masks = {
+      {"window5", 5, {}},
+      {"window100", 100, {}},
+      {"window150", 150, {}},
+      {"docs", 0, {1, 1, 3, 70, 1, 150, 2, 40, 1}},
+      {"docs_window50", 50, {90, 1, 7, 200, 1, 1, 33}},
+  };
+  return masks;
+}
+std::vector<MaskedCase> masked_cases() {
+  const std::vector<MaskSpec>& m = emu_masks();
+  std::vector<MaskedCase> out;
+  for (Family f : {Family::kMmaSync, Family::kWgmma}) {
+    const int64_t T = f == Family::kWgmma ? 300 : 200;
+    for (const MaskSpec& mask : m) out.push_back({f, 2, T, 1, 64, mask, FlashDq::kRecompute});
+    for (int i : {0, 4}) out.push_back({f, 2, T, 1, 64, m[size_t(i)], FlashDq::kAtomic});
+    for (int i : {1, 3}) out.push_back({f, 2, T, 1, 128, m[size_t(i)], FlashDq::kRecompute});
+    out.push_back({f, 2, T, 1, 128, m[3], FlashDq::kAtomic});
+    out.push_back({f, 1, 129, 2, 64, m[0], FlashDq::kRecompute});
+  }
+  // The mma.sync kernels' other head dims take the mask alike (96 has no atomic-dQ kernel).
+  for (int64_t D : {32, 96}) out.push_back({Family::kMmaSync, 2, 200, 1, D, m[3], FlashDq::kRecompute});
+  return out;
+}
+std::vector<MaskedCase> bitwise_cases() {
+  std::vector<MaskedCase> out;
+  const MaskSpec none{"whole_document", 0, {}};
+  for (Family f : {Family::kMmaSync, Family::kWgmma})
+    for (int64_t D : {64, 128}) out.push_back({f, 2, f == Family::kWgmma ? 300 : 200, 1, D, none, FlashDq::kRecompute});
+  out.push_back({Family::kWgmma, 2, 300, 1, 64, none, FlashDq::kAtomic});
+  return out;
+}
+std::string masked_case_name(const ::testing::TestParamInfo<MaskedCase>& info) {
+  const MaskedCase& e = info.param;
+  return std::string(e.family == Family::kWgmma ? "wgmma" : "mma_sync") + "_B" + std::to_string(e.B) + "_T" +
+         std::to_string(e.T) + "_H" + std::to_string(e.H) + "_D" + std::to_string(e.D) + "_" + e.mask.name +
+         (e.dq_mode == FlashDq::kAtomic ? "_atomic_dq" : "");
+}
+INSTANTIATE_TEST_SUITE_P(Masks, FlashMaskedEmulated, ::testing::ValuesIn(masked_cases()), masked_case_name);
+INSTANTIATE_TEST_SUITE_P(Masks, FlashMaskedBitwiseEmulated, ::testing::ValuesIn(bitwise_cases()), masked_case_name);
+
+// The block ranges against a brute-force count over a sequence of documents and windows.
+TEST(SeqMaskRanges, MatchBruteForce) {
+  const int T = 300;
+  for (const MaskSpec& m : {MaskSpec{"w7", 7, {}}, MaskSpec{"docs", 0, {1, 1, 3, 70, 1, 150, 2, 40, 1}},
+                            MaskSpec{"both", 50, {90, 1, 7, 200, 1}}}) {
+    SCOPED_TRACE(m.name);
+    const std::vector<int32_t> doc = doc_starts(m, 1, T);
+    FlashAttentionParams p{};
+    p.T = T, p.B = 1, p.window = m.window, p.doc_start = doc.empty() ? nullptr : doc.data();
+    const flash::SeqMask sm = flash::seq_mask(p, 0);
+    auto visible = [&](int q, int k) {
+      int lo = doc.empty() ? 0 : doc[size_t(q)];
+      if (m.window > 0) lo = std::max(lo, q - int(m.window) + 1);
+      return lo <= k && k <= q;
+    };
+    for (int k = 0; k < T; ++k) {
+      int end = k + 1;
+      for (int q = k; q < T; ++q)
+        if (visible(q, k)) end = q + 1;
+      EXPECT_EQ(sm.query_end(k), end) << k;
+    }
+    for (int tile : {16, 64, 128})
+      for (int t0 = 0; t0 < T; t0 += tile) {
+        const flash::SeqMask::Range keys = sm.key_tiles(t0, tile, tile), queries = sm.query_tiles(t0, tile, tile);
+        for (int other = 0; other * tile < T; ++other) {
+          bool any_k = false, any_q = false;
+          for (int q = t0; q < std::min(t0 + tile, T); ++q)
+            for (int k = other * tile; k < std::min((other + 1) * tile, T); ++k) any_k |= visible(q, k);
+          for (int k = t0; k < std::min(t0 + tile, T); ++k)
+            for (int q = other * tile; q < std::min((other + 1) * tile, T); ++q) any_q |= visible(q, k);
+          // Every visible tile is in range; the range's first tile and last are visible ones.
+          if (any_k) EXPECT_TRUE(other >= keys.first && other < keys.end) << t0 << " keys " << other;
+          if (any_q) EXPECT_TRUE(other >= queries.first && other < queries.end) << t0 << " queries " << other;
+          if (other == keys.first || other == keys.end - 1) EXPECT_TRUE(any_k) << t0 << " keys " << other;
+          if (other == queries.first || other == queries.end - 1) EXPECT_TRUE(any_q) << t0 << " queries " << other;
+        }
+      }
+  }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Structured attention masks at the op level: document starts from token ids, the fused flash
 // path against the materialised mask (outputs and gradients, in double), no-op masks bit for bit
-// equal to plain causal attention, and the errors (bad masks, a mask on a CUDA tensor).
+// equal to plain causal attention, and the errors (bad masks). The GPU's are
+// tests/cuda/test_attention_masks_gpu.cpp and tests/cuda/test_flash_attention.cpp.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -144,20 +145,6 @@ TEST(AttentionMasks, BadMasksAreNamed) {
   expect_error([&] { ops::attention_flash(q, q, q, true, bad); }, {"document start 2", "position 1"});
   bad.doc_start = Tensor::from_ints({0, 0, 0}, {1, 3});
   expect_error([&] { ops::attention_flash(q, q, q, true, bad); }, {"document starts must be i32 (1, 4)"});
-}
-
-// In this build the fused GPU kernels have no masks: a mask on a CUDA tensor is an error, never
-// silently dropped.
-TEST(AttentionMasks, CudaTensorWithMaskIsAnError) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU on this machine: a GPU tensor cannot be made";
-  Tensor q = random_tensor({1, 8, 2, 32}, 1, DType::f32).to(Device::cuda(0));
-  ops::AttentionMask w;
-  w.window = 4;
-  expect_error([&] { ops::attention_flash(q, q, q, true, w); }, {"attention masks run on the CPU in this build"});
-  expect_error([&] { ops::attention_naive(q, q, q, true, w); }, {"attention masks run on the CPU in this build"});
-  Tensor qkv = random_tensor({1, 8, 96}, 2, DType::f32).to(Device::cuda(0));
-  expect_error([&] { ops::self_attention(qkv, 2, ops::AttentionKind::flash, 0.0, w); },
-               {"self_attention", "attention masks run on the CPU in this build"});
 }
 
 }  // namespace

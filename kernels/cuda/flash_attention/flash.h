@@ -71,6 +71,15 @@ struct FlashAttentionParams {
   int64_t q_row_stride = 0, k_row_stride = 0, v_row_stride = 0;    // elements between tokens t and t+1; 0 → H·D
   int64_t o_row_stride = 0, do_row_stride = 0;                      // 0 → H·D
   int64_t dq_row_stride = 0, dk_row_stride = 0, dv_row_stride = 0;  // 0 → H·D
+  // Structured masks (causal only; kernels/cpu/flash_attention.h has the rule): query i of
+  // sequence b sees key j iff lo ≤ j ≤ i, lo = max(doc_start[b·T + i], i − window + 1), each term
+  // only when its mask is on. window: 0 (or ≥ T) for none. doc_start: (B, T) int32 in device
+  // memory, each token's document's first position (non-decreasing along a sequence, ≤ its own
+  // position); null for none. The kernels take the mask as block ranges (mask.cuh): key tiles
+  // wholly outside a query tile's range are never loaded, tiles wholly inside run without mask
+  // logic. (After the strides, so that the fields before keep their offsets.)
+  int64_t window = 0;
+  const int32_t* doc_start = nullptr;
 };
 
 // A variant of the development registry (kernels/cuda/flash_attention/sm90_shapes.h): a wgmma

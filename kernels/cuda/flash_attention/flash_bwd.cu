@@ -15,6 +15,7 @@
 #include "kernels/cuda/flash_attention/flash.h"
 #include "kernels/cuda/flash_attention/kernel_traits.cuh"
 #include "kernels/cuda/flash_attention/launch.cuh"
+#include "kernels/cuda/flash_attention/mask.cuh"
 #include "kernels/cuda/flash_attention/sm90_shapes.h"
 #include "kernels/cuda/flash_attention/tile.cuh"
 
@@ -73,7 +74,7 @@ __global__ void flash_bwd_delta_kernel(const tg::bf16* __restrict__ o, int64_t l
 // the block computes dQ_i += dS K_j and adds it into the fp32 buffer dq_accum with unordered
 // atomics (kept unscaled; flash_bwd_dq_convert_kernel scales and rounds it). With kRecompute it
 // does not: flash_bwd_dq_kernel forms dQ in a deterministic pass of its own.
-template <class Tr, FlashDq Mode>
+template <class Tr, FlashDq Mode, bool kMasked = false>
 __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dkdv_kernel(const FlashAttentionParams p,
                                                                        const float* __restrict__ delta,
                                                                        float* __restrict__ dq_accum,
@@ -111,9 +112,11 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dkdv_kernel(const Flas
   const float* lse = p.lse + (int64_t(b) * H + h) * T;  // (T,)
   const float* dlt = delta + (int64_t(b) * H + h) * T;   // (T,)
 
-  // Causal: query blocks ending before k0 only see keys in their future, never visited.
+  // Causal: query blocks ending before k0 only see keys in their future, never visited; with a
+  // structured mask (mask.cuh) neither are those past the last query that sees this key block.
+  const SeqMask mask = seq_mask_if<kMasked>(p, b);
   const int i_begin = causal ? k0 / Br : 0;
-  const int n_qb = (T + Br - 1) / Br;
+  const int n_qb = mask.on ? mask.query_tiles(k0, Bc, Br).end : (T + Br - 1) / Br;  // (the end of the loop)
   float* dQacc = dq_accum + (int64_t(b) * H + h) * accum_rows * D;  // this head's rows: ≥ n_qb·Br
 
   load_tile<Bc, D, LDS, NT>(sK, K, ldk, k0, T, tid);
@@ -158,11 +161,15 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dkdv_kernel(const Flas
     for (int r = 0; r < R; ++r) zero(s[r]);
     mma_abt_smem_a_rows<R, Br, D>(s, Kw, LDS, Qi, LDS, lane);
     const bool need_mask = q0 + Br > T || (causal && k0 + Bc - 1 > q0);
+    const bool need_seq_mask = mask.needs_mask(min(q0 + Br, T) - 1, k0);
     uint32_t pf[R][Br / 16][4];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       exp2_scaled_minus_col<Br>(s[r], scale_log2, Li, lane);  // Pᵀ = exp(S·scale − lse)
-      if (need_mask)  // masked entries exactly 0
+      if (need_seq_mask)  // masked entries exactly 0
+        mask_tile<Br>(s[r], key0 + r * kRowsPerWarp, q0, lane,
+                      [=](int k, int q) { return q >= T || k > q || mask.excluded(q, k); }, 0.0f);
+      else if (need_mask)
         mask_tile<Br>(s[r], key0 + r * kRowsPerWarp, q0, lane,
                       [=](int k, int q) { return q >= T || (causal && k > q); }, 0.0f);
       acc_to_a<Br>(pf[r], s[r]);
@@ -236,7 +243,7 @@ __global__ void flash_bwd_dq_convert_kernel(const float* __restrict__ dq_accum, 
 // blocks of query rows starting at q0 + 16R·w; Q_i and dO_i stay in smem, K and V tiles stream
 // double-buffered, and dQ accumulates in fp32 registers in key-block order: deterministic
 // without atomics, at the price of recomputing S and dP a second time.
-template <class Tr>
+template <class Tr, bool kMasked = false>
 __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dq_kernel(const FlashAttentionParams p,
                                                                      const float* __restrict__ delta) {
   constexpr int D = Tr::kD, Br = Tr::kOwn, Bc = Tr::kStream, LDS = Tr::kLds, NT = Tr::kThreads, R = Tr::kRowBlocks;
@@ -264,13 +271,16 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dq_kernel(const FlashA
   const tg::bf16* dO = p.dout + bt * lddo + hd;
   tg::bf16* dQ = p.dq + bt * p.dq_row_stride + hd;
 
+  // The key tiles kb0 … n_kb − 1, as in the forward.
+  const SeqMask mask = seq_mask_if<kMasked>(p, b);
   const int q_last = min(q0 + Br, T) - 1;
+  const int kb0 = mask.lo(q0) / Bc;  // 0 without a mask
   const int n_kb = causal ? q_last / Bc + 1 : (T + Bc - 1) / Bc;
 
   load_tile<Br, D, LDS, NT>(sQ, Q, ldq, q0, T, tid);
   load_tile<Br, D, LDS, NT>(sdO, dO, lddo, q0, T, tid);
-  load_tile<Bc, D, LDS, NT>(sK, K, ldk, 0, T, tid);
-  load_tile<Bc, D, LDS, NT>(sV, V, ldv, 0, T, tid);
+  load_tile<Bc, D, LDS, NT>(sK, K, ldk, kb0 * Bc, T, tid);
+  load_tile<Bc, D, LDS, NT>(sV, V, ldv, kb0 * Bc, T, tid);
   cp_async_commit();
 
   const float scale_log2 = p.scale * kLog2e;
@@ -293,8 +303,8 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dq_kernel(const FlashA
 #pragma unroll
   for (int r = 0; r < R; ++r) zero(dq[r]);
 
-  for (int j = 0; j < n_kb; ++j) {
-    const int st = j & 1;
+  for (int j = kb0; j < n_kb; ++j) {
+    const int st = (j - kb0) & 1;
     if (j + 1 < n_kb) {
       load_tile<Bc, D, LDS, NT>(sK + (st ^ 1) * Tr::kTileStream, K, ldk, (j + 1) * Bc, T, tid);
       load_tile<Bc, D, LDS, NT>(sV + (st ^ 1) * Tr::kTileStream, V, ldv, (j + 1) * Bc, T, tid);
@@ -311,10 +321,14 @@ __global__ void __launch_bounds__(Tr::kThreads) flash_bwd_dq_kernel(const FlashA
     for (int r = 0; r < R; ++r) zero(s[r]);
     mma_abt_smem_a_rows<R, Bc, D>(s, Qw, LDS, Kj, LDS, lane);
     const bool need_mask = k0 + Bc > T || (causal && k0 + Bc - 1 > q0);
+    const bool need_seq_mask = mask.needs_mask(q_last, k0);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       exp2_scaled_minus_row<Bc>(s[r], scale_log2, lse2[r]);  // P
-      if (need_mask)
+      if (need_seq_mask)
+        mask_tile<Bc>(s[r], row0 + r * kRowsPerWarp, k0, lane,
+                      [=](int q, int k) { return k >= T || k > q || mask.excluded(q, k); }, 0.0f);
+      else if (need_mask)
         mask_tile<Bc>(s[r], row0 + r * kRowsPerWarp, k0, lane,
                       [=](int q, int k) { return k >= T || (causal && k > q); }, 0.0f);
     }
@@ -400,15 +414,22 @@ void launch_bwd(const FlashAttentionParams& p_in, cudaStream_t stream) {
     FlashAttentionParams pw = p;
     pw.dq_mode = atomic_dq ? FlashDq::kAtomic : FlashDq::kRecompute;
     flash::flash_bwd_sm90a(pw, ws.delta, ws.dq_accum, accum_rows, stream);
-  } else if (!atomic_dq) {
-    using Dq = flash::DqConfig<D>;
-    flash::launch_tile_kernel<Dkdv>(flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kRecompute>, Dkdv::kSmemBytes, p,
-                                    stream, static_cast<const float*>(ws.delta), ws.dq_accum, accum_rows);
-    flash::launch_tile_kernel<Dq>(flash::flash_bwd_dq_kernel<Dq>, Dq::kSmemBytes, p, stream,
-                                  static_cast<const float*>(ws.delta));
-  } else if constexpr (flash::kMmaSyncAtomicDq<D>) {
-    flash::launch_tile_kernel<Dkdv>(flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kAtomic>, Dkdv::kSmemDkdvBytes, p,
-                                    stream, static_cast<const float*>(ws.delta), ws.dq_accum, accum_rows);
+  } else {
+    flash::with_mask(p, [&](auto masked) {
+      constexpr bool kMasked = decltype(masked)::value;
+      if (!atomic_dq) {
+        using Dq = flash::DqConfig<D>;
+        flash::launch_tile_kernel<Dkdv>(flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kRecompute, kMasked>,
+                                        Dkdv::kSmemBytes, p, stream, static_cast<const float*>(ws.delta), ws.dq_accum,
+                                        accum_rows);
+        flash::launch_tile_kernel<Dq>(flash::flash_bwd_dq_kernel<Dq, kMasked>, Dq::kSmemBytes, p, stream,
+                                      static_cast<const float*>(ws.delta));
+      } else if constexpr (flash::kMmaSyncAtomicDq<D>) {
+        flash::launch_tile_kernel<Dkdv>(flash::flash_bwd_dkdv_kernel<Dkdv, FlashDq::kAtomic, kMasked>,
+                                        Dkdv::kSmemDkdvBytes, p, stream, static_cast<const float*>(ws.delta),
+                                        ws.dq_accum, accum_rows);
+      }
+    });
   }
   if (atomic_dq) {
     const unsigned row_blocks = unsigned((rows * (D / 8) + kThreads - 1) / kThreads);  // a thread per 8 elements
@@ -484,6 +505,7 @@ void flash_attention_backward(const FlashAttentionParams& p, cudaStream_t stream
   // The grid is (H, B, tiles of ≥ 64 rows): B and the tile count are limited to 65535.
   require(p.T <= 65535LL * 64, fn, "T must be ≤ 4194240 (65535 tiles of 64 rows)");
   require(p.B <= 65535, fn, "B must be ≤ 65535 (a grid dimension)");
+  flash::require_mask(p, fn);
   if (p.B == 0 || p.T == 0 || p.H == 0) return;
   require(p.q && p.k && p.v && p.o && p.lse && p.dout && p.dq && p.dk && p.dv && p.workspace, fn, "null pointer");
   require(aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned16(p.o) && aligned16(p.dout) &&

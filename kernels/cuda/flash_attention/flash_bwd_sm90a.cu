@@ -25,6 +25,7 @@
 #include "kernels/cuda/flash_attention/flash.h"
 #include "kernels/cuda/flash_attention/kernel_traits.cuh"
 #include "kernels/cuda/flash_attention/launch.cuh"
+#include "kernels/cuda/flash_attention/mask.cuh"
 #include "kernels/cuda/flash_attention/sm90_bwd_mainloop.cuh"
 #include "kernels/cuda/flash_attention/sm90_epilogue.cuh"
 #include "kernels/cuda/flash_attention/sm90_pipeline.cuh"
@@ -137,7 +138,7 @@ BwdTmaMaps bwd_tma_maps(const FlashAttentionParams& p) {  // p's row strides res
   return maps;
 }
 
-template <class Tr>
+template <class Tr, bool kMasked = false>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     flash_bwd_dq_sm90a_kernel(const FlashAttentionParams p, const float* __restrict__ delta,
                                  const __grid_constant__ BwdTmaMaps maps, unsigned* item_counter) {
@@ -156,9 +157,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // Work items (query tile, head, batch), heaviest first when causal (sm90::item_tile); this
   // block's first is blockIdx.x, the next ones claimed from item_counter, as in the forward.
   const int n_qb = (T + Br - 1) / Br, n_items = H * B * n_qb;
-  auto keys_of = [=](int q0) {  // key tiles a query tile sees
-    const int q_last = min(q0 + Br, T) - 1;
-    return causal ? q_last / Bc + 1 : (T + Bc - 1) / Bc;
+  // The key tiles an item's query tile sees: causal, up to the diagonal and (structured masks,
+  // mask.cuh) from the one holding its first row's first visible key.
+  const int32_t* doc_start = p.doc_start;
+  const int64_t window = p.window;
+  auto keys_of = [=](const sm90::ItemTile& item) -> SeqMask::Range {
+    const int q_last = min(item.row0 + Br, T) - 1;
+    if (!causal) return {0, (T + Bc - 1) / Bc};
+    return {seq_mask_if<kMasked>(doc_start, window, T, item.b).lo(item.row0) / Bc, q_last / Bc + 1};
   };
 
   // The mbarriers, after the tiles: the own tiles' (q_full), then the K/V stream's, whose empty
@@ -188,7 +194,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       int w = int(blockIdx.x), next = sm90::claim_item(item_counter);
       for (int it = 0; w < n_items; ++it) {
         const sm90::ItemTile item = sm90::item_tile(w, H, B, n_qb, Br, causal, true);
-        const int n_kb = keys_of(item.row0);
+        const SeqMask::Range keys = keys_of(item);
+        const int n_kb = keys.end - keys.first;
         const int qb = it % QB, use = it / QB;
         if (use > 0) sm90::mbarrier_wait(q_empty_of(qb), uint32_t(use - 1) & 1);
         s_item[2 * qb] = w;
@@ -197,7 +204,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         sm90::mbarrier_arrive_expect_tx(full, 2 * Tr::kTileQ);  // release: the slot before the consumers' reads
         sm90::produce_tile<Tr::kPanels>(sQ + qb * 2 * Tr::kTileQ, Tr::kPanelQ, &maps.q, item.h, item.row0, item.b, full);
         sm90::produce_tile<Tr::kPanels>(sdO + qb * 2 * Tr::kTileQ, Tr::kPanelQ, &maps.dout, item.h, item.row0, item.b, full);
-        sm90::produce_kv<Tr::kPanels, Bc, NS>(kv, &maps.k, &maps.v, item.h, item.b, n_kb, 0, seq);
+        sm90::produce_kv<Tr::kPanels, Bc, NS>(kv, &maps.k, &maps.v, item.h, item.b, n_kb, keys.first, seq);
         seq += n_kb;
         w = next;
         if (w < n_items) next = sm90::claim_item(item_counter);
@@ -211,7 +218,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
 
   const DqSmem<decltype(q_full_of), decltype(q_empty_of)> sm{sQ, sdO, sK, sV, sStage, kv, q_full_of, q_empty_of, s_item};
-  dq_consumer<Tr>(p, delta, maps, sm, T, H, B, causal, n_qb, n_items, keys_of, tid, wg);
+  dq_consumer<Tr, kMasked>(p, delta, maps, sm, T, H, B, causal, n_qb, n_items, keys_of, tid, wg);
 }
 
 // ── dK/dV, warp-specialised ──
@@ -336,7 +343,7 @@ struct DkdvWsSm90aTraits {
 // beside it and its measurements in docs/kernels.md §4.2. The head dims with an atomic kernel:
 template <int D> constexpr bool kSm90aAtomicDq = D == 128 || D == 64;
 
-template <class Tr>
+template <class Tr, bool kMasked = false>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     flash_bwd_dkdv_sm90a_ws_kernel(const FlashAttentionParams p, const float* __restrict__ delta,
                                    float* __restrict__ dq_accum, int accum_rows,
@@ -364,9 +371,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // slot with K_j, V_j (own_full).
   const int n_kb = (T + Bc - 1) / Bc, n_items = H * B * n_kb;
   const int n_qb = (T + Br - 1) / Br;
-  // Causal: query tiles ending before the key block's first key only see keys in their future,
-  // never visited.
-  auto first_tile = [=](int k0) { return causal ? k0 / Br : 0; };
+  // The query tiles [first, end) an item's key block is seen by. Causal: those ending before its
+  // first key only see keys in their future, never visited; with a structured mask (mask.cuh)
+  // neither are those past the last query that sees its last key.
+  const int32_t* doc_start = p.doc_start;
+  const int64_t window = p.window;
+  auto query_tiles = [=](const sm90::ItemTile& item) -> SeqMask::Range {
+    if (!causal) return {0, n_qb};
+    const SeqMask mask = seq_mask_if<kMasked>(doc_start, window, T, item.b);
+    return {item.row0 / Br, mask.on ? mask.query_tiles(item.row0, Bc, Br).end : n_qb};
+  };
   // Item w's key block, head and batch, in the kernel's order (Tr::kGroupedItems).
   auto item_of = [=](int w) { return sm90::item_tile(w, H, B, n_kb, Bc, causal, false, Tr::kGroupedItems); };
 
@@ -423,15 +437,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       int w = int(blockIdx.x), next = sm90::claim_item(item_counter);
       for (int it = 0, seq = 0; w < n_items; ++it) {
         const sm90::ItemTile item = item_of(w);
-        const int i_begin = first_tile(item.row0);
+        const SeqMask::Range queries = query_tiles(item);
         if (it > 0) sm90::mbarrier_wait(own_empty, uint32_t(it - 1) & 1);
         s_item[0] = w;
         s_item[1] = next;
         sm90::mbarrier_arrive_expect_tx(own_full, 2 * Tr::kTileOwn);  // release: the slot before its reads
         sm90::produce_tile<Tr::kPanels>(sK, Tr::kPanelOwn, &maps.k, item.h, item.row0, item.b, own_full);
         sm90::produce_tile<Tr::kPanels>(sV, Tr::kPanelOwn, &maps.v, item.h, item.row0, item.b, own_full);
-        sm90::produce_kv<Tr::kPanels, Br, NS>(qdo, &maps.q, &maps.dout, item.h, item.b, n_qb - i_begin, i_begin, seq);
-        seq += n_qb - i_begin;
+        sm90::produce_kv<Tr::kPanels, Br, NS>(qdo, &maps.q, &maps.dout, item.h, item.b, queries.end - queries.first,
+                                              queries.first, seq);
+        seq += queries.end - queries.first;
         w = next;
         if (w < n_items) next = sm90::claim_item(item_counter);
       }
@@ -448,7 +463,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         const sm90::ItemTile item = item_of(slot.item);
         const float* lse = p.lse + (int64_t(item.b) * H + item.h) * T;
         const float* dlt = delta + (int64_t(item.b) * H + item.h) * T;
-        for (int i = first_tile(item.row0); i < n_qb; ++i, ++seq) {
+        const SeqMask::Range queries = query_tiles(item);
+        for (int i = queries.first; i < queries.end; ++i, ++seq) {
           const int st = seq % NS;
           const uint32_t use = uint32_t(seq / NS);
           if (use > 0) sm90::mbarrier_wait(&qdo.k_empty[st], (use - 1) & 1);
@@ -483,7 +499,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   const DkdvSmem sm{sK,       sV,       sQ,      sdO,      sStage,  sdSt,     sDq,    sL,    sDelta,
                     qdo,      own_full, own_empty, ds_full, ds_empty, dq_full, dq_empty, s_item, s_dq};
-  dkdv_consumer<Tr>(p, maps, sm, T, H, causal, n_qb, n_items, first_tile, item_of, dq_accum, accum_rows, tid, wg);
+  dkdv_consumer<Tr, kMasked>(p, maps, sm, T, H, causal, n_items, query_tiles, item_of, dq_accum, accum_rows, tid, wg);
 }
 
 }  // namespace flash
@@ -507,26 +523,47 @@ int item_count(const FlashAttentionParams& p, int rows) { return int(p.H * p.B *
 // closes. It reads only what the delta pass and the forward wrote, and takes its own item counter
 // (slot 1: the dK/dV kernel's last blocks may still be claiming from slot 0). It pays most at
 // short T, where the last wave is a larger share of the kernel (docs/kernels.md §5.3).
+// Each kernel as its masked instantiation when p has a structured mask (causal shapes only have
+// one), else as its unmasked one: f(the kernel of Tr, masked or not).
+template <class Tr, template <class, bool> class Kernel, class F>
+void with_masked(const FlashAttentionParams& p, F&& f) {
+  if constexpr (Tr::S::mask != flash::Mask::kNonCausal)
+    if (flash::has_mask(p)) return f(Kernel<Tr, true>::get());
+  f(Kernel<Tr, false>::get());
+}
+template <class Tr, bool kMasked>
+struct DqKernel {
+  static auto get() { return flash::flash_bwd_dq_sm90a_kernel<Tr, kMasked>; }
+};
+template <class Tr, bool kMasked>
+struct DkdvKernel {
+  static auto get() { return flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr, kMasked>; }
+};
+
 template <class Tr>
 void launch_dq_sm90a_with(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
-  flash::launch_item_kernel<Tr>(flash::Overlap::kPrevious, flash::flash_bwd_dq_sm90a_kernel<Tr>, Tr::kSmemBytes,
-                                item_count(p, Tr::kBr), p, stream, delta, flash::bwd_tma_maps<Tr>(p),
-                                flash::item_counter(stream, 1));
+  with_masked<Tr, DqKernel>(p, [&](auto kernel) {
+    flash::launch_item_kernel<Tr>(flash::Overlap::kPrevious, kernel, Tr::kSmemBytes, item_count(p, Tr::kBr), p, stream,
+                                  delta, flash::bwd_tma_maps<Tr>(p), flash::item_counter(stream, 1));
+  });
 }
 // The dK/dV kernel, likewise.
 template <class Tr>
 void launch_dkdv_sm90a_with(const FlashAttentionParams& p, const float* delta, cudaStream_t stream) {
-  flash::launch_item_kernel<Tr>(flash::Overlap::kNone, flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr>, Tr::kSmemBytes,
-                                item_count(p, Tr::kBc), p, stream, delta, static_cast<float*>(nullptr), 0,
-                                flash::bwd_tma_maps<Tr>(p), flash::item_counter(stream));
+  with_masked<Tr, DkdvKernel>(p, [&](auto kernel) {
+    flash::launch_item_kernel<Tr>(flash::Overlap::kNone, kernel, Tr::kSmemBytes, item_count(p, Tr::kBc), p, stream,
+                                  delta, static_cast<float*>(nullptr), 0, flash::bwd_tma_maps<Tr>(p),
+                                  flash::item_counter(stream));
+  });
 }
 // FlashDq::kAtomic's dK/dV kernel, which forms dQ too and adds it into dq_accum.
 template <class Tr>
 void launch_dkdv_atomic_sm90a_with(const FlashAttentionParams& p, const float* delta, float* dq_accum, int accum_rows,
                                    cudaStream_t stream) {
-  flash::launch_item_kernel<Tr>(flash::Overlap::kNone, flash::flash_bwd_dkdv_sm90a_ws_kernel<Tr>, Tr::kSmemBytes,
-                                item_count(p, Tr::kBc), p, stream, delta, dq_accum, accum_rows,
-                                flash::bwd_tma_maps<Tr>(p), flash::item_counter(stream));
+  with_masked<Tr, DkdvKernel>(p, [&](auto kernel) {
+    flash::launch_item_kernel<Tr>(flash::Overlap::kNone, kernel, Tr::kSmemBytes, item_count(p, Tr::kBc), p, stream,
+                                  delta, dq_accum, accum_rows, flash::bwd_tma_maps<Tr>(p), flash::item_counter(stream));
+  });
 }
 
 }  // namespace

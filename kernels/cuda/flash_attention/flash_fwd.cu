@@ -12,6 +12,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/flash_attention/flash.h"
 #include "kernels/cuda/flash_attention/kernel_traits.cuh"
+#include "kernels/cuda/flash_attention/mask.cuh"
 #include "kernels/cuda/flash_attention/sm90_shapes.h"
 #include "kernels/cuda/flash_attention/tile.cuh"
 
@@ -25,8 +26,8 @@ namespace flash {
 // query rows q0 + 16R·w .. q0 + 16R·(w+1) − 1: their Q fragments stay in registers (or are re-read
 // from smem, see kQInRegs), their S (16 × Bc) and O (16 × D) accumulators in registers, so the
 // softmax statistics of a row never leave the 4 lanes that hold it. Each K/V fragment loaded from
-// smem feeds the mmas of all R row blocks.
-template <class Tr>
+// smem feeds the mmas of all R row blocks. kMasked: the structured masks (mask.cuh) are on.
+template <class Tr, bool kMasked = false>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel(const FlashAttentionParams p) {
   constexpr int D = Tr::kD, Br = Tr::kBr, Bc = Tr::kBc, LDS = Tr::kLds, NT = Tr::kThreads, R = Tr::kRowBlocks;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -54,13 +55,16 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
   const tg::bf16* V = p.v + bt * ldv + hd;
   tg::bf16* O = p.o + bt * ldo + hd;
 
-  // Causal: key blocks starting after the last query row are wholly in the future, never loaded.
+  // Causal: key blocks starting after the last query row are wholly in the future, never loaded;
+  // with a structured mask (mask.cuh) neither are those before the one holding lo(q0).
+  const SeqMask mask = seq_mask_if<kMasked>(p, b);
   const int q_last = min(q0 + Br, T) - 1;
-  const int n_kb = causal ? q_last / Bc + 1 : (T + Bc - 1) / Bc;
+  const int kb0 = mask.lo(q0) / Bc;  // 0 without a mask
+  const int n_kb = causal ? q_last / Bc + 1 : (T + Bc - 1) / Bc;  // (the end: tiles kb0 … n_kb − 1)
 
   load_tile<Br, D, LDS, NT>(sQ, Q, ldq, q0, T, tid);
-  load_tile<Bc, D, LDS, NT>(sK, K, ldk, 0, T, tid);
-  load_tile<Bc, D, LDS, NT>(sV, V, ldv, 0, T, tid);
+  load_tile<Bc, D, LDS, NT>(sK, K, ldk, kb0 * Bc, T, tid);
+  load_tile<Bc, D, LDS, NT>(sV, V, ldv, kb0 * Bc, T, tid);
   cp_async_commit();
 
   // Scores are kept in log2 units: x = S · scale · log2(e), so every exponential is one exp2.
@@ -77,8 +81,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
   const tg::bf16* sQw = sQ + warp * Tr::kWarpRows * LDS;  // this warp's Q rows in smem
   uint32_t qf[R][Tr::kQInRegs ? D / 16 : 1][4];           // ... or as A fragments in registers
 
-  for (int j = 0; j < n_kb; ++j) {
-    const int st = j & 1;
+  for (int j = kb0; j < n_kb; ++j) {
+    const int st = (j - kb0) & 1;
     if (j + 1 < n_kb) {  // prefetch tile j+1 into the other stage (freed by the last barrier)
       load_tile<Bc, D, LDS, NT>(sK + (st ^ 1) * Tr::kTileKV, K, ldk, (j + 1) * Bc, T, tid);
       load_tile<Bc, D, LDS, NT>(sV + (st ^ 1) * Tr::kTileKV, V, ldv, (j + 1) * Bc, T, tid);
@@ -87,7 +91,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
     cp_async_wait<1>();
     __syncthreads();
     if constexpr (Tr::kQInRegs)
-      if (j == 0)
+      if (j == kb0)
 #pragma unroll
         for (int r = 0; r < R; ++r) load_a_frags<D>(qf[r], sQw + r * kRowsPerWarp * LDS, LDS, lane);
     const tg::bf16* Kj = sK + st * Tr::kTileKV;
@@ -101,14 +105,19 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) flash_fwd_kernel
     else
       mma_abt_smem_a_rows<R, Bc, D>(s, sQw, LDS, Kj, LDS, lane);
 
-    // Only tiles that reach past T or straddle the diagonal pay for the mask.
+    // Only tiles that reach past T, straddle the diagonal or (structured masks) reach before the
+    // last row's first visible key pay for the mask.
     const int k0 = j * Bc;
     const bool need_mask = k0 + Bc > T || (causal && k0 + Bc - 1 > q0);
+    const bool need_seq_mask = mask.needs_mask(q_last, k0);
     uint32_t pf[R][Bc / 16][4];  // P as bf16 A fragments
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       scale_tile<Bc>(s[r], scale_log2);
-      if (need_mask)
+      if (need_seq_mask)
+        mask_tile<Bc>(s[r], row0 + r * kRowsPerWarp, k0, lane,
+                      [=](int q, int k) { return k >= T || k > q || mask.excluded(q, k); });
+      else if (need_mask)
         mask_tile<Bc>(s[r], row0 + r * kRowsPerWarp, k0, lane,
                       [=](int q, int k) { return k >= T || (causal && k > q); });
       float m_new[2] = {m[r][0], m[r][1]};
@@ -153,11 +162,13 @@ namespace {
 template <int D>
 void launch_fwd(const FlashAttentionParams& p, cudaStream_t stream) {
   using Tr = flash::FwdConfig<D>;
-  auto kernel = flash::flash_fwd_kernel<Tr>;
-  TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tr::kSmemBytes)));
-  const dim3 grid(unsigned(p.H), unsigned(p.B), unsigned((p.T + Tr::kBr - 1) / Tr::kBr));  // tile index slowest
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(flash::with_resolved_row_strides(p));
-  TG_CUDA_CHECK(cudaGetLastError());
+  flash::with_mask(p, [&](auto masked) {
+    auto kernel = flash::flash_fwd_kernel<Tr, decltype(masked)::value>;
+    TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tr::kSmemBytes)));
+    const dim3 grid(unsigned(p.H), unsigned(p.B), unsigned((p.T + Tr::kBr - 1) / Tr::kBr));  // tile index slowest
+    kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(flash::with_resolved_row_strides(p));
+    TG_CUDA_CHECK(cudaGetLastError());
+  });
 }
 
 // Why these block sizes (reasoned, then measured on the H200 with `tilegrad bench attention`:
@@ -263,6 +274,7 @@ void flash_attention_forward(const FlashAttentionParams& p, cudaStream_t stream)
   // The grid is (H, B, tiles of ≥ 64 rows): B and the tile count are limited to 65535.
   require(p.T <= 65535LL * 64, fn, "T must be ≤ 4194240 (65535 tiles of 64 rows)");
   require(p.B <= 65535, fn, "B must be ≤ 65535 (a grid dimension)");
+  flash::require_mask(p, fn);
   if (p.B == 0 || p.T == 0 || p.H == 0) return;
   require(p.q && p.k && p.v && p.o && p.lse, fn, "null pointer");
   require(aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned16(p.o), fn,

@@ -32,6 +32,7 @@
 #include "kernels/cuda/flash_attention/flash.h"
 #include "kernels/cuda/flash_attention/kernel_traits.cuh"
 #include "kernels/cuda/flash_attention/launch.cuh"
+#include "kernels/cuda/flash_attention/mask.cuh"
 #include "kernels/cuda/flash_attention/sm90_epilogue.cuh"
 #include "kernels/cuda/flash_attention/sm90_fwd_mainloop.cuh"
 #include "kernels/cuda/flash_attention/sm90_pipeline.cuh"
@@ -150,14 +151,18 @@ FwdTmaMaps fwd_tma_maps(const FlashAttentionParams& p) {  // p's row strides res
 // run): block x takes item x first, then claims the lowest unclaimed item from a counter each
 // time its producer is ready for another (a dynamic scheduler, so the heaviest-first order holds
 // however unequal the causal items are).
+// An item's K/V tiles are kb0 … kb0 + n_kb − 1: causal, up to the diagonal; with a structured
+// mask (mask.cuh) from the one holding lo(q0).
 struct FwdWorkItem {
-  int h, b, q0, n_kb;
+  int h, b, q0, n_kb, kb0;
 };
-template <class Tr>
-__device__ __forceinline__ FwdWorkItem fwd_work_item(int w, int T, int H, int B, bool causal) {
+template <class Tr, bool kMasked>
+__device__ __forceinline__ FwdWorkItem fwd_work_item(const FlashAttentionParams& p, int w, int T, int H, int B,
+                                                     bool causal) {
   const sm90::ItemTile t = sm90::item_tile(w, H, B, (T + Tr::kBr - 1) / Tr::kBr, Tr::kBr, causal, true);
   const int q_last = min(t.row0 + Tr::kBr, T) - 1;
-  return {t.h, t.b, t.row0, causal ? q_last / Tr::kBc + 1 : (T + Tr::kBc - 1) / Tr::kBc};
+  const int kb0 = seq_mask_if<kMasked>(p, t.b).lo(t.row0) / Tr::kBc;  // 0 without a mask
+  return {t.h, t.b, t.row0, causal ? q_last / Tr::kBc + 1 - kb0 : (T + Tr::kBc - 1) / Tr::kBc, kb0};
 }
 template <class Tr>
 __host__ __device__ inline int fwd_work_items(int T, int H, int B) {
@@ -198,7 +203,8 @@ void with_last_tile_traits(int64_t T, F&& f) {
   f(TraitsTag<Tr>{});
 }
 
-template <class Tr>
+// kMasked: the structured masks (mask.cuh) are on.
+template <class Tr, bool kMasked = false>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     flash_fwd_sm90a_kernel(const FlashAttentionParams p, const __grid_constant__ FwdTmaMaps maps,
                            unsigned* item_counter) {
@@ -241,13 +247,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       int seq = 0;  // the stream position of the item's first K/V tile
       int w = int(blockIdx.x), next = sm90::claim_item(item_counter);
       for (int it = 0; w < n_items; ++it) {
-        const FwdWorkItem item = fwd_work_item<Tr>(w, T, H, B, causal);
+        const FwdWorkItem item = fwd_work_item<Tr, kMasked>(p, w, T, H, B, causal);
         if (it > 0) sm90::mbarrier_wait(q_empty, uint32_t(it - 1) & 1);
         s_item[0] = w;
         s_item[1] = next;
         sm90::mbarrier_arrive_expect_tx(q_full, Tr::kTileQ);  // release: the slot before the consumers' reads
         sm90::produce_tile<Tr::kPanels>(sQ, Tr::kPanelQ, &maps.q, item.h, item.q0, item.b, q_full);
-        sm90::produce_kv<Tr::kPanels, Bc, NS>(kv, &maps.k, &maps.v, item.h, item.b, item.n_kb, 0, seq);
+        sm90::produce_kv<Tr::kPanels, Bc, NS>(kv, &maps.k, &maps.v, item.h, item.b, item.n_kb, item.kb0, seq);
         seq += item.n_kb;
         w = next;
         if (w < n_items) next = sm90::claim_item(item_counter);
@@ -275,7 +281,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if constexpr (Tr::kQInRegisters) sm90::load_a_frags_swizzled<Dh>(qf, cs.sQw, Tr::kPanelQ, 16 * warp, lane);
     const sm90::ItemSlot slot = sm90::read_item_slot(s_item, lane);
     last_item = slot.next >= n_items;
-    const FwdWorkItem item = fwd_work_item<Tr>(slot.item, T, H, B, causal);
+    const FwdWorkItem item = fwd_work_item<Tr, kMasked>(p, slot.item, T, H, B, causal);
     const int n_kb = item.n_kb;
     const int row0 = item.q0 + 64 * c + 16 * warp;  // this warp's first query row
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
@@ -291,10 +297,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     int n_need = n_kb;
     if constexpr (Tr::kSkipIdle) {
       const int r0 = item.q0 + 64 * c, r1 = min(r0 + 63, T - 1);
-      n_need = r0 >= T ? 0 : causal ? min(n_kb, r1 / Bc + 1) : n_kb;
+      n_need = r0 >= T ? 0 : causal ? min(n_kb, r1 / Bc + 1 - item.kb0) : n_kb;
     }
     if (!Tr::kSkipIdle || n_need > 0) {
-      FwdItemLoop<Tr> loop{cs, q_empty, seq, n_kb, n_need, bool(last_item), T, causal, row0, lane, o, m, l, s, pf};
+      const ItemMask mask = item_mask(seq_mask_if<kMasked>(p, item.b), row0, lane);
+      FwdItemLoop<Tr> loop{cs,  q_empty, seq, n_kb, n_need, bool(last_item), T, causal, item.kb0, mask, row0, lane,
+                           o,   m,       l,   s,    pf};
       loop.run();
     }
     if constexpr (Tr::kSkipIdle) {
@@ -323,11 +331,17 @@ namespace {
 // which pays at short T, and claiming dynamically keeps the heaviest-first order at long causal
 // T too, where a static round-robin split of the items is less even than the hardware's handing
 // out of blocks as SMs free up (docs/kernels.md §5.3).
+// With a structured mask the kernel's masked instantiation, which only causal shapes have.
 template <class Tr>
 void launch_fwd_sm90a_traits(const FlashAttentionParams& p, cudaStream_t stream) {
-  flash::launch_item_kernel<Tr>(flash::Overlap::kNone, flash::flash_fwd_sm90a_kernel<Tr>, Tr::kSmemBytes,
-                                flash::fwd_work_items<Tr>(int(p.T), int(p.H), int(p.B)), p,
-                                stream, flash::fwd_tma_maps<Tr>(p), flash::item_counter(stream));
+  auto launch = [&](auto kernel) {
+    flash::launch_item_kernel<Tr>(flash::Overlap::kNone, kernel, Tr::kSmemBytes,
+                                  flash::fwd_work_items<Tr>(int(p.T), int(p.H), int(p.B)), p, stream,
+                                  flash::fwd_tma_maps<Tr>(p), flash::item_counter(stream));
+  };
+  if constexpr (Tr::S::mask != flash::Mask::kNonCausal)
+    if (flash::has_mask(p)) return launch(flash::flash_fwd_sm90a_kernel<Tr, true>);
+  launch(flash::flash_fwd_sm90a_kernel<Tr, false>);
 }
 // A shape of sm90_shapes.h; not causal, on 176-key tiles, the products over every item's last K/V
 // tile as wide as T's last tile needs (fwd_last_tile_keys), rounded up to 64 or 128 keys:

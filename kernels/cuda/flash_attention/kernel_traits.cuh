@@ -32,6 +32,16 @@ inline void require_row_strides(const FlashAttentionParams& p, const char* fn, b
   }
 }
 
+// Launcher check: a structured mask (window, doc_start) only with causal, a window ≥ 0.
+inline void require_mask(const FlashAttentionParams& p, const char* fn) {
+  if (p.window < 0)
+    throw std::invalid_argument(std::string("tg::cuda::") + fn + ": window = " + std::to_string(p.window) +
+                                " must be ≥ 0 (0: none)");
+  if ((p.window > 0 || p.doc_start) && !p.causal)
+    throw std::invalid_argument(std::string("tg::cuda::") + fn +
+                                ": structured masks (window, doc_start) combine with causal attention only");
+}
+
 // The row strides the kernels index with: every 0 ("contiguous") replaced by H·D. The launchers
 // pass the kernels this copy, so a kernel folds each stride into its per-block base pointers and
 // tile loads/stores once, with no "is it 0" test on the device.

@@ -6,12 +6,14 @@
 // dSᵀ = Pᵀ ∘ (dPᵀ − delta), dK += dSᵀ Q — one set of per-tile operations that the three loops
 // (products retired in turn; pipelined, dK_{j−1} issued with Sᵀ_j, dPᵀ_j; and the atomic kernel's,
 // which also forms dQ = dS K and stages it for the bulk reductions) run in their orders. Causal
-// block skipping: an item's query tiles start at the tile of its first key (first_tile), and with
-// kSkipIdle a consumer takes the tiles wholly before its own keys as turns without products.
+// block skipping: an item's query tiles start at the tile of its first key and (structured masks)
+// end at the tile of the last query that sees its last key (query_tiles); with kSkipIdle a
+// consumer takes the tiles wholly before its own keys as turns without products.
 #pragma once
 #include <cstdint>
 
 #include "kernels/cuda/flash_attention/flash.h"
+#include "kernels/cuda/flash_attention/mask.cuh"
 #include "kernels/cuda/flash_attention/sm90_epilogue.cuh"
 #include "kernels/cuda/flash_attention/sm90_pipeline.cuh"
 #include "kernels/cuda/flash_attention/sm90_ptx.cuh"
@@ -34,12 +36,12 @@ struct DkdvSmem {
 };
 
 // Consumer warpgroup wg (≥ 1) of the dK/dV kernel (Tr: DkdvWsSm90aTraits), over the items of its
-// block until the last: first_tile(k0) is the first query tile a key block starting at key k0
-// sees, item_of(w) work item w's key block, head and batch (the kernel's order).
-template <class Tr, class Maps, class FirstTile, class ItemOf>
+// block until the last: query_tiles(item) the query tiles [first, end) an item's key block is
+// seen by, item_of(w) work item w's key block, head and batch (the kernel's order).
+template <class Tr, bool kMasked, class Maps, class QueryTiles, class ItemOf>
 __device__ __forceinline__ void dkdv_consumer(const FlashAttentionParams& p, const Maps& maps, const DkdvSmem& sm, int T,
-                                              int H, bool causal, int n_qb, int n_items, FirstTile first_tile,
-                                              ItemOf item_of, float* dq_accum, int accum_rows, int tid, int wg) {
+                                              int H, bool causal, int n_items, QueryTiles query_tiles, ItemOf item_of,
+                                              float* dq_accum, int accum_rows, int tid, int wg) {
   constexpr int D = Tr::kD, Bc = Tr::kBc, Br = Tr::kBr, NS = Tr::kStages, C = Tr::kConsumers;
   constexpr int Dh = Tr::kHeadDim;  // Sᵀ, dPᵀ sum over the head's columns; dK, dV are that wide
   constexpr int NDs = Tr::kDsBuffers, NSt = Tr::kDqStaging;
@@ -69,7 +71,8 @@ __device__ __forceinline__ void dkdv_consumer(const FlashAttentionParams& p, con
   const sm90::ItemSlot slot = sm90::read_item_slot(s_item, lane);
   last_item = slot.next >= n_items;  // the ring's very last turn hands on to no one
   const sm90::ItemTile item = item_of(slot.item);
-  const int i_begin = first_tile(item.row0), n_tiles = n_qb - i_begin;  // ≥ 1
+  const SeqMask::Range queries = query_tiles(item);
+  const int i_begin = queries.first, n_tiles = queries.end - queries.first;  // ≥ 1
   const int key0 = item.row0 + 64 * c + 16 * warp;  // this warp's first key
   if constexpr (Tr::kReleaseOwnEarly) {  // K_j, V_j are in kf, vf and the item in `item`
     sm90::mbarrier_arrive_warp(own_empty);
@@ -112,7 +115,14 @@ __device__ __forceinline__ void dkdv_consumer(const FlashAttentionParams& p, con
   auto p_and_dv = [&](int j) {
     const int st = stage(j), q0 = (i_begin + j) * Br;
     exp2_scaled_minus_col<Br>(s, p.scale * kLog2e, sL + st * Br, lane);
-    if (q0 + Br > T || (causal && key0 + kRowsPerWarp - 1 > q0))  // uniform per warp; masked entries exactly 0
+    // Structured masks: the tile's last query's first visible key after this warp's first key.
+    // The item's batch row: from `item` where it is kept (kReleaseOwnEarly: the slot may already
+    // hold the next item), else read again from the slot (stable until own_empty, not kept in
+    // registers across the loop).
+    const SeqMask mask = seq_mask_if<kMasked>(p, kMasked ? (Tr::kReleaseOwnEarly ? item.b : item_of(s_item[0]).b) : 0);
+    if (mask.needs_mask(min(q0 + Br, T) - 1, key0))  // uniform per warp; masked entries exactly 0
+      mask_tile<Br>(s, key0, q0, lane, [=](int k, int q) { return q >= T || k > q || mask.excluded(q, k); }, 0.0f);
+    else if (q0 + Br > T || (causal && key0 + kRowsPerWarp - 1 > q0))  // uniform per warp; masked entries exactly 0
       mask_tile<Br>(s, key0, q0, lane, [=](int k, int q) { return q >= T || (causal && k > q); }, 0.0f);
     acc_to_a<Br>(pf, s);
     sm90::wgmma_fence();
@@ -229,7 +239,7 @@ __device__ __forceinline__ void dkdv_consumer(const FlashAttentionParams& p, con
               make_float2(dq[nt][2 * e], dq[nt][2 * e + 1]);
       if ((Tr::kDqByTurns || c == 0) && warp == 0 && lane == 0) {  // the destination, for the reducing thread
         const sm90::ItemTile at = item_of(s_item[0]);
-        s_dq[2 * k] = ((int64_t(at.b) * H + at.h) * accum_rows + int64_t(first_tile(at.row0) + j) * Br) * D;
+        s_dq[2 * k] = ((int64_t(at.b) * H + at.h) * accum_rows + int64_t(query_tiles(at).first + j) * Br) * D;
         s_dq[2 * k + 1] = last_item && j + 1 == n_tiles;
       }
       sm90::fence_async_shared();  // st.shared, read by the bulk copy engine
@@ -346,10 +356,10 @@ struct DqSmem {
 // Consumer warpgroup wg (≥ 1) of the dQ kernel (Tr: DqSm90aTraits), over the items of its block
 // until the last: per key tile j of its 64 query rows, S = Q K_jᵀ and dP = dO V_jᵀ, P =
 // exp2(S·scale₂ − lse₂) recomputed from the forward's log-sum-exp and masked, dS = P ∘ (dP −
-// delta), dQ += dS K_j (summed over j in a fixed order: deterministic); keys_of(q0) the key tiles
-// a query tile starting at q0 sees (causal block skipping), and with kSkipIdle a consumer takes
-// the tiles past its own rows' diagonal as turns without products.
-template <class Tr, class Maps, class Smem, class KeysOf>
+// delta), dQ += dS K_j (summed over j in a fixed order: deterministic); keys_of(item) the key
+// tiles [first, end) an item's query tile sees (causal and structured-mask block skipping), and
+// with kSkipIdle a consumer takes the tiles past its own rows' diagonal as turns without products.
+template <class Tr, bool kMasked, class Maps, class Smem, class KeysOf>
 __device__ __forceinline__ void dq_consumer(const FlashAttentionParams& p, const float* __restrict__ delta, const Maps& maps,
                                             const Smem& sm, int T, int H, int B, bool causal, int n_qb, int n_items,
                                             KeysOf keys_of, int tid, int wg) {
@@ -397,8 +407,10 @@ __device__ __forceinline__ void dq_consumer(const FlashAttentionParams& p, const
     const sm90::ItemSlot slot = sm90::read_item_slot(s_item + 2 * qb, lane);
     last_item = slot.next >= n_items;  // the ring's very last turn hands on to no one
     const sm90::ItemTile item = sm90::item_tile(slot.item, H, B, n_qb, Br, causal, true);
-    const int n_kb = keys_of(item.row0);
+    const SeqMask::Range keys = keys_of(item);
+    const int kb0 = keys.first, n_kb = keys.end - keys.first;
     const int row0 = item.row0 + 64 * c + 16 * warp;  // this warp's first query row
+    const ItemMask mask = item_mask(seq_mask_if<kMasked>(p, item.b), row0, lane);
     // This lane's rows g and g+8: lse (log2 units) and delta, 0 past T (those rows are never stored).
     float lse2[2], dlt[2];
 #pragma unroll
@@ -410,10 +422,15 @@ __device__ __forceinline__ void dq_consumer(const FlashAttentionParams& p, const
     }
     // P = exp2(S·scale₂ − lse₂), masked to 0; dS = P ∘ (dP − delta) (unscaled) into dp, in fp32.
     auto grad = [&](float (&s)[Bc / 8][4], float (&dp)[Bc / 8][4], int j) {
-      const int k0 = j * Bc;
+      const int k0 = (kb0 + j) * Bc;
       exp2_scaled_minus_row<Bc>(s, scale_log2, lse2);
-      if (k0 + Bc > T || (causal && k0 + Bc - 1 > row0))  // uniform per warp
+      if (mask.needs_mask(k0)) {  // structured masks: a tile reaching before the warp's last row's first key
+        const ItemMask mk = mask;
+        const int r0 = row0;
+        mask_tile<Bc>(s, row0, k0, lane, [=](int q, int k) { return k >= T || k > q || mk.excluded(q - r0, k); }, 0.0f);
+      } else if (k0 + Bc > T || (causal && k0 + Bc - 1 > row0)) {  // uniform per warp
         mask_tile<Bc>(s, row0, k0, lane, [=](int q, int k) { return k >= T || (causal && k > q); }, 0.0f);
+      }
       softmax_grad_row<Bc>(dp, s, dlt);
     };
 
@@ -429,7 +446,7 @@ __device__ __forceinline__ void dq_consumer(const FlashAttentionParams& p, const
     int n_need = n_kb;
     if constexpr (Tr::kSkipIdle) {
       const int r0 = item.row0 + 64 * c, r1 = min(r0 + 63, T - 1);
-      n_need = r0 >= T ? 0 : causal ? min(n_kb, r1 / Bc + 1) : n_kb;
+      n_need = r0 >= T ? 0 : causal ? min(n_kb, r1 / Bc + 1 - kb0) : n_kb;
       if constexpr (Tr::kPipelined) n_need = max(n_need, 1);
     }
     if constexpr (!Tr::kPipelined) {

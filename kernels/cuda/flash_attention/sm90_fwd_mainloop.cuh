@@ -14,6 +14,7 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/cuda/flash_attention/mask.cuh"
 #include "kernels/cuda/flash_attention/sm90_pipeline.cuh"
 #include "kernels/cuda/flash_attention/sm90_ptx.cuh"
 #include "kernels/cuda/flash_attention/tile.cuh"
@@ -86,6 +87,8 @@ struct FwdItemLoop {
   bool last_item;
   int T;
   bool causal;
+  int kb0;        // the item's first K/V tile (structured masks; 0 without)
+  ItemMask mask;  // this warp's rows' first visible keys (mask.cuh)
   int row0, lane;  // this warp's first query row
   float (&o)[Dh / 8][4];
   float (&m)[2];
@@ -99,13 +102,18 @@ struct FwdItemLoop {
     if (cs.c != C - 1 || j + 1 < n_kb || !last_item) sm90::named_barrier_arrive(cs.next_turn, 256);
   }
   // The online softmax step over tile j's W keys in s (W = Bc, or 64 over the half diagonal):
-  // masked where the tile reaches past T or crosses the diagonal (kDiagonal: always, causal), the
-  // new row max (alpha: the factor of the old), the exponentials and their row sums (sum).
+  // masked where the tile reaches past T or crosses the diagonal (kDiagonal: always, causal) or,
+  // with a structured mask, reaches before the warp's last row's first visible key; the new row
+  // max (alpha: the factor of the old), the exponentials and their row sums (sum).
   template <int W, bool kDiagonal = false>
   __device__ __forceinline__ void softmax(float (&sw)[W / 8][4], int j, float (&alpha)[2], float (&sum)[2]) {
-    const int k0 = j * Bc;
+    const int k0 = (kb0 + j) * Bc;
     const int t = T;
-    if constexpr (kDiagonal) {
+    if (mask.needs_mask(k0)) {
+      const ItemMask mk = mask;
+      const int r0 = row0;
+      mask_tile<W>(sw, row0, k0, lane, [=](int q, int k) { return k >= t || k > q || mk.excluded(q - r0, k); });
+    } else if constexpr (kDiagonal) {
       mask_tile<W>(sw, row0, k0, lane, [=](int q, int k) { return k >= t || k > q; });
     } else {
       const bool c_ = causal;
