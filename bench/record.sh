@@ -2,7 +2,8 @@
 # Every GPU figure of docs/performance.md in one call on a GPU machine: builds tilegrad, runs each
 # benchmark beside its PyTorch reference (bench/reference/), and prints the tables with the
 # machine, date and commit (bench/record_tables.py). Logs (JSON lines) go to $OUT (or ./gpu-out).
-# About 14 minutes on an H200; RECORD="train attention memory loop" picks a subset.
+# About 14 minutes on an H200; RECORD="train attention memory loop" picks a subset (the default);
+# RECORD=long the memory picture beside PyTorch's up to T = 1M (about 10 minutes more).
 # Usage: bench/record.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -46,6 +47,16 @@ for what in $RECORD; do
       $tg bench memory configs/gpt2-124m.yaml --set train.batch_size=1 train.lm_head_chunk=4096 \
         train.recompute=true --min-t 32768 --max-t 524288 --predict > "$OUT/record_memory.jsonl" 2>&1
       timeout 600 python3 bench/reference/torch_gpt.py memory 65536 --min-t 32768 > "$OUT/record_torch_memory.jsonl" 2>&1 ;;
+    long)
+      # The memory picture: PyTorch's series until it runs out of memory, then tilegrad's
+      # long-context config with offloaded inputs from 32k to 1M (one step each, about 5 minutes)
+      # and the plot with both, in one call.
+      timeout 900 python3 bench/reference/torch_gpt.py memory 524288 --min-t 32768 --csv "$OUT/torch_memory.csv" \
+        > "$OUT/record_torch_long.jsonl" 2>&1
+      $tg bench memory configs/gpt2-124m-long.yaml --set train.offload_activations=true --min-t 32768 \
+        --max-t 1048576 --warmup 0 --steps 1 --predict --out "$OUT/memory_long" --torch-csv "$OUT/torch_memory.csv" \
+        > "$OUT/record_long.jsonl" 2>&1
+      python3 bench/plot_memory.py "$OUT/memory_long" --torch-csv "$OUT/torch_memory.csv" --capacity-gib 139 ;;
   esac
 done
 python3 bench/record_tables.py "$OUT" "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
