@@ -51,6 +51,7 @@ Loaded load_model(const std::string& where, const std::string& device_setting) {
   auto model = std::make_unique<nn::GPT>(gpt_config_from(cfg.model), uint64_t(cfg.train.seed), DType::f32, device, compute);
   model->set_lm_head_chunk(cfg.train.lm_head_chunk);
   model->set_recompute_rows(cfg.train.recompute_rows);
+  if (cfg.data.document_mask) model->set_document_eot(cfg.data.eot_token);  // as the run trained
   restore_parameters(*model, ckpt, path);
   TextCodec codec = codec_from_strings(ckpt.strings);
   std::cerr << "loaded " << path << " (step " << step << ", tokenizer: " << codec.describe() << ") on "

@@ -101,16 +101,14 @@ Tensor GPT::cached_attention(const Tensor& qkv, int64_t i, KVCache& cache) {
   }
   Tensor::view_of(cache.k[size_t(i)], pos * H * D, {1, n, H, D}).copy_from(k);
   Tensor::view_of(cache.v[size_t(i)], pos * H * D, {1, n, H, D}).copy_from(v);
-  // The prompt: the whole causal attention (with the model's window), exactly as forward() computes it.
-  if (pos == 0) {
-    ops::AttentionMask window;
-    window.window = config_.attention_window;
-    return ops::self_attention(qkv, H, config_.attention, rope_base, window);
-  }
-  // One new token at position pos: every cached key is in its past, so the only mask is the
-  // window, which drops the keys older than W by starting the key range later (pos − W < j ≤ pos).
-  // softmax(q·Kᵀ/√D)·V per head.
-  const int64_t first = config_.attention_window > 0 ? std::max<int64_t>(0, end - config_.attention_window) : 0;
+  // The prompt: the whole causal attention (with the model's window and documents), exactly as
+  // forward() computes it.
+  if (pos == 0) return ops::self_attention(qkv, H, config_.attention, rope_base, mask_);
+  // One new token at position pos: every cached key is in its past, so the masks only start the
+  // key range later: the window drops the keys older than W (pos − W < j ≤ pos), documents the
+  // keys before the current document's start. softmax(q·Kᵀ/√D)·V per head.
+  int64_t first = config_.attention_window > 0 ? std::max<int64_t>(0, end - config_.attention_window) : 0;
+  if (document_eot_ >= 0) first = std::max(first, cache.document_start);
   const int64_t n_keys = end - first;
   Tensor keys = ops::transpose12(Tensor::view_of(cache.k[size_t(i)], first * H * D, {1, n_keys, H, D}));  // (1, H, n, D)
   Tensor values = ops::transpose12(Tensor::view_of(cache.v[size_t(i)], first * H * D, {1, n_keys, H, D}));
@@ -227,16 +225,15 @@ std::pair<Tensor, Tensor> GPT::features(const Tensor& ids, KVCache* cache) {
            " of the learned position table (raise max_seq_len or use pos_embedding: rope)");
   if (training_) ++dropout_counter_;
   // The structured masks of this batch: the model's window, and the document starts computed once
-  // from the ids (not a T×T mask) when document masks are on. The cached path applies the window
-  // itself (cached_attention).
+  // from the ids (not a T×T mask) when document masks are on. With a cache the prompt takes both;
+  // a decoded token's masks are the start of its key range (cached_attention).
   mask_ = ops::AttentionMask{};
-  if (!cache) {
-    mask_.window = config_.attention_window;
-    if (document_eot_ >= 0) {
-      mask_.doc_start = ops::document_starts(ids.device().is_cpu() ? ids : ids.to(Device::cpu()), document_eot_);
-      // On a GPU, copied there once for every layer's attention (forward and backward).
-      if (!device_.is_cpu()) mask_.doc_start_device = mask_.doc_start.to(device_);
-    }
+  mask_.window = config_.attention_window;
+  const Tensor host_ids = document_eot_ >= 0 ? (ids.device().is_cpu() ? ids : ids.to(Device::cpu())) : Tensor();
+  if (document_eot_ >= 0 && first == 0) {
+    mask_.doc_start = ops::document_starts(host_ids, document_eot_);
+    // On a GPU, copied there once for every layer's attention (forward and backward).
+    if (!device_.is_cpu()) mask_.doc_start_device = mask_.doc_start.to(device_);
   }
   // The compute copy of every parameter in one conversion of the flat buffer, not one per
   // parameter (p() then hands out views of it); dropped when the pass returns.
@@ -258,7 +255,14 @@ std::pair<Tensor, Tensor> GPT::features(const Tensor& ids, KVCache* cache) {
   x = dropout(x, 1023);
   for (int64_t i = 0; i < config_.n_layer; ++i)
     x = cache ? block(x, i, cache) : recompute_ && grad_enabled() ? recomputed_block(x, i) : block(x, i);
-  if (cache) cache->length += T;
+  if (cache) {
+    // The document being decoded starts after the last end-of-text token seen (which itself
+    // closes the document before).
+    if (document_eot_ >= 0)
+      for (int64_t t = 0; t < T; ++t)
+        if (host_ids.data<int32_t>()[t] == document_eot_) cache->document_start = first + t + 1;
+    cache->length += T;
+  }
   x = ops::layernorm(x, p("transformer.ln_f.weight"), maybe("transformer.ln_f.bias"));
   return {x, wte};
 }

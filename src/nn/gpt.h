@@ -32,8 +32,9 @@ struct GPTConfig {
 struct KVCache {
   std::vector<Tensor> k, v;
   int64_t length = 0;    // tokens cached: the next token's position
+  int64_t document_start = 0;  // with document masks: the first position of the document being decoded
   int64_t capacity = 0;  // tokens the buffers hold before they grow
-  void clear() { k.clear(), v.clear(), length = capacity = 0; }
+  void clear() { k.clear(), v.clear(), length = capacity = document_start = 0; }
 };
 
 class GPT {

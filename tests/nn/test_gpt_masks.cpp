@@ -57,6 +57,34 @@ TEST(GPTMasks, CachedDecodingWithAWindowMatchesTheFullForward) {
   }
 }
 
+// With document masks, decoding one token at a time after a prompt starts each new document's
+// keys after the end-of-text token the prompt or the decoding produced, as the full forward does.
+TEST(GPTMasks, CachedDecodingWithDocumentsMatchesTheFullForward) {
+  const int32_t E = 12;
+  for (const int64_t window : {0, 4}) {
+    nn::GPT model(small(nn::PosEmbedding::rope, window), 5, DType::f64);
+    model.set_document_eot(E);
+    model.set_training(false);
+    NoGradGuard no_grad;
+    const std::vector<int32_t> ids = {1, 2, E, 3, 4, 5, 6, E, 7, 8, 9, E, E, 10, 11, 1, 2, 3, 4, 5};
+    const int64_t n = int64_t(ids.size()), prompt = 5;
+    const std::vector<double> full = forward_logits(model, ids);
+    nn::KVCache cache;
+    std::vector<double> cached =
+        model.forward_cached(Tensor::from_ints(std::vector<int32_t>(ids.begin(), ids.begin() + prompt), {1, prompt}), cache)
+            .to_double_vector();
+    for (int64_t t = prompt; t < n; ++t) {
+      const std::vector<double> one = model.forward_cached(Tensor::from_ints({ids[size_t(t)]}, {1, 1}), cache).to_double_vector();
+      cached.insert(cached.end(), one.begin(), one.end());
+    }
+    ASSERT_EQ(cached.size(), full.size());
+    double worst = 0;
+    for (size_t i = 0; i < full.size(); ++i) worst = std::max(worst, std::abs(cached[i] - full[i]));
+    EXPECT_LE(worst, 1e-10) << "window " << window;
+    EXPECT_EQ(cache.document_start, 13) << "after the second of two end-of-text tokens in a row";
+  }
+}
+
 // With document masks, changing a document's tokens (before and including its end-of-text)
 // leaves the logits of every later document unchanged, and changes its own.
 TEST(GPTMasks, DocumentsDoNotSeeEachOther) {
