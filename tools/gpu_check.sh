@@ -60,25 +60,30 @@ if [ "$WHAT" = attn ] || [ "$WHAT" = all ]; then
   fi
 fi
 if [ "$WHAT" = profile ] || [ "$WHAT" = all ]; then
-  # Where a training step's GPU time goes, kernel by kernel: ncu times every launch of one step
-  # (after 2 warm-up steps: the skip count only has to land past them) and the table sums by name.
-  # Caches and clocks as in a real run (ncu's defaults flush the caches before each kernel and
-  # lock the clocks to base, which inflates short and compute-bound kernels).
-  ncu --metrics gpu__time_duration.sum --csv --cache-control none --clock-control none --launch-skip 1500 --launch-count 900 \
-    build-gpu/tilegrad bench train configs/gpt2-124m.yaml --set run.device=cuda --steps 2 --warmup 3 \
+  # Where a training step's GPU time goes, kernel by kernel: ncu times 2500 launches after the
+  # first 2000 (past the warm-up steps), and the table sums by name the launches of one step:
+  # those after one AdamW update up to the next. Caches and clocks as in a real run (ncu's
+  # defaults flush the caches before each kernel and lock the clocks to base, which inflates
+  # short and compute-bound kernels). The step's own time is bench train's, run first.
+  build-gpu/tilegrad bench train configs/gpt2-124m.yaml --steps 30 --warmup 5 2>&1 | tail -3 | tee "$OUT/bench_train.txt"
+  ncu --metrics gpu__time_duration.sum --csv --cache-control none --clock-control none --launch-skip 2000 --launch-count 2500 \
+    build-gpu/tilegrad bench train configs/gpt2-124m.yaml --set run.device=cuda --steps 3 --warmup 4 \
     > "$OUT/ncu_train.csv" 2> "$OUT/ncu_train.err"
   python3 - "$OUT/ncu_train.csv" <<'PY' | tee "$OUT/kernel_profile.txt"
 import csv, sys, collections
 rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
 head, body = rows[0], rows[1:]
 name, val = head.index("Kernel Name"), head.index("Metric Value")
+updates = [i for i, r in enumerate(body) if "adamw" in r[name].lower()]
+if len(updates) >= 2:
+    body = body[updates[0] + 1:updates[1] + 1]
 tot = collections.defaultdict(float); cnt = collections.Counter()
 for r in body:
-    k = r[name].split("(")[0][:90]
+    k = r[name].split("(")[0][:100]
     tot[k] += float(r[val].replace(",", "")); cnt[k] += 1
 all_ns = sum(tot.values())
-print(f"{len(body)} launches, {all_ns/1e6:.2f} ms of kernel time")
-for k, v in sorted(tot.items(), key=lambda x: -x[1])[:30]:
+print(f"one step: {len(body)} launches, {all_ns/1e6:.2f} ms of kernel time")
+for k, v in sorted(tot.items(), key=lambda x: -x[1])[:40]:
     print(f"{100*v/all_ns:5.1f}%  {v/1e6:7.3f} ms  {cnt[k]:4d}x  {k}")
 PY
 fi
