@@ -14,6 +14,17 @@
 namespace tg {
 
 namespace {
+// Byte counts in checked arithmetic: a config whose sizes overflow int64 is an error naming `what`.
+struct Sizes {
+  std::string what;
+  int64_t mul(int64_t a, int64_t b) const { return checked_mul(a, b, what); }
+  int64_t add(std::initializer_list<int64_t> xs) const {
+    int64_t s = 0;
+    for (int64_t x : xs) s = checked_add(s, x, what);
+    return s;
+  }
+};
+
 // Blocks in pieces (train.recompute_rows, GPT::block_in_pieces): the token-wise parts of a block
 // keep only their inputs and run again piece by piece in the backward, so a block keeps qkv, the
 // attention output o, the residual x1 and its output. These phases replace the whole-block ones
@@ -23,12 +34,9 @@ void add_piece_phases(MemoryPrediction& p, const Config& c, bool gpu, bool fused
   const ModelConfig& m = c.model;
   const TrainConfig& t = c.train;
   const std::string what = "the memory model of train.recompute_rows";
-  auto mul = [&](int64_t a, int64_t b) { return checked_mul(a, b, what); };
-  auto add = [&](std::initializer_list<int64_t> xs) {
-    int64_t s = 0;
-    for (int64_t x : xs) s = checked_add(s, x, what);
-    return s;
-  };
+  const Sizes sizes{what};
+  auto mul = [&](int64_t a, int64_t b) { return sizes.mul(a, b); };
+  auto add = [&](std::initializer_list<int64_t> xs) { return sizes.add(xs); };
   const int64_t e = t.precision == "bf16" ? 2 : 4, s = gpu ? 4 : e;
   const int64_t B = t.batch_size, T = t.seq_len, C = m.d_model, L = m.n_layer, H = m.n_head;
   const int64_t u = mul(mul(mul(B, T), C), e), lse = mul(mul(mul(B, H), T), s);
@@ -87,12 +95,9 @@ MemoryPrediction predict_memory(const Config& c, const std::string& device_kind,
   const ModelConfig& m = c.model;
   const TrainConfig& t = c.train;
   const std::string what = "the memory model of model.* and train.batch_size, train.seq_len, train.lm_head_chunk";
-  auto mul = [&](int64_t a, int64_t b) { return checked_mul(a, b, what); };
-  auto add = [&](std::initializer_list<int64_t> xs) {
-    int64_t s = 0;
-    for (int64_t x : xs) s = checked_add(s, x, what);
-    return s;
-  };
+  const Sizes sizes{what};
+  auto mul = [&](int64_t a, int64_t b) { return sizes.mul(a, b); };
+  auto add = [&](std::initializer_list<int64_t> xs) { return sizes.add(xs); };
   const bool gpu = device_kind.rfind("cuda", 0) == 0;
   const bool bf16 = t.precision == "bf16";
   // e: the compute dtype's size (activations, logits, the compute copy); s: the statistics'

@@ -24,6 +24,24 @@ std::vector<double> forward_logits(nn::GPT& model, const std::vector<int32_t>& i
   return model.forward(Tensor::from_ints(ids, {1, int64_t(ids.size())})).to_double_vector();
 }
 
+// The logits of `ids` from the key/value cache: the first `prompt` tokens at once, then one at a time.
+std::vector<double> cached_logits(nn::GPT& model, const std::vector<int32_t>& ids, int64_t prompt, nn::KVCache& cache) {
+  std::vector<double> out =
+      model.forward_cached(Tensor::from_ints(std::vector<int32_t>(ids.begin(), ids.begin() + prompt), {1, prompt}), cache)
+          .to_double_vector();
+  for (size_t t = size_t(prompt); t < ids.size(); ++t) {
+    const std::vector<double> one = model.forward_cached(Tensor::from_ints({ids[t]}, {1, 1}), cache).to_double_vector();
+    out.insert(out.end(), one.begin(), one.end());
+  }
+  return out;
+}
+
+double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
+  return worst;
+}
+
 // Decoding one token at a time after a prompt sees only the last W keys, as the full forward does.
 TEST(GPTMasks, CachedDecodingWithAWindowMatchesTheFullForward) {
   for (const nn::PosEmbedding pe : {nn::PosEmbedding::learned, nn::PosEmbedding::rope}) {
@@ -35,17 +53,9 @@ TEST(GPTMasks, CachedDecodingWithAWindowMatchesTheFullForward) {
     for (int64_t t = 0; t < n; ++t) ids[size_t(t)] = int32_t((t * 7 + 3) % V);
     const std::vector<double> full = forward_logits(model, ids);
     nn::KVCache cache;
-    std::vector<double> cached =
-        model.forward_cached(Tensor::from_ints(std::vector<int32_t>(ids.begin(), ids.begin() + prompt), {1, prompt}), cache)
-            .to_double_vector();
-    for (int64_t t = prompt; t < n; ++t) {
-      const std::vector<double> one = model.forward_cached(Tensor::from_ints({ids[size_t(t)]}, {1, 1}), cache).to_double_vector();
-      cached.insert(cached.end(), one.begin(), one.end());
-    }
+    const std::vector<double> cached = cached_logits(model, ids, prompt, cache);
     ASSERT_EQ(cached.size(), full.size());
-    double worst = 0;
-    for (size_t i = 0; i < full.size(); ++i) worst = std::max(worst, std::abs(cached[i] - full[i]));
-    EXPECT_LE(worst, 1e-10);
+    EXPECT_LE(max_abs_diff(cached, full), 1e-10);
 
     // The window matters: the same weights without it give other logits late in the sequence.
     nn::GPT unwindowed(small(pe, 0), 3, DType::f64);
@@ -67,20 +77,11 @@ TEST(GPTMasks, CachedDecodingWithDocumentsMatchesTheFullForward) {
     model.set_training(false);
     NoGradGuard no_grad;
     const std::vector<int32_t> ids = {1, 2, E, 3, 4, 5, 6, E, 7, 8, 9, E, E, 10, 11, 1, 2, 3, 4, 5};
-    const int64_t n = int64_t(ids.size()), prompt = 5;
     const std::vector<double> full = forward_logits(model, ids);
     nn::KVCache cache;
-    std::vector<double> cached =
-        model.forward_cached(Tensor::from_ints(std::vector<int32_t>(ids.begin(), ids.begin() + prompt), {1, prompt}), cache)
-            .to_double_vector();
-    for (int64_t t = prompt; t < n; ++t) {
-      const std::vector<double> one = model.forward_cached(Tensor::from_ints({ids[size_t(t)]}, {1, 1}), cache).to_double_vector();
-      cached.insert(cached.end(), one.begin(), one.end());
-    }
+    const std::vector<double> cached = cached_logits(model, ids, 5, cache);
     ASSERT_EQ(cached.size(), full.size());
-    double worst = 0;
-    for (size_t i = 0; i < full.size(); ++i) worst = std::max(worst, std::abs(cached[i] - full[i]));
-    EXPECT_LE(worst, 1e-10) << "window " << window;
+    EXPECT_LE(max_abs_diff(cached, full), 1e-10) << "window " << window;
     EXPECT_EQ(cache.document_start, 13) << "after the second of two end-of-text tokens in a row";
   }
 }
