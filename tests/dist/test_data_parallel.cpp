@@ -198,6 +198,24 @@ TEST(DataParallel, OverlappedBucketsMatchOneReductionAfterTheBackward) {
   EXPECT_LE(max_rel(a.losses, b.losses), 1e-6);
 }
 
+// Recomputed blocks in pieces run one backward per piece over the same parameters: a bucket may be
+// reduced only once the last piece has added its share, so the overlapped buckets must give what
+// one reduction after the backward gives (bitwise on two ranks, as above).
+TEST(DataParallel, BlocksInPiecesReduceAfterTheirLastPiece) {
+  auto pieces = [](Config c) {
+    c.model.dropout = 0.0;  // pieces need it off
+    c.train.recompute = true;
+    c.train.recompute_rows = 5;  // 16 positions: pieces of 5, 5, 5, 1
+    return c;
+  };
+  Config many = pieces(dp_config("dp_pieces_buckets", 2, 2));
+  Config one = pieces(dp_config("dp_pieces_onebucket", 2, 2));
+  one.train.bucket_mb = 0;
+  const Outcome a = train(many, false), b = train(one, false);
+  if (W() <= 2 && test_device() == "cpu") EXPECT_EQ(a.losses, b.losses);
+  EXPECT_LE(max_rel(a.losses, b.losses), 1e-6);
+}
+
 // bf16 on the GPU: small gradients (biases, LayerNorm weights) reach their fp32 buffer in one
 // batched launch after the backward, so a bucket holding them may be reduced only after it. A
 // bucket reduced too early would lose them; the sum of two ranks is one addition per element

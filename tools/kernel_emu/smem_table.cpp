@@ -11,6 +11,7 @@
 #include "emu.h"
 #include "kernels/cuda/flash_attention/flash.h"
 #include "kernels/cuda/flash_attention/kernel_traits.cuh"
+#include "kernels/cuda/flash_attention/mask.cuh"
 #include "tile_emu.cuh"
 #include "sm90_emu.cuh"
 #include "flash_fwd_sm90a_emu.h"
