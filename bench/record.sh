@@ -3,7 +3,8 @@
 # benchmark beside its PyTorch reference (bench/reference/), and prints the tables with the
 # machine, date and commit (bench/record_tables.py). Logs (JSON lines) go to $OUT (or ./gpu-out).
 # About 14 minutes on an H200; RECORD="train attention memory loop" picks a subset (the default);
-# RECORD=long the memory picture beside PyTorch's up to T = 1M (about 10 minutes more).
+# RECORD=long the memory picture beside PyTorch's up to T = 1M (about 10 minutes more), RECORD=masks
+# the windowed and document-masked attention beside FlexAttention and a 4k-window step at T = 1M.
 # Usage: bench/record.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -57,6 +58,15 @@ for what in $RECORD; do
         --max-t 1048576 --warmup 0 --steps 1 --predict --out "$OUT/memory_long" --torch-csv "$OUT/torch_memory.csv" \
         > "$OUT/record_long.jsonl" 2>&1
       python3 bench/plot_memory.py "$OUT/memory_long" --torch-csv "$OUT/torch_memory.csv" --capacity-gib 139 ;;
+    masks)
+      # Structured attention masks beside FlexAttention (same shapes, same FLOP counting), then a
+      # GPT-2 small step with a 4k window at T = 1M (about 6 minutes in all).
+      for m in "--window 1024" "--window 4096" "--docs 8" "--window 2048 --docs 4"; do
+        $tg bench attention --causal 1 $m --steps 20 >> "$OUT/record_masks.jsonl" 2>&1
+        timeout 600 python3 bench/reference/torch_flex_attention.py $m >> "$OUT/record_torch_masks.jsonl" 2>&1
+      done
+      $tg bench memory configs/gpt2-124m-long.yaml --set model.attention_window=4096 train.offload_activations=true \
+        --min-t 1048576 --max-t 1048576 --warmup 0 --steps 1 --predict > "$OUT/record_window_1m.jsonl" 2>&1 ;;
   esac
 done
 python3 bench/record_tables.py "$OUT" "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
