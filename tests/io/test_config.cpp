@@ -372,6 +372,10 @@ TEST(ConfigError, CrossFieldChecks) {
               AllOf(HasSubstr("bf16.yaml:2:"), HasSubstr("train.precision"), HasSubstr("line 4")));
   EXPECT_THAT(load_error("oddrope.yaml", "model:\n  pos_embedding: rope\n  n_head: 2\n  d_model: 6\n"),
               AllOf(HasSubstr("oddrope.yaml:2:"), HasSubstr("model.pos_embedding"), HasSubstr("even")));
+  EXPECT_THAT(load_error("offload.yaml", "train:\n  offload_activations: true\n"),
+              AllOf(HasSubstr("offload.yaml:2:"), HasSubstr("train.offload_activations"), HasSubstr("train.recompute")));
+  EXPECT_THAT(load_error("pieces.yaml", "model:\n  dropout: 0.1\ntrain:\n  recompute_rows: 4096\n"),
+              AllOf(HasSubstr("pieces.yaml:4:"), HasSubstr("train.recompute_rows"), HasSubstr("model.dropout 0.1")));
   // validate_config on a Config built in code names the source and the key.
   tg::Config c;
   c.source_path = "code.yaml";
