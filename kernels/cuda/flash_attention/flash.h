@@ -98,8 +98,9 @@ int flash_attention_variant(const std::string& name);
 // Head dims with a compiled kernel. Other D must take the composite fallback (with a warning).
 bool flash_attention_supported(int64_t D);  // D ∈ {32, 64, 96, 128} (wgmma on sm_90: 64, 128)
 
-// Writes o and lse. Requires a supported D, 16-byte aligned q, k, v, o, T < 2^30, and the q, k,
-// v, o row strides valid (0, or ≥ H·D and a multiple of 8); std::invalid_argument otherwise.
+// Writes o and lse. Requires a supported D, 16-byte aligned q, k, v, o, T ≤ 4,194,240 (65,535
+// tiles of 64 rows, a grid dimension), B ≤ 65,535, H·B·⌈T/64⌉ < 2^31, and the q, k, v, o row
+// strides valid (0, or ≥ H·D and a multiple of 8); std::invalid_argument otherwise.
 void flash_attention_forward(const FlashAttentionParams& p, cudaStream_t stream);
 
 // Scratch the backward needs: delta = rowsum(dO ∘ O), (B, H, T) floats, and for kAtomic also the

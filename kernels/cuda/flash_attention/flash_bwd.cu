@@ -505,6 +505,9 @@ void flash_attention_backward(const FlashAttentionParams& p, cudaStream_t stream
   // The grid is (H, B, tiles of ≥ 64 rows): B and the tile count are limited to 65535.
   require(p.T <= 65535LL * 64, fn, "T must be ≤ 4194240 (65535 tiles of 64 rows)");
   require(p.B <= 65535, fn, "B must be ≤ 65535 (a grid dimension)");
+  // The persistent kernels count their work items, (head, batch row, 64-row tile), in int.
+  require(p.H <= 65535 && p.H * p.B * ((p.T + 63) / 64) <= INT32_MAX, fn,
+          "H ≤ 65535 and H·B·⌈T/64⌉ < 2^31 (work items are counted in int)");
   flash::require_mask(p, fn);
   if (p.B == 0 || p.T == 0 || p.H == 0) return;
   require(p.q && p.k && p.v && p.o && p.lse && p.dout && p.dq && p.dk && p.dv && p.workspace, fn, "null pointer");
