@@ -37,4 +37,19 @@ inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
   return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
 }
 
+// Per-token document starts (B, T) i32 from document lengths taken in turn, cyclically; row b
+// begins at lengths[b % n], so the rows' boundaries differ.
+inline Tensor document_starts_of_lengths(int64_t B, int64_t T, const std::vector<int64_t>& lengths) {
+  std::vector<int32_t> s(size_t(B * T));
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t start = 0, next = 0;
+    size_t d = size_t(b);
+    for (int64_t t = 0; t < T; ++t) {
+      if (t == next) start = t, next = t + lengths[d++ % lengths.size()];
+      s[size_t(b * T + t)] = int32_t(start);
+    }
+  }
+  return Tensor::from_ints(s, {B, T});
+}
+
 }  // namespace tg::testing

@@ -25,23 +25,25 @@ struct Sizes {
   }
 };
 
+// The sizes every phase is made of (predict_memory's symbols; docs/memory.md, "Symbols").
+struct StepTerms {
+  bool gpu, fused;
+  int64_t e, s, B, T, C, L, H;
+  int64_t u, lse, scores, ln_stats;           // an activation unit, the attention's statistics, S, a LayerNorm's statistics
+  int64_t common, head_dw_pending, loss_scalars;  // held through every phase of the backward
+};
+
 // Blocks in pieces (train.recompute_rows, GPT::block_in_pieces): the token-wise parts of a block
 // keep only their inputs and run again piece by piece in the backward, so a block keeps qkv, the
 // attention output o, the residual x1 and its output. These phases replace the whole-block ones
 // (the head's phase stands; under offload_activations its blocks hold one unit).
-void add_piece_phases(MemoryPrediction& p, const Config& c, bool gpu, bool fused, int64_t common,
-                      int64_t head_dw_pending, int64_t loss_scalars) {
-  const ModelConfig& m = c.model;
-  const TrainConfig& t = c.train;
-  const std::string what = "the memory model of train.recompute_rows";
-  const Sizes sizes{what};
+void add_piece_phases(MemoryPrediction& p, const TrainConfig& t, const StepTerms& k, const Sizes& sizes) {
   auto mul = [&](int64_t a, int64_t b) { return sizes.mul(a, b); };
   auto add = [&](std::initializer_list<int64_t> xs) { return sizes.add(xs); };
-  const int64_t e = t.precision == "bf16" ? 2 : 4, s = gpu ? 4 : e;
-  const int64_t B = t.batch_size, T = t.seq_len, C = m.d_model, L = m.n_layer, H = m.n_head;
-  const int64_t u = mul(mul(mul(B, T), C), e), lse = mul(mul(mul(B, H), T), s);
-  const int64_t scores = mul(mul(mul(mul(B, H), T), T), e);
-  const int64_t ln_stats = mul(mul(mul(B, T), 2), s);
+  const bool gpu = k.gpu, fused = k.fused;
+  const int64_t e = k.e, s = k.s, B = k.B, T = k.T, C = k.C, L = k.L, H = k.H;
+  const int64_t u = k.u, lse = k.lse, scores = k.scores, ln_stats = k.ln_stats;
+  const int64_t common = k.common, head_dw_pending = k.head_dw_pending, loss_scalars = k.loss_scalars;
   // One piece: `rows` positions of one sequence. Its recorded rerun and backward (the MLP's, the
   // largest) at its peak, in GELU's backward: of LayerNorm 2's output, the pre-activation and
   // GELU output (1 + 4 + 4) and c_proj's output and the sum (1 + 1), and the gradients (1 + 4 +
@@ -224,7 +226,8 @@ MemoryPrediction predict_memory(const Config& c, const std::string& device_kind,
     p.phases.resize(1);
     if (gpu && t.recompute && t.offload_activations) p.phases[0].activations -= mul(L, u);
     const int64_t whole_block = p.saved_per_block;
-    add_piece_phases(p, c, gpu, fused, common, head_dw_pending, loss_scalars);
+    const StepTerms terms{gpu, fused, e, s, B, T, C, L, H, u, lse, scores, ln_stats, common, head_dw_pending, loss_scalars};
+    add_piece_phases(p, t, terms, sizes);
     if (!t.recompute) p.phases[0].activations -= mul(L, whole_block - p.saved_per_block);
   } else if (gpu && t.recompute && t.offload_activations) {
     // Offloaded block inputs: the head holds the last block's output alone; a block's backward

@@ -17,20 +17,6 @@ namespace {
 
 using testing::random_tensor;
 
-// Document starts from lengths (cyclic, rotated by the row) for B rows of T tokens.
-Tensor starts_tensor(int64_t B, int64_t T, const std::vector<int64_t>& lengths) {
-  std::vector<int32_t> s(size_t(B * T));
-  for (int64_t b = 0; b < B; ++b) {
-    int64_t start = 0, next = 0;
-    size_t d = size_t(b);
-    for (int64_t t = 0; t < T; ++t) {
-      if (t == next) start = t, next = t + lengths[d++ % lengths.size()];
-      s[size_t(b * T + t)] = int32_t(start);
-    }
-  }
-  return Tensor::from_ints(s, {B, T});
-}
-
 double rel_norm(const std::vector<double>& a, const std::vector<double>& b) {
   double num = 0, den = 0;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -71,7 +57,7 @@ TEST(AttentionMasksGpu, SelfAttentionMatchesCpu) {
     const int64_t B = 2, H = 2, C = H * c.D;
     ops::AttentionMask mask;
     mask.window = c.window;
-    if (!c.lengths.empty()) mask.doc_start = starts_tensor(B, c.T, c.lengths);
+    if (!c.lengths.empty()) mask.doc_start = testing::document_starts_of_lengths(B, c.T, c.lengths);
     const Tensor qkv = random_tensor({B, c.T, 3 * C}, 11, DType::f32).to(DType::bf16).to(DType::f64);
     const Tensor w = random_tensor({B, c.T, C}, 12, DType::f32).to(DType::bf16).to(DType::f64);
     const auto ref = self_attention_run(Device::cpu(), DType::f64, ops::AttentionKind::flash, qkv, w, H, c.rope, mask);
@@ -93,7 +79,7 @@ TEST(AttentionMasksGpu, MaterialisedPathMatchesCpu) {
   const int64_t B = 2, T = 70, H = 2, C = 2 * 16;
   ops::AttentionMask mask;
   mask.window = 9;
-  mask.doc_start = starts_tensor(B, T, {1, 12, 30, 2});
+  mask.doc_start = testing::document_starts_of_lengths(B, T, {1, 12, 30, 2});
   const Tensor qkv = random_tensor({B, T, 3 * C}, 21, DType::f32).to(DType::f64);
   const Tensor w = random_tensor({B, T, C}, 22, DType::f32).to(DType::f64);
   const auto ref = self_attention_run(Device::cpu(), DType::f64, ops::AttentionKind::naive, qkv, w, H, 0.0, mask);

@@ -44,20 +44,6 @@ TEST(DocumentStarts, EotClosesItsDocument) {
   EXPECT_EQ(ints(ops::document_starts(Tensor::from_ints({1, 2, 3}, {1, 3}), E)), (std::vector<int32_t>{0, 0, 0}));
 }
 
-// Document starts from lengths (cyclic) for B rows of T tokens.
-Tensor starts_tensor(int64_t B, int64_t T, const std::vector<int64_t>& lengths) {
-  std::vector<int32_t> s(size_t(B * T));
-  for (int64_t b = 0; b < B; ++b) {
-    int64_t start = 0, next = 0;
-    size_t d = size_t(b);
-    for (int64_t t = 0; t < T; ++t) {
-      if (t == next) start = t, next = t + lengths[d++ % lengths.size()];
-      s[size_t(b * T + t)] = int32_t(start);
-    }
-  }
-  return Tensor::from_ints(s, {B, T});
-}
-
 struct MaskedCase {
   int64_t T, window;
   std::vector<int64_t> lengths;  // empty: no documents
@@ -72,7 +58,7 @@ TEST(AttentionMasks, FlashMatchesMaterialisedInDouble) {
     const Shape s = {2, c.T, 2, 16};
     ops::AttentionMask mask;
     mask.window = c.window;
-    if (!c.lengths.empty()) mask.doc_start = starts_tensor(2, c.T, c.lengths);
+    if (!c.lengths.empty()) mask.doc_start = testing::document_starts_of_lengths(2, c.T, c.lengths);
     Tensor dout = random_tensor(s, 4);
     std::vector<std::vector<double>> results[2];
     for (int kind = 0; kind < 2; ++kind) {
@@ -93,7 +79,7 @@ TEST(AttentionMasks, SelfAttentionFlashMatchesNaive) {
   const int64_t B = 2, T = 45, C = 32;
   ops::AttentionMask mask;
   mask.window = 9;
-  mask.doc_start = starts_tensor(B, T, {1, 12, 30, 2});
+  mask.doc_start = testing::document_starts_of_lengths(B, T, {1, 12, 30, 2});
   std::vector<double> out[2], grad[2];
   for (int kind = 0; kind < 2; ++kind) {
     Tensor qkv = random_tensor({B, T, 3 * C}, 7);
