@@ -4,8 +4,9 @@
 # machine, date and commit (bench/record_tables.py). Logs (JSON lines) go to $OUT (or ./gpu-out).
 # About 14 minutes on an H200; RECORD="train attention memory loop" picks a subset (the default);
 # RECORD=long the memory picture beside PyTorch's up to T = 1M (about 10 minutes more), RECORD=masks
-# the windowed and document-masked attention beside FlexAttention and a 4k-window step at T = 1M.
-# Usage: bench/record.sh
+# the windowed and document-masked attention beside FlexAttention and a 4k-window step at T = 1M
+# (about 8 minutes).
+# Usage: bench/record.sh (COMMIT=HASH names the commit where the tree is not a git checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-out}"
@@ -59,9 +60,12 @@ for what in $RECORD; do
         > "$OUT/record_long.jsonl" 2>&1
       python3 bench/plot_memory.py "$OUT/memory_long" --torch-csv "$OUT/torch_memory.csv" --capacity-gib 139 ;;
     masks)
-      # Structured attention masks beside FlexAttention (same shapes, same FLOP counting), then a
-      # GPT-2 small step with a 4k window at T = 1M (about 6 minutes in all).
-      for m in "--window 1024" "--window 4096" "--docs 8" "--window 2048 --docs 4"; do
+      # Structured attention masks beside FlexAttention (same shapes, same FLOP counting; each
+      # FlexAttention shape compiles once, so the shapes are few), then a GPT-2 small step with a
+      # 4k window at T = 1M (about 8 minutes in all).
+      for m in "--window 1024 --min-t 8192 --max-t 32768" "--window 4096 --min-t 32768 --max-t 32768" \
+               "--window 4096 --min-t 131072 --max-t 131072" "--docs 8 --min-t 8192 --max-t 32768" \
+               "--window 2048 --docs 4 --min-t 32768 --max-t 32768"; do
         $tg bench attention --causal 1 $m --steps 20 >> "$OUT/record_masks.jsonl" 2>&1
         timeout 600 python3 bench/reference/torch_flex_attention.py $m >> "$OUT/record_torch_masks.jsonl" 2>&1
       done
@@ -70,4 +74,4 @@ for what in $RECORD; do
   esac
 done
 python3 bench/record_tables.py "$OUT" "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
-  "$(date -u +%F)" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" | tee "$OUT/performance_tables.md"
+  "$(date -u +%F)" "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" | tee "$OUT/performance_tables.md"

@@ -4,7 +4,9 @@
 
 Reads record_*.jsonl from LOG_DIR (lines that are not JSON are skipped) and prints Markdown:
 GPT-2 small throughput beside torch.compile and eager, attention TFLOP/s ranges beside
-PyTorch's FlashAttention-2 and cuDNN backends, and peak memory against T beside SDPA flash.
+PyTorch's FlashAttention-2 and cuDNN backends, peak memory against T beside SDPA flash (and the
+long-context config's beside PyTorch's series up to T = 1M), the training loop and sampling, and
+the structured masks beside FlexAttention with the 4k-window step at T = 1M.
 """
 import json
 import os
@@ -104,6 +106,66 @@ def memory_table(d):
     return "\n".join(lines)
 
 
+def long_table(d):
+    """The long-context config (offloaded inputs) measured and predicted, beside PyTorch's three
+    series from the same call (RECORD=long)."""
+    tg = {r["T"]: r for r in rows(d, "record_long.jsonl") if r.get("bench") == "memory"}
+    torch = {(r["series"], r["T"]): r for r in rows(d, "record_torch_long.jsonl") if r.get("bench") == "torch_memory"}
+    if not tg:
+        return ""
+    lines = ["| T | tilegrad `gpt2-124m-long.yaml` + offload: measured | predicted | s/step | "
+             "PyTorch SDPA flash | PyTorch SDPA flash + checkpointing | PyTorch materialised |",
+             "|---|---|---|---|---|---|---|"]
+
+    def cell(r):
+        if r is None:
+            return ""
+        if r.get("oom"):
+            return "out of memory"
+        return f"{r['peak_gib']:.2f} GiB, {r['ms_per_step'] / 1e3:,.1f} s"
+
+    for T in sorted(set(tg) | {T for _, T in torch}):
+        r = tg.get(T)
+        measured = "" if r is None else "out of memory" if r.get("oom") else f"{r['peak_gib']:.3f} GiB"
+        predicted = f"{r['predicted_peak_gib']:.3f} GiB" if r and "predicted_peak_gib" in r else ""
+        step = f"{r['ms_per_step'] / 1e3:,.1f}" if r and "ms_per_step" in r else ""
+        lines.append(f"| {T:,} | {measured} | {predicted} | {step} | {cell(torch.get(('sdpa_flash', T)))} | "
+                     f"{cell(torch.get(('sdpa_flash_ckpt', T)))} | {cell(torch.get(('materialised', T)))} |")
+    return "\n".join(lines)
+
+
+def masks_table(d):
+    """Windowed and document-masked attention beside FlexAttention (RECORD=masks): times, the
+    ratio flex / tilegrad (above 1: tilegrad faster), TF/s on the visible pairs against tilegrad's
+    own full causal TF/s at the same shape, and the 4k-window GPT-2 small step at T = 1M."""
+    tg = [r for r in rows(d, "record_masks.jsonl") if r.get("bench") == "attention" and "window" in r]
+    flex = {(r["window"], r["docs"], r["d"], r["T"]): r for r in rows(d, "record_torch_masks.jsonl")
+            if r.get("impl") == "flex" and "error" not in r}
+    lines = []
+    if tg:
+        lines += ["| window | docs | d | T | tilegrad fwd / bwd ms | FlexAttention fwd / bwd ms | vs Flex fwd / bwd | "
+                  "TF/s fwd / bwd (visible pairs) | of own causal TF/s fwd / bwd | time vs full causal fwd / bwd |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in tg:
+            f = flex.get((r["window"], r["docs"], r["d"], r["T"]))
+            vs = f"{f['fwd_ms'] / r['fwd_ms']:.2f}× / {f['bwd_ms'] / r['bwd_ms']:.2f}×" if f else "—"
+            fl = f"{f['fwd_ms']:.3f} / {f['bwd_ms']:.3f}" if f else "—"
+            lines.append(f"| {r['window'] or '—'} | {r['docs'] or '—'} | {r['d']} | {r['T']:,} | "
+                         f"{r['fwd_ms']:.3f} / {r['bwd_ms']:.3f} | {fl} | {vs} | "
+                         f"{r['fwd_tflops']:.0f} / {r['bwd_tflops']:.0f} | "
+                         f"{r['fwd_tflops'] / r['causal_fwd_tflops']:.2f} / {r['bwd_tflops'] / r['causal_bwd_tflops']:.2f} | "
+                         f"{r['fwd_ms'] / r['causal_fwd_ms']:.3f} / {r['bwd_ms'] / r['causal_bwd_ms']:.3f} |")
+    step = [r for r in rows(d, "record_window_1m.jsonl") if r.get("bench") == "memory" and "peak_gib" in r]
+    if step:
+        r = step[0]
+        if lines:
+            lines.append("")
+        lines += ["| GPT-2 small, `gpt2-124m-long.yaml`, window 4096 | T | peak | predicted | s/step |", "|---|---|---|---|---|",
+                  f"| one training step (offloaded inputs) | {r['T']:,} | {r['peak_gib']:.3f} GiB | "
+                  f"{r.get('predicted_peak_gib', float('nan')):.3f} GiB | {r['ms_per_step'] / 1e3:,.1f} |"]
+    return "\n".join(lines)
+
+
 def loop_table(d):
     """tilegrad train's tokens/s on shard files (the log windows after the first) beside bench
     train's, and sampling's tokens/s with and without the key/value cache."""
@@ -141,6 +203,8 @@ def main():
     header = f"{machine}, {date}, commit {commit}."
     for title, table in (("GPT-2 small training", train_table(log_dir)), ("Attention", attention_table(log_dir)),
                          ("Peak memory against sequence length", memory_table(log_dir)),
+                         ("Long context beside PyTorch", long_table(log_dir)),
+                         ("Structured attention masks", masks_table(log_dir)),
                          ("The training loop and sampling", loop_table(log_dir))):
         if table:
             print(f"## {title}\n\n{header}\n\n{table}\n")

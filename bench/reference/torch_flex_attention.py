@@ -50,6 +50,13 @@ def main():
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+    import torch._dynamo
+    # One compilation per (shape, mask): more than dynamo's default limit of 8, past which it would
+    # fall back to the eager flex_attention (which materialises the scores) and time that instead.
+    for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
+                 "accumulated_recompile_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 1024)
     flex = torch.compile(flex_attention, dynamic=False)
     rows = []
     for d in (64, 128):
@@ -72,7 +79,11 @@ def main():
                     keep = keep & (q_idx // L == kv_idx // L)
                 return keep
 
-            block_mask = create_block_mask(mask_mod, None, None, T, T, device="cuda")
+            # Compiled, so that the T×T mask is evaluated block by block rather than materialised.
+            try:
+                block_mask = create_block_mask(mask_mod, None, None, T, T, device="cuda", _compile=True)
+            except TypeError:  # a release without the keyword
+                block_mask = torch.compile(create_block_mask)(mask_mod, None, None, T, T, device="cuda")
             q, k, v = (torch.randn(B, H, T, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                        for _ in range(3))
             do = torch.randn(B, H, T, d, device="cuda", dtype=torch.bfloat16)
