@@ -6,7 +6,8 @@ without gnuplot (tilegrad draws the same picture with gnuplot where it is instal
 
 Left: peak memory against T on log-log axes, a line per series (measured points, predicted
 dashes), PyTorch's series from bench/reference/torch_gpt.py memory (its --csv file or its JSON
-lines), the device capacity across. Right: the breakdown by category at each series' largest T.
+lines), the device capacity across. Right: the breakdown by category at each series' largest
+measured T (its largest predicted one where nothing was measured).
 """
 import argparse
 import csv
@@ -79,7 +80,9 @@ def main():
 
     labels, stacks = [], []
     for s in series:
-        done = [r for r in rows if r["series"] == s and r["status"] in ("measured", "predicted")]
+        # The largest measured T, or the largest predicted one where nothing was measured.
+        done = [r for r in rows if r["series"] == s and r["status"] == "measured"] or \
+               [r for r in rows if r["series"] == s and r["status"] == "predicted"]
         if not done:
             continue
         last = done[-1]
@@ -92,7 +95,7 @@ def main():
         right.bar(labels, values, bottom=bottom, label=c, width=0.6)
         bottom = [b + v for b, v in zip(bottom, values)]
     right.set_ylabel("GiB")
-    right.set_title("Peak by category at the largest T")
+    right.set_title("Peak by category at the largest measured T")
     right.legend(loc="upper left")
     out = args.out or os.path.join(args.dir, "memory.png")
     fig.tight_layout()

@@ -523,13 +523,14 @@ int bench_memory(const cli::Args& a) {
     out << "series,T,status,measured_peak_bytes,predicted_peak_bytes,params_bytes,grads_bytes,optimizer_bytes,"
            "activations_bytes,workspace_bytes,predicted_params_bytes,predicted_grads_bytes,predicted_optimizer_bytes,"
            "predicted_activations_bytes,predicted_workspace_bytes,predicted_phase,step_ms\n";
+    // The phase is quoted: its name has commas ("recomputed block backward, MLP pieces").
     for (const MemoryRow& r : rows) {
       const bool run = r.status == MemoryRow::measured;
       auto m = [&](int64_t v) { return run ? std::to_string(v) : std::string(); };
       out << r.series << "," << r.T << "," << status_name(r.status) << "," << m(r.m.peak_total) << "," << r.p.total;
       for (int c = 0; c < kNumMemCategories; ++c) out << "," << m(r.m.peak[size_t(c)]);
       out << "," << r.p.params << "," << r.p.grads << "," << r.p.optimizer << "," << r.p.activations << ","
-          << r.p.workspace << "," << r.p.peak_phase << "," << (run ? fmt_ms(r.ms) : std::string()) << "\n";
+          << r.p.workspace << ",\"" << r.p.peak_phase << "\"," << (run ? fmt_ms(r.ms) : std::string()) << "\n";
     }
   }
   std::printf("\nwrote %s\n", csv.string().c_str());

@@ -48,9 +48,12 @@ void add_piece_phases(MemoryPrediction& p, const TrainConfig& t, const StepTerms
   // largest) at its peak, in GELU's backward: of LayerNorm 2's output, the pre-activation and
   // GELU output (1 + 4 + 4) and c_proj's output and the sum (1 + 1), and the gradients (1 + 4 +
   // 4 + 1), about 16 piece units are held (measured on the CPU: docs/memory.md), with the
-  // LayerNorm's statistics and c_fc's and c_proj's weight and bias gradients.
+  // LayerNorm's statistics and c_fc's and c_proj's weight and bias gradients. The GPU holds about
+  // 20 (the T = 32k–262k sweep of the long-context config, docs/memory.md "Measured against
+  // predicted on a GPU").
   const int64_t r = std::min<int64_t>(t.recompute_rows, T), pu = mul(mul(r, C), e);
-  const int64_t piece = add({mul(16, pu), mul(mul(r, 2), s), mul(add({mul(mul(8, C), C), mul(5, C)}), e)});
+  const int64_t piece_units = gpu ? 20 : 16;
+  const int64_t piece = add({mul(piece_units, pu), mul(mul(r, 2), s), mul(add({mul(mul(8, C), C), mul(5, C)}), e)});
   // What a block keeps, its output included: qkv 3, o 1, x1 1, the output 1, and the attention's
   // statistics; the CPU's fused attention adds its contiguous q, k, v (3); the materialised one
   // its slices, transposes and P·V (8) and S and P.
@@ -80,9 +83,11 @@ void add_piece_phases(MemoryPrediction& p, const TrainConfig& t, const StepTerms
   p.phases.push_back({kind + " backward, attention (blocks in pieces)",
                       add({common, before, attn, head_dw_pending, loss_scalars}), ws});
   // The MLP's pieces run backward first: the block's tensors less its output, the output's
-  // gradient and x1's (1 + 1), and one piece.
+  // gradient and x1's (1 + 1), and one piece. With offloaded inputs the GPU holds one unit less
+  // than this count (the same sweep).
+  const int64_t mlp_held = offload ? add({before, kept - u, u}) : add({before, kept - u, mul(2, u)});
   p.phases.push_back({kind + " backward, MLP pieces",
-                      add({common, before, kept - u, mul(2, u), piece, ln_stats, head_dw_pending, loss_scalars}), 0});
+                      add({common, mlp_held, piece, ln_stats, head_dw_pending, loss_scalars}), 0});
   if (t.recompute) {
     // The first run, recording nothing: the inputs so far (under offload the one in hand) and the
     // block's tensors with a piece.

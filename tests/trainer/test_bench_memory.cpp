@@ -56,11 +56,14 @@ std::vector<std::vector<std::string>> read_csv(const fs::path& path) {
   std::vector<std::vector<std::string>> rows;
   std::string line;
   while (std::getline(in, line)) {
-    std::vector<std::string> cells;
-    std::stringstream ss(line);
-    std::string cell;
-    while (std::getline(ss, cell, ',')) cells.push_back(cell);
-    if (!line.empty() && line.back() == ',') cells.push_back("");
+    // RFC 4180 fields: a quoted one may hold commas (the phase names do).
+    std::vector<std::string> cells(1);
+    bool quoted = false;
+    for (char ch : line) {
+      if (ch == '"') quoted = !quoted;
+      else if (ch == ',' && !quoted) cells.emplace_back();
+      else cells.back() += ch;
+    }
     rows.push_back(cells);
   }
   return rows;
@@ -95,6 +98,8 @@ TEST(BenchMemory, WritesTheCsvAndThePng) {
     EXPECT_EQ(r[0], series[(i - 1) / 3]);
     EXPECT_EQ(std::stoll(r[1]), 64ll << ((i - 1) % 3));
     EXPECT_EQ(r[2], "measured");
+    EXPECT_FALSE(r[15].empty()) << "the predicted phase";
+    EXPECT_GT(std::stod(r[16]), 0) << "the step's milliseconds, after the phase";
     const double measured = std::stod(r[3]), predicted = std::stod(r[4]);
     EXPECT_LE(std::abs(predicted - measured), 0.05 * measured) << r[0] << " T " << r[1];
     // The measured categories: params, grads and optimizer as the model has them; on the CPU
