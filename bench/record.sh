@@ -5,7 +5,7 @@
 # About 14 minutes on an H200; RECORD="train attention memory loop" picks a subset (the default);
 # RECORD=long the memory picture beside PyTorch's up to T = 1M (about 10 minutes more), RECORD=masks
 # the windowed and document-masked attention beside FlexAttention and a 4k-window step at T = 1M
-# (about 8 minutes).
+# (about 8 minutes); RECORD=scale data parallelism on all the machine's GPUs beside PyTorch DDP.
 # Usage: bench/record.sh (COMMIT=HASH names the commit where the tree is not a git checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -71,6 +71,33 @@ for what in $RECORD; do
       done
       $tg bench memory configs/gpt2-124m-long.yaml --set model.attention_window=4096 train.offload_activations=true \
         --min-t 1048576 --max-t 1048576 --warmup 0 --steps 1 --predict > "$OUT/record_window_1m.jsonl" 2>&1 ;;
+    scale)
+      # Data parallelism on every GPU of the machine (1, 2, 4, 8 as there are): GPT-2 small at
+      # 16 × 1024 per GPU, ZeRO-0 and ZeRO-1, grad_accum 1 and 4, under mpirun; PyTorch DDP under
+      # torchrun with the same model and batch; the communicator's collectives beside NCCL's own
+      # through torch.distributed, at a bucket's size and the whole gradient's. About 2 minutes per
+      # world size. NCCL_NVLS_ENABLE=0: the machines' NVLink multicast is off.
+      export NCCL_NVLS_ENABLE=0
+      gpus=$(nvidia-smi -L | wc -l)
+      mpi=(mpirun --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH -x PATH)
+      for W in 1 2 4 8; do
+        [ "$W" -le "$gpus" ] || continue
+        for accum in 1 4; do
+          for zero in 0 1; do
+            timeout 300 "${mpi[@]}" -np "$W" $tg bench train configs/gpt2-124m.yaml --steps 20 --warmup 5 \
+              --set train.zero=$zero train.grad_accum=$accum >> "$OUT/record_scale.jsonl" 2>&1
+          done
+          timeout 600 torchrun --standalone --nproc_per_node "$W" bench/reference/torch_gpt.py ddp --grad-accum $accum \
+            >> "$OUT/record_torch_ddp.jsonl" 2>&1
+        done
+        if [ "$W" -gt 1 ]; then
+          for c in all_reduce reduce_scatter all_gather; do
+            timeout 300 "${mpi[@]}" -np "$W" $tg bench allreduce --collective $c >> "$OUT/record_collectives.jsonl" 2>&1
+            timeout 300 torchrun --standalone --nproc_per_node "$W" bench/reference/torch_allreduce.py --collective $c \
+              >> "$OUT/record_torch_collectives.jsonl" 2>&1
+          done
+        fi
+      done ;;
   esac
 done
 python3 bench/record_tables.py "$OUT" "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \

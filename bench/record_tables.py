@@ -6,7 +6,8 @@ Reads record_*.jsonl from LOG_DIR (lines that are not JSON are skipped) and prin
 GPT-2 small throughput beside torch.compile and eager, attention TFLOP/s ranges beside
 PyTorch's FlashAttention-2 and cuDNN backends, peak memory against T beside SDPA flash (and the
 long-context config's beside PyTorch's series up to T = 1M), the training loop and sampling, and
-the structured masks beside FlexAttention with the 4k-window step at T = 1M.
+the structured masks beside FlexAttention with the 4k-window step at T = 1M, and data
+parallelism on several GPUs beside PyTorch DDP with the collectives beside NCCL's own.
 """
 import json
 import os
@@ -166,6 +167,40 @@ def masks_table(d):
     return "\n".join(lines)
 
 
+def scale_table(d):
+    """RECORD=scale: tokens/s on W GPUs (ZeRO-0/1, grad_accum 1/4), the efficiency against one GPU
+    of the same settings in the same call, beside PyTorch DDP; then the collectives' bus
+    bandwidth beside NCCL's own through torch.distributed."""
+    tg = [r for r in rows(d, "record_scale.jsonl") if r.get("bench") == "train_data_parallel"]
+    ddp = {(r["world"], r["grad_accum"]): r for r in rows(d, "record_torch_ddp.jsonl") if r.get("bench") == "torch_ddp"}
+    lines = []
+    if tg:
+        one = {(r["zero"], r["grad_accum"]): r["tokens_per_s_total"] for r in tg if r["world_size"] == 1}
+        lines += ["| GPUs | ZeRO | grad_accum | tokens/s | speed-up (efficiency) | peak GiB per GPU | comm not hidden | "
+                  "PyTorch DDP tokens/s | vs DDP |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in sorted(tg, key=lambda r: (r["grad_accum"], r["zero"], r["world_size"])):
+            W, base = r["world_size"], one.get((r["zero"], r["grad_accum"]))
+            up = f"{r['tokens_per_s_total'] / base:.2f}× ({r['tokens_per_s_total'] / base / W:.1%})" if base else "—"
+            t = ddp.get((W, r["grad_accum"]))
+            vs = (f"{t['tokens_per_s_total']:,.0f} | {r['tokens_per_s_total'] / t['tokens_per_s_total']:.3f}× |"
+                  if t else "— | — |")
+            lines.append(f"| {W} | {r['zero']} | {r['grad_accum']} | {r['tokens_per_s_total']:,.0f} | {up} | "
+                         f"{r['peak_gib_per_rank']:.2f} | {r['comm_exposed_ms']:.2f} ms | {vs}")
+    mine = [r for r in rows(d, "record_collectives.jsonl") if r.get("bench") == "collective"]
+    ref = {(r["collective"], r["world_size"], r["bytes"]): r for r in rows(d, "record_torch_collectives.jsonl")
+           if r.get("bench") == "collective"}
+    if mine:
+        if lines:
+            lines.append("")
+        lines += ["| collective | GPUs | MiB | tilegrad bus GB/s | NCCL (torch.distributed) bus GB/s | ratio |",
+                  "|---|---|---|---|---|---|"]
+        for r in mine:
+            t = ref.get((r["collective"], r["world_size"], r["bytes"]))
+            lines.append(f"| {r['collective']} | {r['world_size']} | {r['bytes'] / 2**20:,.1f} | {r['busbw_gbs']:.1f} | "
+                         + (f"{t['busbw_gbs']:.1f} | {r['busbw_gbs'] / t['busbw_gbs']:.3f} |" if t else "— | — |"))
+    return "\n".join(lines)
+
+
 def loop_table(d):
     """tilegrad train's tokens/s on shard files (the log windows after the first) beside bench
     train's, and sampling's tokens/s with and without the key/value cache."""
@@ -205,6 +240,7 @@ def main():
                          ("Peak memory against sequence length", memory_table(log_dir)),
                          ("Long context beside PyTorch", long_table(log_dir)),
                          ("Structured attention masks", masks_table(log_dir)),
+                         ("Data parallelism on several GPUs", scale_table(log_dir)),
                          ("The training loop and sampling", loop_table(log_dir))):
         if table:
             print(f"## {title}\n\n{header}\n\n{table}\n")

@@ -82,20 +82,27 @@ StepFigures run_training_steps(const Config& cfg, Device device, int64_t warmup,
   const Tensor record_loss = Tensor::view_of(record, 0, {1}), record_norm = Tensor::view_of(record, 1, {1});
   const optim::StepRules rules{cfg.train.grad_clip, std::max<int64_t>(cfg.train.max_bad_steps, 1)};
   opt.reset_decision(0);
+  // train.grad_accum micro-batches per step (the same tokens each time), as the trainer runs
+  // them: the buckets are reduced during the last one's backward.
+  const int64_t k = cfg.train.grad_accum;
   auto step = [&] {
     model.params().zero_grad();
     record.zero();
-    Tensor l = model.loss(ids, tgt);
-    optim::add_divided(record_loss, l, 1.0);
+    for (int64_t micro = 0; micro < k; ++micro) {
+      Tensor l = model.loss(ids, tgt);
+      optim::add_divided(record_loss, l, double(k));
+      Tensor scaled = k * W == 1 ? l : ops::scale(l, 1.0 / double(k * W));
+      if (micro == k - 1 && sync) {
+        auto overlap = sync->overlap();
+        scaled.backward();
+      } else {
+        scaled.backward();
+      }
+    }
     if (!sync) {
-      l.backward();
       optim::grad_sum_squares_to(model.params(), {}, record_norm);
       opt.step_decided(cfg.train.lr, record, rules);
       return;
-    }
-    {
-      auto overlap = sync->overlap();
-      ops::scale(l, 1.0 / W).backward();
     }
     sync->finish();
     sync->grad_sum_squares_to(record_norm);
@@ -144,8 +151,9 @@ int bench_train(const cli::Args& a) {
   const int W = comm->world_size();
   const StepFigures f =
       run_training_steps(cfg, device, a.get_int("warmup", 5), a.get_int("steps", 20), false, comm.get());
-  const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len;
-  const double tps = double(B * T) / f.seconds_per_step;
+  // Tokens per optimizer step and rank: grad_accum micro-batches of B × T.
+  const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len, k = cfg.train.grad_accum, tokens = B * T * k;
+  const double tps = double(tokens) / f.seconds_per_step;
   const MemoryStats& m = f.memory;
   if (W > 1 || !placement.launcher.empty()) {
     // Per rank and in total; the slowest rank and the largest peak bound the job.
@@ -155,21 +163,22 @@ int bench_train(const cli::Args& a) {
     if (comm->rank() == 0)
       std::printf(
           "{\"bench\":\"train_data_parallel\",\"config\":\"%s\",\"backend\":\"%s\",\"world_size\":%d,\"zero\":%d,"
-          "\"bucket_mb\":%g,\"B\":%lld,\"T\":%lld,\"ms_per_step\":%.2f,\"tokens_per_s_per_rank\":%.0f,"
-          "\"tokens_per_s_total\":%.0f,\"comm_exposed_ms\":%.2f,\"peak_gib_per_rank\":%.3f}\n",
+          "\"bucket_mb\":%g,\"B\":%lld,\"T\":%lld,\"grad_accum\":%lld,\"ms_per_step\":%.2f,"
+          "\"tokens_per_s_per_rank\":%.0f,\"tokens_per_s_total\":%.0f,\"comm_exposed_ms\":%.2f,"
+          "\"peak_gib_per_rank\":%.3f}\n",
           a.positional[1].c_str(), comm->backend().c_str(), W, cfg.train.zero, cfg.train.bucket_mb, (long long)B,
-          (long long)T, worst[0] * 1e3, double(B * T) / worst[0], double(W * B * T) / worst[0], worst[2] * 1e3,
-          gib(int64_t(worst[1])));
+          (long long)T, (long long)k, worst[0] * 1e3, double(tokens) / worst[0], double(W * tokens) / worst[0],
+          worst[2] * 1e3, gib(int64_t(worst[1])));
     if (comm->rank() != 0) return 0;
   }
   std::printf(
       "{\"bench\":\"train\",\"config\":\"%s\",\"device\":\"%s\",\"precision\":\"%s\",\"attention\":\"%s\","
       "\"deterministic\":%s,\"lm_head_chunk\":%d,\"recompute\":%s,"
-      "\"B\":%lld,\"T\":%lld,\"params\":%lld,\"ms_per_step\":%.2f,\"tokens_per_s\":%.0f,\"tflops\":%.1f,"
+      "\"B\":%lld,\"T\":%lld,\"grad_accum\":%lld,\"params\":%lld,\"ms_per_step\":%.2f,\"tokens_per_s\":%.0f,\"tflops\":%.1f,"
       "\"mfu_vs_989\":%.4f,\"peak_gib\":%.3f,\"loss\":%.4f}\n",
       a.positional[1].c_str(), device.str().c_str(), cfg.train.precision.c_str(), cfg.model.attention.c_str(),
       cfg.train.deterministic ? "true" : "false", cfg.train.lm_head_chunk,
-      cfg.train.recompute ? "true" : "false", (long long)B, (long long)T, (long long)f.params,
+      cfg.train.recompute ? "true" : "false", (long long)B, (long long)T, (long long)k, (long long)f.params,
       f.seconds_per_step * 1e3, tps, f.flops_per_token * tps / 1e12,
       f.flops_per_token * tps / 989e12, gib(m.peak_total), f.loss);
   std::printf("peak memory by category:");
@@ -184,6 +193,79 @@ int bench_train(const cli::Args& a) {
                 format_bytes(int64_t(total_bytes - free_bytes)).c_str(), format_bytes(m.current_total).c_str());
   }
 #endif
+  return 0;
+}
+
+// The communicator's collectives timed on flat fp32 buffers, the figure compared with NCCL's own
+// (bench/reference/torch_allreduce.py under torchrun, same sizes). Bus bandwidth as nccl-tests
+// define it: the bytes over the time, times 2(W − 1)/W for all_reduce and (W − 1)/W for
+// reduce_scatter and all_gather (the bytes being the whole buffer), so that it reads against the
+// links' speed whatever W.
+int bench_allreduce(const cli::Args& a) {
+  const char* fn = "tilegrad bench allreduce";
+  const std::string collective = a.get("collective", "all_reduce");
+  TG_CHECK(collective == "all_reduce" || collective == "reduce_scatter" || collective == "all_gather", fn,
+           ": --collective ", collective, " is unknown; give all_reduce, reduce_scatter or all_gather");
+  const int64_t iters = a.get_int("steps", 20), warmup = a.get_int("warmup", 5);
+  TG_CHECK(iters >= 1, fn, ": --steps ", iters, " times nothing; give at least 1");
+  TG_CHECK(warmup >= 0, fn, ": --warmup is negative");
+  // Default sizes: a 25-MiB gradient bucket (train.bucket_mb's default) and GPT-2 small's whole
+  // fp32 gradient (123,689,472 parameters: 471.8 MiB).
+  std::vector<double> sizes_mib;
+  {
+    std::stringstream list(a.get("mib", "25,471.8"));
+    std::string item;
+    while (std::getline(list, item, ',')) {
+      char* end = nullptr;
+      const double v = std::strtod(item.c_str(), &end);
+      TG_CHECK(end != item.c_str() && *end == '\0' && v > 0 && v <= 65536, fn, ": --mib takes sizes in MiB, e.g. "
+               "25,471.8; got '", item, "'");
+      sizes_mib.push_back(v);
+    }
+  }
+  const dist::Placement placement = dist::placement_from_environment();
+  const Device device = resolve_device(a.get("device", "auto"), placement.local_rank);
+  set_current_device(device);
+  std::unique_ptr<dist::Communicator> comm = dist::make_communicator(placement, device, 600);
+  const int W = comm->world_size(), rank = comm->rank();
+  const double factor = collective == "all_reduce" ? 2.0 * (W - 1) / W : double(W - 1) / W;
+  auto start = [&](const Tensor& buf) {
+    if (collective == "all_reduce") comm->all_reduce_async(buf, dist::ReduceOp::sum, "bench buffer");
+    else if (collective == "reduce_scatter") comm->reduce_scatter_async(buf, "bench buffer");
+    else comm->all_gather_async(buf, "bench buffer");
+  };
+  auto value_at = [&](const Tensor& buf, int64_t i) { return Tensor::view_of(buf, i, {1}).to(Device::cpu()).item(); };
+  for (double mib : sizes_mib) {
+    // Whole elements, a multiple of W (the sharded collectives split the buffer evenly).
+    const int64_t n = std::max<int64_t>(W, (int64_t(mib * 1048576.0 / 4.0) + W - 1) / W * W), shard = n / W;
+    Tensor buf = Tensor::full({n}, double(rank + 1), DType::f32, device);
+    // Once for the result: every rank holding r + 1, the sum is W(W + 1)/2; gathered, slice j holds j + 1.
+    start(buf);
+    comm->wait();
+    const int64_t other = ((rank + 1) % W) * shard;  // the first element of the next rank's slice
+    const double got = collective == "all_gather" ? value_at(buf, other) : value_at(buf, rank * shard);
+    const double want = collective == "all_gather" ? double((rank + 1) % W + 1) : double(W) * (W + 1) / 2.0;
+    const bool right = comm->all_agree(got == want, "bench: the collective's result");
+    TG_CHECK(right, fn, ": ", collective, " of ", n, " floats gave ", got, " where ", want,
+             " was due (on this rank or another): the communicator is wrong");
+    for (int64_t i = 0; i < warmup; ++i) start(buf);
+    comm->wait();
+    device_synchronize(device);
+    comm->barrier("bench: before timing");
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < iters; ++i) start(buf);
+    comm->wait();
+    device_synchronize(device);
+    const double mine = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / double(iters);
+    const double seconds = comm->all_reduce_values({mine}, dist::ReduceOp::max, "bench: slowest rank")[0];
+    const double bytes = double(n) * 4.0, algbw = bytes / seconds / 1e9;
+    if (rank == 0)
+      std::printf("{\"bench\":\"collective\",\"collective\":\"%s\",\"backend\":\"%s\",\"world_size\":%d,"
+                  "\"device\":\"%s\",\"bytes\":%.0f,\"ms\":%.4f,\"algbw_gbs\":%.2f,\"busbw_gbs\":%.2f}\n",
+                  collective.c_str(), comm->backend().c_str(), W, device.str().c_str(), bytes, seconds * 1e3, algbw,
+                  algbw * factor);
+    std::fflush(stdout);
+  }
   return 0;
 }
 

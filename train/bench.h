@@ -6,4 +6,5 @@ namespace tg {
 int bench_train(const cli::Args& a);      // tilegrad bench train CONFIG
 int bench_attention(const cli::Args& a);  // tilegrad bench attention
 int bench_memory(const cli::Args& a);     // tilegrad bench memory CONFIG
+int bench_allreduce(const cli::Args& a);  // tilegrad bench allreduce (under mpirun or srun)
 }  // namespace tg

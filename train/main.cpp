@@ -264,11 +264,13 @@ std::vector<cli::Command> commands() {
        "`bench memory CONFIG`: peak memory and step time of one training step against the sequence length "
        "(T = --min-t, doubling, to --max-t; default 1024 to 131072; one warm-up and one timed step), the model "
        "built afresh for each T, stopping at the first that runs out of memory, with --predict the memory model's "
-       "figures beside them. Results print as JSON lines.",
-       {{"WHAT", "train, attention or memory"},
+       "figures beside them. `bench allreduce`, under mpirun or srun: the communicator's collective on fp32 "
+       "buffers of --mib sizes, its time and bus bandwidth (nccl-tests' definition: 2(W − 1)/W × bytes / time "
+       "for all_reduce), after checking its result. Results print as JSON lines.",
+       {{"WHAT", "train, attention, memory or allreduce"},
         {"CONFIG", "for train and memory: a YAML config, e.g. configs/gpt2-124m.yaml", true}},
        {{"--set", "KEY=VALUE", "train and memory: override config keys, e.g. --set train.batch_size=32", "", true},
-        {"--steps", "N", "timed steps (train; memory: 1) or timed runs, median reported (attention)", "20"},
+        {"--steps", "N", "timed steps (train; memory: 1), timed runs, median reported (attention), or timed collectives (allreduce)", "20"},
         {"--warmup", "N", "untimed steps first (memory: 1; attention: untimed forward + backward pairs first; with --protocol reference untimed calls before each timing, default 5 before the forward and 3 before forward + backward, as torch_attention.py)", "5"},
         {"--protocol", "P", "attention: sustained (each mode's calls back to back, host-timed) or reference (torch_attention.py's timing: CUDA events, backward = (forward + backward) − forward)", "sustained"},
         {"--min-t", "T", "attention and memory: the shortest sequence (then T doubles up to --max-t)", "1024"},
@@ -297,6 +299,9 @@ std::vector<cli::Command> commands() {
          "attention: N equal documents per row (a document mask; causal shapes only, with --window too), timed "
          "beside the full causal attention; TF/s count the visible pairs exactly",
          "0"},
+        {"--mib", "LIST", "allreduce: buffer sizes in MiB, comma-separated (25: a gradient bucket; 471.8: GPT-2 small's fp32 gradient)", "25,471.8"},
+        {"--collective", "NAME", "allreduce: all_reduce, reduce_scatter or all_gather (ZeRO-1's two)", "all_reduce"},
+        {"--device", "DEVICE", "allreduce: auto (each rank's GPU, else the CPU), cpu or cuda", "auto"},
         {"--variant", "NAME",
          "attention: a wgmma kernel shape of the development registry (docs/kernels.md §4.4) instead of the "
          "launchers' shape, wherever it applies (its kernel, head dim, mask and T); an unknown name lists them",
@@ -310,8 +315,12 @@ std::vector<cli::Command> commands() {
            TG_CHECK(a.positional.size() == 2, "tilegrad bench memory: needs a CONFIG");
            return bench_memory(a);
          }
+         if (a.positional[0] == "allreduce") {
+           TG_CHECK(a.positional.size() == 1, "tilegrad bench allreduce: takes no CONFIG");
+           return bench_allreduce(a);
+         }
          TG_CHECK(a.positional[0] == "attention", "tilegrad bench: unknown benchmark '", a.positional[0],
-                  "'; available: train, attention, memory");
+                  "'; available: train, attention, memory, allreduce");
          return bench_attention(a);
        }},
       {"plot",

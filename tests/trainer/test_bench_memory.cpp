@@ -182,5 +182,34 @@ TEST(BenchMemory, TrainsWithinFivePercentOfThePrediction) {
   fs::remove_all(dir);
 }
 
+// `tilegrad bench train` with train.grad_accum: a step is k micro-batches, so its tokens are
+// B·T·k, and the loss it reports is their mean (the same tokens each time: the first step's mean
+// equals one micro-batch's loss exactly).
+TEST(BenchTrain, AStepIsEveryMicroBatchOfGradAccum) {
+  if (!fs::exists(kBinary)) GTEST_SKIP() << "tilegrad binary not built at " << kBinary;
+  const std::string config = std::string(TILEGRAD_SOURCE_DIR) + "/configs/kjv-tiny.yaml";
+  auto field = [](const std::string& line, const std::string& key) {
+    const size_t at = line.find("\"" + key + "\":");
+    EXPECT_NE(at, std::string::npos) << key << " in " << line;
+    return at == std::string::npos ? -1.0 : std::stod(line.substr(at + key.size() + 3));
+  };
+  std::vector<std::string> lines;
+  for (int k : {1, 2}) {
+    auto [rc, out] = shell("OMP_NUM_THREADS=2 " + kBinary + " bench train " + config +
+                           " --steps 1 --warmup 0 --set run.device=cpu train.grad_accum=" + std::to_string(k));
+    ASSERT_EQ(rc, 0) << out;
+    const size_t at = out.find("{\"bench\":\"train\"");
+    ASSERT_NE(at, std::string::npos) << out;
+    lines.push_back(out.substr(at, out.find('\n', at) - at));
+  }
+  for (int k : {1, 2}) {
+    const std::string& line = lines[size_t(k - 1)];
+    EXPECT_EQ(field(line, "grad_accum"), k) << line;
+    const double tokens = field(line, "tokens_per_s") * field(line, "ms_per_step") / 1e3;
+    EXPECT_NEAR(tokens, 12.0 * 64.0 * k, 0.01 * 12 * 64 * k) << "B·T·k tokens a step: " << line;
+  }
+  EXPECT_EQ(field(lines[0], "loss"), field(lines[1], "loss")) << "the mean of two equal micro-batch losses";
+}
+
 }  // namespace
 }  // namespace tg
