@@ -97,7 +97,13 @@ for what in $RECORD; do
               >> "$OUT/record_torch_collectives.jsonl" 2>&1
           done
         fi
-      done ;;
+      done
+      # Correctness on all the GPUs: losses against one process, bitwise reruns, resumes on fewer.
+      if [ "$gpus" -ge 2 ]; then
+        g=$((gpus / 2 * 2))
+        CONFIG=configs/gpt2-124m.yaml TILEGRAD=$tg OUT="$OUT/scale_check" tools/scale_check.sh "$g" \
+          > "$OUT/record_scale_check.md" 2>&1
+      fi ;;
   esac
 done
 python3 bench/record_tables.py "$OUT" "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \

@@ -186,6 +186,11 @@ def scale_table(d):
                   if t else "— | — |")
             lines.append(f"| {W} | {r['zero']} | {r['grad_accum']} | {r['tokens_per_s_total']:,.0f} | {up} | "
                          f"{r['peak_gib_per_rank']:.2f} | {r['comm_exposed_ms']:.2f} ms | {vs}")
+    check = os.path.join(d, "record_scale_check.md")
+    if os.path.exists(check):  # tools/scale_check.sh's table
+        if lines:
+            lines.append("")
+        lines += [line.rstrip() for line in open(check) if line.startswith("|")]
     mine = [r for r in rows(d, "record_collectives.jsonl") if r.get("bench") == "collective"]
     ref = {(r["collective"], r["world_size"], r["bytes"]): r for r in rows(d, "record_torch_collectives.jsonl")
            if r.get("bench") == "collective"}
