@@ -87,13 +87,13 @@ for what in $RECORD; do
             timeout 300 "${mpi[@]}" -np "$W" $tg bench train configs/gpt2-124m.yaml --steps 20 --warmup 5 \
               --set train.zero=$zero train.grad_accum=$accum >> "$OUT/record_scale.jsonl" 2>&1
           done
-          timeout 600 torchrun --standalone --nproc_per_node "$W" bench/reference/torch_gpt.py ddp --grad-accum $accum \
+          timeout 600 python3 -m torch.distributed.run --standalone --nproc_per_node "$W" bench/reference/torch_gpt.py ddp --grad-accum $accum \
             >> "$OUT/record_torch_ddp.jsonl" 2>&1
         done
         if [ "$W" -gt 1 ]; then
           for c in all_reduce reduce_scatter all_gather; do
             timeout 300 "${mpi[@]}" -np "$W" $tg bench allreduce --collective $c >> "$OUT/record_collectives.jsonl" 2>&1
-            timeout 300 torchrun --standalone --nproc_per_node "$W" bench/reference/torch_allreduce.py --collective $c \
+            timeout 300 python3 -m torch.distributed.run --standalone --nproc_per_node "$W" bench/reference/torch_allreduce.py --collective $c \
               >> "$OUT/record_torch_collectives.jsonl" 2>&1
           done
         fi
