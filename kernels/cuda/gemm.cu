@@ -211,7 +211,10 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const Problem& p, bool 
   TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
   TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
   if (fused) {
-    uint32_t epi = p.epilogue == Epilogue::gelu_bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+    // bias_grad: cuBLASLt's B is our A, so the sum over k of our op(A)'s rows is its BGRADB.
+    uint32_t epi = p.epilogue == Epilogue::gelu_bias   ? CUBLASLT_EPILOGUE_GELU_BIAS
+                   : p.epilogue == Epilogue::bias_grad ? CUBLASLT_EPILOGUE_BGRADB
+                                                       : CUBLASLT_EPILOGUE_BIAS;
     int32_t bias_type = p.type;
     TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
     TG_CUBLAS_CHECK(
@@ -281,6 +284,7 @@ const char* epilogue_name(Epilogue e) {
     case Epilogue::none: return "none";
     case Epilogue::bias: return "bias";
     case Epilogue::gelu_bias: return "gelu_bias";
+    case Epilogue::bias_grad: return "bias_grad";
   }
   return "?";
 }
@@ -291,9 +295,10 @@ size_t gemm_workspace_bytes() { return kWorkspaceBytes; }
 
 namespace {
 
-// The one GEMM path: inputs of type T, C of type TC (T, or float under bf16 inputs).
+// The one GEMM path: inputs of type T, C of type TC (T, or float under bf16 inputs). Returns
+// whether the epilogue ran inside cuBLASLt; an unfused bias_grad is left to the caller.
 template <typename T, typename TC>
-void gemm_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda,
+bool gemm_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda,
                const T* B, int64_t ldb, float beta, TC* C, int64_t ldc, int64_t batch, int64_t stride_a,
                int64_t stride_b, int64_t stride_c, Epilogue epilogue, const T* bias, cudaStream_t stream) {
   static_assert(std::is_same_v<T, TC> || (std::is_same_v<T, tg::bf16> && std::is_same_v<TC, float>),
@@ -313,7 +318,9 @@ void gemm_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
            " needs a bias pointer");
   TG_CHECK((std::is_same_v<T, TC>) || epilogue == Epilogue::none,
            "cuda::gemm: an epilogue needs C in the inputs' type (the bias has that type)");
-  if (M == 0 || N == 0 || batch == 0) return;
+  TG_CHECK(epilogue != Epilogue::bias_grad || (batch == 1 && trans_a && beta == 0.f && alpha == 1.f),
+           "cuda::gemm: the bias_grad epilogue is for one weight gradient Aᵀ·B (alpha 1, beta 0)");
+  if (M == 0 || N == 0 || batch == 0) return false;
 
   int device = 0;
   TG_CUDA_CHECK(cudaGetDevice(&device));
@@ -322,11 +329,13 @@ void gemm_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
   const bool gelu = epilogue == Epilogue::gelu_bias;
   const T* epi_bias = epilogue == Epilogue::none ? nullptr : bias;
 
+  const bool bias_grad = epilogue == Epilogue::bias_grad;
   if (K == 0) {  // op(A)·op(B) is an empty sum: C = act(beta·C + bias), no cuBLASLt call
-    if (beta == 1.f && epilogue == Epilogue::none) return;
-    launch_bias_act<TC>(C, ldc, batch > 1 ? stride_c : 0, M, N, batch, beta, reinterpret_cast<const TC*>(epi_bias),
-                        gelu, stream);  // a bias only when TC is T (checked above)
-    return;
+    if (beta == 1.f && epilogue == Epilogue::none) return false;
+    launch_bias_act<TC>(C, ldc, batch > 1 ? stride_c : 0, M, N, batch, beta,
+                        bias_grad ? nullptr : reinterpret_cast<const TC*>(epi_bias), gelu,
+                        stream);  // a bias only when TC is T (checked above)
+    return false;
   }
 
   const bool batched = batch > 1;
@@ -368,9 +377,9 @@ void gemm_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
       continue;
     }
     TG_CUBLAS_CHECK(st);
-    if (!plan.fused && epilogue != Epilogue::none)
+    if (!plan.fused && epilogue != Epilogue::none && !bias_grad)
       launch_bias_act<TC>(C, ldc, p.stride_c, M, N, batch, 1.f, reinterpret_cast<const TC*>(epi_bias), gelu, stream);
-    return;
+    return plan.fused;
   }
 }
 
@@ -380,8 +389,19 @@ template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda,
           const T* B, int64_t ldb, float beta, T* C, int64_t ldc, int64_t batch, int64_t stride_a, int64_t stride_b,
           int64_t stride_c, Epilogue epilogue, const T* bias, cudaStream_t stream) {
+  TG_CHECK(epilogue != Epilogue::bias_grad, "cuda::gemm: the bias_grad epilogue writes its bias: call "
+           "gemm_weight_and_bias_grad");
   gemm_impl<T, T>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, stride_a, stride_b, stride_c,
                   epilogue, bias, stream);
+}
+
+template <typename T>
+bool gemm_weight_and_bias_grad(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb,
+                               T* C, int64_t ldc, T* bias_grad, cudaStream_t stream) {
+  TG_CHECK(bias_grad != nullptr, "cuda::gemm_weight_and_bias_grad: needs the bias gradient's pointer");
+  // The bias pointer travels as the epilogue's (const) bias; cuBLASLt writes through it.
+  return gemm_impl<T, T>(true, false, M, N, K, 1.f, A, lda, B, ldb, 0.f, C, ldc, 1, 0, 0, 0, Epilogue::bias_grad,
+                         bias_grad, stream);
 }
 
 void gemm_accumulate_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const tg::bf16* A,
@@ -395,6 +415,11 @@ void gemm_accumulate_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64
 template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,
                           float, float*, int64_t, int64_t, int64_t, int64_t, int64_t, Epilogue, const float*,
                           cudaStream_t);
+template bool gemm_weight_and_bias_grad<float>(int64_t, int64_t, int64_t, const float*, int64_t, const float*, int64_t,
+                                                float*, int64_t, float*, cudaStream_t);
+template bool gemm_weight_and_bias_grad<tg::bf16>(int64_t, int64_t, int64_t, const tg::bf16*, int64_t,
+                                                   const tg::bf16*, int64_t, tg::bf16*, int64_t, tg::bf16*,
+                                                   cudaStream_t);
 template void gemm<tg::bf16>(bool, bool, int64_t, int64_t, int64_t, float, const tg::bf16*, int64_t, const tg::bf16*,
                              int64_t, float, tg::bf16*, int64_t, int64_t, int64_t, int64_t, int64_t, Epilogue,
                              const tg::bf16*, cudaStream_t);

@@ -1,7 +1,9 @@
 // Neural-network ops: embedding, linear, matmul, GELU, LayerNorm, softmax, cross-entropy,
 // dropout, RoPE and the causal mask of the materialised attention.
 #include <algorithm>
+#include <cstdlib>
 #include <limits>
+#include <string>
 #include <type_traits>
 
 #include "kernels/cpu/dropout.h"
@@ -114,6 +116,18 @@ std::pair<Tensor, Tensor> linear_backward_gemms(const Tensor& g, const Tensor& x
   return {gx, gw};
 }
 
+// Whether a GPU linear layer's bias gradient comes out of its weight gradient's GEMM (cuBLASLt's
+// BGRADB epilogue) rather than a column-sum kernel of its own: a candidate for the GPT-2 step's
+// 0.83 ms of bias column sums (docs/performance.md "Where a step's time goes"), off until it is
+// measured against the kernel; TILEGRAD_FUSED_BIAS_GRAD=1 turns it on for that comparison.
+bool fused_bias_grad() {
+  static const bool on = [] {
+    const char* v = std::getenv("TILEGRAD_FUSED_BIAS_GRAD");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return on;
+}
+
 // x·Wᵀ (+ b) into a new (…, N) tensor: on the CPU the bias is copied in and the GEMM adds with
 // beta = 1; on the GPU it rides in cuBLASLt's epilogue.
 Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias) {
@@ -146,6 +160,24 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   record(out, "linear", {x, weight, bias},
          [x = x.detach(), w = weight.detach(), has_bias = bias.defined(), rows, N, K,
           need_x = x.requires_grad()](const Tensor& g) {
+           if (has_bias && g.device().is_cuda() && fused_bias_grad()) {
+             Tensor gb = Tensor::empty({N}, g.dtype(), g.device());
+             Tensor gx, gw = Tensor::empty({N, K}, g.dtype(), g.device());
+             if (need_x) gx = Tensor::empty(x.shape(), g.dtype(), g.device());
+             dispatch("linear backward", g, [&]<typename T>() { TG_CHECK(false, "linear backward: not a CPU path"); },
+                      [&]<typename T>() {
+                        if (need_x)
+                          cuda_gemm<T>(false, false, rows, K, N, g.data<T>(), N, w.data<T>(), K, gx.data<T>(), K, 1,
+                                       0, 0, 0);
+                        if (!cuda::gemm_weight_and_bias_grad<T>(N, K, rows, g.data<T>(), N, x.data<T>(), K,
+                                                                gw.data<T>(), K, gb.data<T>(), cuda_stream())) {
+                          Tensor scratch =
+                              detail::workspace_floats(cuda::sum_rows_scratch_floats(rows, N), g.device());
+                          cuda::sum_rows(g.data<T>(), gb.data<T>(), rows, N, scratch.data<float>(), cuda_stream());
+                        }
+                      });
+             return std::vector<Tensor>{gx, gw, gb};
+           }
            auto [gx, gw] = linear_backward_gemms(g, x, w, need_x, rows, N, K);
            Tensor gb;
            if (has_bias) {

@@ -70,7 +70,7 @@ struct Case {
   int64_t offset = 0, bias_offset = 0;
 
   std::string str() const {
-    static const char* epis[] = {"none", "bias", "gelu_bias"};
+    static const char* epis[] = {"none", "bias", "gelu_bias", "bias_grad"};
     std::ostringstream os;
     os << (ta ? "T" : "N") << (tb ? "T" : "N") << " M=" << M << " N=" << N << " K=" << K << " batch=" << batch
        << " alpha=" << alpha << " beta=" << beta << " epilogue=" << epis[int(epi)] << " lda=" << lda << " ldb=" << ldb
@@ -346,6 +346,70 @@ TEST(CudaGemm, AccumulatesBf16ProductsInFp32) {
   double worst = 0;
   for (size_t i = 0; i < c.size(); ++i) worst = std::max(worst, std::abs(double(c[i]) - ref[i]));
   EXPECT_LT(worst, 1e-4) << "fp32 accumulation over " << (K + chunk - 1) / chunk << " calls";
+}
+
+// A linear layer's weight and bias gradients from one call (cuBLASLt's BGRADB epilogue): C (M, N)
+// = Aᵀ·B for A stored (K, M), and bias (M,) = A's column sums, against double-precision
+// references; at GPT-2's shapes with an aligned bias cuBLASLt must fuse it, and two calls give
+// the same bits. A bias pointer off the 16-byte alignment is not fused: C alone, the bias untouched.
+template <typename T>
+void weight_and_bias_grad(int64_t M, int64_t N, int64_t K, int64_t bias_offset, bool expect_fused) {
+  const std::string what = "M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) +
+                           " bias_offset=" + std::to_string(bias_offset);
+  Rng rng{uint64_t(M * 131 + N * 7 + K)};
+  std::vector<T> a(size_t(K * M)), b(size_t(K * N));
+  for (auto& v : a) v = from_float<T>(rng.next());
+  for (auto& v : b) v = from_float<T>(rng.next());
+  std::vector<double> ref(size_t(M * N), 0.0), ref_bias(size_t(M), 0.0);
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t i = 0; i < M; ++i) {
+      const double x = to_float(a[size_t(k * M + i)]);
+      ref_bias[size_t(i)] += x;
+      for (int64_t j = 0; j < N; ++j) ref[size_t(i * N + j)] += x * to_float(b[size_t(k * N + j)]);
+    }
+  DeviceBuffer<T> da(a.size()), db(b.size()), dc(ref.size()), dbias(size_t(M + bias_offset));
+  CHECK_CUDA(cudaMemcpy(da.p, a.data(), a.size() * sizeof(T), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(db.p, b.data(), b.size() * sizeof(T), cudaMemcpyHostToDevice));
+  const std::vector<T> poison(size_t(M + bias_offset), from_float<T>(7.f));
+  CHECK_CUDA(cudaMemcpy(dbias.p, poison.data(), poison.size() * sizeof(T), cudaMemcpyHostToDevice));
+  const bool fused = tg::cuda::gemm_weight_and_bias_grad<T>(M, N, K, da.p, M, db.p, N, dc.p, N, dbias.p + bias_offset,
+                                                            nullptr);
+  std::vector<T> c(ref.size()), bias(static_cast<size_t>(M));
+  CHECK_CUDA(cudaMemcpy(c.data(), dc.p, c.size() * sizeof(T), cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(bias.data(), dbias.p + bias_offset, bias.size() * sizeof(T), cudaMemcpyDeviceToHost));
+  const double tol = std::is_same_v<T, float> ? 1e-5 : 1e-2;
+  auto rel_err = [](const auto& got, const std::vector<double>& want) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const double d = double(to_float(got[i])) - want[i];
+      num += d * d, den += want[i] * want[i];
+    }
+    return std::sqrt(num / std::max(den, 1e-300));
+  };
+  EXPECT_LE(rel_err(c, ref), tol) << "the weight gradient, " << what;
+  EXPECT_EQ(fused, expect_fused) << what;
+  if (fused) {
+    EXPECT_LE(rel_err(bias, ref_bias), tol) << "the bias gradient, " << what;
+    std::vector<T> c2(c.size()), bias2(bias.size());
+    tg::cuda::gemm_weight_and_bias_grad<T>(M, N, K, da.p, M, db.p, N, dc.p, N, dbias.p + bias_offset, nullptr);
+    CHECK_CUDA(cudaMemcpy(c2.data(), dc.p, c2.size() * sizeof(T), cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(bias2.data(), dbias.p + bias_offset, bias2.size() * sizeof(T), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(0, std::memcmp(c.data(), c2.data(), c.size() * sizeof(T))) << "deterministic, " << what;
+    EXPECT_EQ(0, std::memcmp(bias.data(), bias2.data(), bias.size() * sizeof(T))) << "deterministic, " << what;
+  } else {
+    EXPECT_EQ(0, std::memcmp(bias.data(), poison.data(), bias.size() * sizeof(T))) << "untouched, " << what;
+  }
+}
+
+TEST(CudaGemm, WeightAndBiasGradMatchTheReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
+  // GPT-2 small's biased layers (qkv, attention projection, MLP projection) over 256 rows.
+  for (auto [M, N] : {std::pair<int64_t, int64_t>{2304, 768}, {768, 768}, {768, 3072}}) {
+    weight_and_bias_grad<tg::bf16>(M, N, 256, 0, true);
+    weight_and_bias_grad<float>(M, N, 256, 0, true);
+  }
+  weight_and_bias_grad<tg::bf16>(768, 768, 256, 1, false);  // a bias 2 bytes off alignment
+  weight_and_bias_grad<float>(768, 768, 256, 1, false);
 }
 
 TEST(CudaGemm, WorkspaceIsAtLeast32MiB) {
