@@ -18,7 +18,9 @@ namespace tg::cuda {
 // it after a plain GEMM, with the same result up to rounding of the intermediate in T.
 //   bias_grad  C = alpha·op(A)op(B) + beta·C, and bias (M,) receives Σ_k op(A)[m, k] (only through
 //              gemm_weight_and_bias_grad below, which owns the written bias pointer)
-enum class Epilogue { none, bias, gelu_bias, bias_grad };
+//   gelu_aux_bias  C = gelu_tanh(pre), pre = alpha·op(A)op(B) + beta·C + bias also stored (only
+//              through gemm_bias_gelu_aux below, which owns the pre-activation's pointer)
+enum class Epilogue { none, bias, gelu_bias, bias_grad, gelu_aux_bias };
 
 // Row-major: C (M, N) = epilogue(alpha · op(A) · op(B) + beta · C).
 //   op(A) is (M, K): A is stored (M, K), or (K, M) when trans_a.
@@ -54,6 +56,15 @@ void gemm_accumulate_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64
 template <typename T>
 bool gemm_weight_and_bias_grad(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb,
                                T* C, int64_t ldc, T* bias_grad, cudaStream_t stream);
+
+// A linear layer and its GELU in one cuBLASLt call (the GELU_AUX_BIAS epilogue): pre (M, N) =
+// A·Bᵀ + bias, kept for GELU's derivative, and C = gelu_tanh(pre), for A (M, K) — the input rows —
+// and B stored (N, K) — the weight —, both outputs with row length N. Returns false, having done
+// nothing, where cuBLASLt has no fused algorithm for the case (or a pointer is not aligned for it):
+// the caller then runs the GEMM and the GELU apart.
+template <typename T>
+bool gemm_bias_gelu_aux(int64_t M, int64_t N, int64_t K, const T* A, const T* B, const T* bias, T* pre, T* C,
+                        cudaStream_t stream);
 
 // Bytes of cuBLASLt workspace each device holds once it has run a GEMM (allocated on first use and
 // kept for the life of the process), for the caller's memory accounting.

@@ -128,6 +128,18 @@ bool fused_bias_grad() {
   return on;
 }
 
+// Whether a GPU linear_gelu runs its GEMM and GELU as one cuBLASLt call (GELU_AUX_BIAS, the
+// pre-activation stored beside the output) rather than the GEMM and a GELU kernel: a candidate
+// for the step's 1.67 ms of GELU (docs/performance.md "Where a step's time goes"), off until it is
+// measured; TILEGRAD_FUSED_GELU=1 turns it on for that comparison.
+bool fused_gelu() {
+  static const bool on = [] {
+    const char* v = std::getenv("TILEGRAD_FUSED_GELU");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return on;
+}
+
 // x·Wᵀ (+ b) into a new (…, N) tensor: on the CPU the bias is copied in and the GEMM adds with
 // beta = 1; on the GPU it rides in cuBLASLt's epilogue.
 Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias) {
@@ -196,10 +208,26 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   check_linear("linear_gelu", x, weight, bias);
   const int64_t K = weight.size(1), N = weight.size(0), rows = x.numel() / K;
-  Tensor pre = linear_forward(x, weight, bias);  // saved for GELU's derivative, as gelu(linear()) saves it
-  Tensor out = empty_like(pre);
-  dispatch("linear_gelu", pre, [&]<typename T>() { cpu::gelu_forward(pre.data<T>(), out.data<T>(), pre.numel()); },
-           [&]<typename T>() { cuda::gelu_forward(pre.data<T>(), out.data<T>(), pre.numel(), cuda_stream()); });
+  Tensor pre, out;  // pre: saved for GELU's derivative, as gelu(linear()) saves it
+  if (x.device().is_cuda() && bias.defined() && fused_gelu()) {
+    Shape shape = x.shape();
+    shape.back() = N;
+    pre = Tensor::empty(shape, x.dtype(), x.device()), out = empty_like(pre);
+    dispatch("linear_gelu", x, [&]<typename T>() { TG_CHECK(false, "linear_gelu: not a CPU path"); },
+             [&]<typename T>() {
+               if (cuda::gemm_bias_gelu_aux<T>(rows, N, K, x.data<T>(), weight.data<T>(), bias.data<T>(),
+                                               pre.data<T>(), out.data<T>(), cuda_stream()))
+                 return;
+               cuda_gemm<T>(false, true, rows, N, K, x.data<T>(), K, weight.data<T>(), K, pre.data<T>(), N, 1, 0, 0, 0,
+                            bias.data<T>());
+               cuda::gelu_forward(pre.data<T>(), out.data<T>(), pre.numel(), cuda_stream());
+             });
+  } else {
+    pre = linear_forward(x, weight, bias);
+    out = empty_like(pre);
+    dispatch("linear_gelu", pre, [&]<typename T>() { cpu::gelu_forward(pre.data<T>(), out.data<T>(), pre.numel()); },
+             [&]<typename T>() { cuda::gelu_forward(pre.data<T>(), out.data<T>(), pre.numel(), cuda_stream()); });
+  }
   record(out, "linear_gelu", {x, weight, bias},
          [x = x.detach(), w = weight.detach(), pre, has_bias = bias.defined(), rows, N, K,
           need_x = x.requires_grad()](const Tensor& g) {
