@@ -5,7 +5,8 @@
 # About 14 minutes on an H200; RECORD="train attention memory loop" picks a subset (the default);
 # RECORD=long the memory picture beside PyTorch's up to T = 1M (about 10 minutes more), RECORD=masks
 # the windowed and document-masked attention beside FlexAttention and a 4k-window step at T = 1M
-# (about 8 minutes); RECORD=scale data parallelism on all the machine's GPUs beside PyTorch DDP.
+# (about 8 minutes); RECORD=scale data parallelism on all the machine's GPUs beside PyTorch DDP,
+# RECORD=scale_long the long-context config at T = 1M with batch 1 on every GPU.
 # Usage: bench/record.sh (COMMIT=HASH names the commit where the tree is not a git checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -104,6 +105,21 @@ for what in $RECORD; do
         CONFIG=configs/gpt2-124m.yaml TILEGRAD=$tg OUT="$OUT/scale_check" tools/scale_check.sh "$g" \
           > "$OUT/record_scale_check.md" 2>&1
       fi ;;
+    scale_long)
+      # Long context with data parallelism: the long-context config at T = LONG_T (default
+      # 1,048,576), batch 1 per GPU, on all the machine's GPUs: two steps of tilegrad train on shard
+      # files; metrics.jsonl has each step's time and the peak per GPU (about 7 minutes at 1M).
+      export NCCL_NVLS_ENABLE=0
+      gpus=$(nvidia-smi -L | wc -l)
+      T=${LONG_T:-1048576}
+      python3 bench/make_shards.py "$OUT/long_shards" --tokens $(( (gpus * 2 + 2) * T )) > /dev/null
+      timeout 1500 mpirun --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH -x PATH -np "$gpus" \
+        $tg train configs/gpt2-124m-long.yaml --set "data.train=$OUT/long_shards/train_*.bin" \
+        "data.val=$OUT/long_shards/train_*.bin" train.seq_len=$T train.offload_activations=true train.max_steps=2 \
+        train.warmup_steps=1 run.log_every=1 run.eval_every=0 run.ckpt_every=0 run.sample_every=0 \
+        run.out_dir="$OUT/long_dp" > "$OUT/record_long_dp.log" 2>&1
+      grep '"type":"train"' "$OUT/long_dp/metrics.jsonl" | sed "s/^{/{\"T\":$T,/" > "$OUT/record_long_dp.jsonl"
+      rm -rf "$OUT/long_shards" "$OUT/long_dp" ;;
   esac
 done
 python3 bench/record_tables.py "$OUT" "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \

@@ -191,6 +191,15 @@ def scale_table(d):
         if lines:
             lines.append("")
         lines += [line.rstrip() for line in open(check) if line.startswith("|")]
+    long_dp = [r for r in rows(d, "record_long_dp.jsonl") if r.get("type") == "train"]
+    if long_dp:  # RECORD=scale_long: the last step (the first includes start-up work)
+        r = long_dp[-1]
+        if lines:
+            lines.append("")
+        lines += ["| long context, batch 1 per GPU | GPUs | T | s/step | tokens/s | peak per GPU (rank 0) | comm not hidden |",
+                  "|---|---|---|---|---|---|---|",
+                  f"| `gpt2-124m-long.yaml` + offload | {r['world_size']} | {r['T']:,} | {r['ms_per_step'] / 1e3:,.1f} | "
+                  f"{r['tokens_per_s']:,.0f} | {r['peak_bytes'] / 2**30:.2f} GiB | {r.get('comm_exposed_ms', 0):.1f} ms |"]
     mine = [r for r in rows(d, "record_collectives.jsonl") if r.get("bench") == "collective"]
     ref = {(r["collective"], r["world_size"], r["bytes"]): r for r in rows(d, "record_torch_collectives.jsonl")
            if r.get("bench") == "collective"}
