@@ -1,4 +1,7 @@
-// `tilegrad bench`: performance figures compared, in the same run, with the PyTorch references.
+// `tilegrad bench`: performance figures compared, in the same run, with the PyTorch references
+// (bench/reference/). One file per benchmark: bench_train.cpp, bench_memory.cpp,
+// bench_attention.cpp, bench_allreduce.cpp; bench_steps.h the timed training steps that train and
+// memory share.
 #pragma once
 #include "train/cli.h"
 
