@@ -77,26 +77,6 @@ const char* status_name(MemoryRow::Status s) {
   }
 }
 
-// The device's whole memory (the plot's capacity line): a GPU's total, the CPU's MemTotal; -1 if unknown.
-int64_t device_capacity(Device d) {
-#ifdef TILEGRAD_HAVE_CUDA
-  if (d.is_cuda()) {
-    size_t free_bytes = 0, total_bytes = 0;
-    cuda_mem_get_info(&free_bytes, &total_bytes);
-    return int64_t(total_bytes);
-  }
-#endif
-  if (!d.is_cpu()) return -1;
-  std::ifstream in("/proc/meminfo");
-  std::string key, unit;
-  int64_t kb = 0;
-  while (in >> key >> kb) {
-    std::getline(in, unit);
-    if (key == "MemTotal:") return kb * 1024;
-  }
-  return -1;
-}
-
 // PyTorch's series from bench/reference/torch_gpt.py memory: its --csv file (series,T,peak_gib,ms)
 // or its JSON lines (out-of-memory lines skipped). Returns (series, T, peak GiB) rows.
 struct TorchPoint {
@@ -258,7 +238,7 @@ int bench_memory(const cli::Args& a) {
                             : resolve_device(base.run.device);
   const std::string kind = device.is_cuda() ? "cuda" : "cpu";
   const int64_t capacity = a.has("capacity-gib") ? int64_t(a.get_double("capacity-gib", 0) * double(1ll << 30))
-                                           : (no_run && device.is_cuda() ? -1 : device_capacity(device));
+                                           : (no_run && device.is_cuda() ? -1 : total_memory(device));
   std::vector<MemoryRow> rows;
   auto gib_fields = [](const MemoryPrediction& p) {
     char buf[512];

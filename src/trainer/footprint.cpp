@@ -69,25 +69,35 @@ Footprint estimate_footprint(const Config& c, bool training, int world_size) {
   return f;
 }
 
-int64_t available_memory(Device d) {
-  if (d.is_cpu()) {
-    std::ifstream in("/proc/meminfo");
-    std::string key, unit;
-    int64_t kb = 0;
-    while (in >> key >> kb) {
-      std::getline(in, unit);
-      if (key == "MemAvailable:") return kb * 1024;
-    }
-    return -1;
+namespace {
+// A /proc/meminfo line's value in bytes ("MemTotal:", "MemAvailable:"); -1 if missing.
+int64_t meminfo_bytes(const std::string& want) {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  int64_t kb = 0;
+  while (in >> key >> kb) {
+    std::getline(in, unit);
+    if (key == want) return kb * 1024;
   }
+  return -1;
+}
+
+// A GPU's free or total bytes; -1 without CUDA.
+int64_t gpu_memory(bool total) {
 #ifdef TILEGRAD_HAVE_CUDA
   size_t free_bytes = 0, total_bytes = 0;
   cuda_mem_get_info(&free_bytes, &total_bytes);
-  return int64_t(free_bytes);
+  return int64_t(total ? total_bytes : free_bytes);
 #else
+  (void)total;
   return -1;
 #endif
 }
+}  // namespace
+
+int64_t available_memory(Device d) { return d.is_cpu() ? meminfo_bytes("MemAvailable:") : gpu_memory(false); }
+
+int64_t total_memory(Device d) { return d.is_cpu() ? meminfo_bytes("MemTotal:") : gpu_memory(true); }
 
 void check_fits(const Config& c, Device d, bool training, int world_size) {
   const Footprint f = estimate_footprint(c, training, world_size);

@@ -29,6 +29,8 @@ Footprint estimate_footprint(const Config& c, bool training, int world_size = 1)
 
 // Bytes the device can still give: MemAvailable on the CPU, free memory on a GPU; -1 if unknown.
 int64_t available_memory(Device d);
+// The device's whole memory: MemTotal on the CPU, a GPU's total; -1 if unknown.
+int64_t total_memory(Device d);
 
 // tg::Error (one line naming the keys and the figures) when the estimate exceeds what the
 // device has available.
