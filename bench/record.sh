@@ -59,7 +59,7 @@ for what in $RECORD; do
       $tg bench memory configs/gpt2-124m-long.yaml --set train.offload_activations=true --min-t 32768 \
         --max-t 1048576 --warmup 0 --steps 1 --predict --out "$OUT/memory_long" --torch-csv "$OUT/torch_memory.csv" \
         > "$OUT/record_long.jsonl" 2>&1
-      python3 bench/plot_memory.py "$OUT/memory_long" --torch-csv "$OUT/torch_memory.csv" --capacity-gib 139 ;;
+      python3 bench/plot_memory.py "$OUT/memory_long" --torch-csv "$OUT/torch_memory.csv" --capacity-gib 140.4 ;;
     masks)
       # Structured attention masks beside FlexAttention (same shapes, same FLOP counting; each
       # FlexAttention shape compiles once, so the shapes are few), then a GPT-2 small step with a
