@@ -83,6 +83,16 @@ def attention_table(d):
     return "\n".join(lines)
 
 
+def peak_cell(r, seconds=False):
+    """A memory row's cell: its peak and step time (ms, or s with `seconds`), or out of memory."""
+    if r is None:
+        return ""
+    if r.get("oom"):
+        return "out of memory"
+    step = f"{r['ms_per_step'] / 1e3:,.1f} s" if seconds else f"{r['ms_per_step']:,.0f} ms"
+    return f"{r['peak_gib']:.2f} GiB, {step}"
+
+
 def memory_table(d):
     tg = {r["T"]: r for r in rows(d, "record_memory.jsonl") if r.get("bench") == "memory"}
     torch = {}
@@ -94,16 +104,9 @@ def memory_table(d):
     lines = ["| T | tilegrad (chunked head + recompute) | PyTorch SDPA flash | PyTorch SDPA flash + checkpointing |",
              "|---|---|---|---|"]
 
-    def cell(r):
-        if r is None:
-            return ""
-        if r.get("oom"):
-            return "out of memory"
-        return f"{r['peak_gib']:.2f} GiB, {r['ms_per_step']:,.0f} ms"
-
     for T in sorted(tg):
-        lines.append(f"| {T:,} | {cell(tg[T])} | {cell(torch.get(('sdpa_flash', T)))} | "
-                     f"{cell(torch.get(('sdpa_flash_ckpt', T)))} |")
+        lines.append(f"| {T:,} | {peak_cell(tg[T])} | {peak_cell(torch.get(('sdpa_flash', T)))} | "
+                     f"{peak_cell(torch.get(('sdpa_flash_ckpt', T)))} |")
     return "\n".join(lines)
 
 
@@ -118,20 +121,14 @@ def long_table(d):
              "PyTorch SDPA flash | PyTorch SDPA flash + checkpointing | PyTorch materialised |",
              "|---|---|---|---|---|---|---|"]
 
-    def cell(r):
-        if r is None:
-            return ""
-        if r.get("oom"):
-            return "out of memory"
-        return f"{r['peak_gib']:.2f} GiB, {r['ms_per_step'] / 1e3:,.1f} s"
-
     for T in sorted(set(tg) | {T for _, T in torch}):
         r = tg.get(T)
         measured = "" if r is None else "out of memory" if r.get("oom") else f"{r['peak_gib']:.3f} GiB"
         predicted = f"{r['predicted_peak_gib']:.3f} GiB" if r and "predicted_peak_gib" in r else ""
         step = f"{r['ms_per_step'] / 1e3:,.1f}" if r and "ms_per_step" in r else ""
-        lines.append(f"| {T:,} | {measured} | {predicted} | {step} | {cell(torch.get(('sdpa_flash', T)))} | "
-                     f"{cell(torch.get(('sdpa_flash_ckpt', T)))} | {cell(torch.get(('materialised', T)))} |")
+        lines.append(f"| {T:,} | {measured} | {predicted} | {step} | {peak_cell(torch.get(('sdpa_flash', T)), True)} | "
+                     f"{peak_cell(torch.get(('sdpa_flash_ckpt', T)), True)} | "
+                     f"{peak_cell(torch.get(('materialised', T)), True)} |")
     return "\n".join(lines)
 
 

@@ -348,6 +348,17 @@ TEST(CudaGemm, AccumulatesBf16ProductsInFp32) {
   EXPECT_LT(worst, 1e-4) << "fp32 accumulation over " << (K + chunk - 1) / chunk << " calls";
 }
 
+// ‖got − want‖ / ‖want‖ over the elements, got in T.
+template <typename T>
+double relative_norm_error(const std::vector<T>& got, const std::vector<double>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double d = double(to_float(got[i])) - want[i];
+    num += d * d, den += want[i] * want[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
 // A linear layer's weight and bias gradients from one call (cuBLASLt's BGRADB epilogue): C (M, N)
 // = Aᵀ·B for A stored (K, M), and bias (M,) = A's column sums, against double-precision
 // references; at GPT-2's shapes with an aligned bf16 bias cuBLASLt must fuse it, and two calls give
@@ -378,20 +389,12 @@ void weight_and_bias_grad(int64_t M, int64_t N, int64_t K, int64_t bias_offset, 
   CHECK_CUDA(cudaMemcpy(c.data(), dc.p, c.size() * sizeof(T), cudaMemcpyDeviceToHost));
   CHECK_CUDA(cudaMemcpy(bias.data(), dbias.p + bias_offset, bias.size() * sizeof(T), cudaMemcpyDeviceToHost));
   const double tol = std::is_same_v<T, float> ? 1e-5 : 1e-2;
-  auto rel_err = [](const auto& got, const std::vector<double>& want) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < want.size(); ++i) {
-      const double d = double(to_float(got[i])) - want[i];
-      num += d * d, den += want[i] * want[i];
-    }
-    return std::sqrt(num / std::max(den, 1e-300));
-  };
-  EXPECT_LE(rel_err(c, ref), tol) << "the weight gradient, " << what;
+  EXPECT_LE(relative_norm_error(c, ref), tol) << "the weight gradient, " << what;
   if (expect_fused >= 0) {  // -1: either, the result checked
     EXPECT_EQ(fused, expect_fused == 1) << what;
   }
   if (fused) {
-    EXPECT_LE(rel_err(bias, ref_bias), tol) << "the bias gradient, " << what;
+    EXPECT_LE(relative_norm_error(bias, ref_bias), tol) << "the bias gradient, " << what;
     std::vector<T> c2(c.size()), bias2(bias.size());
     tg::cuda::gemm_weight_and_bias_grad<T>(M, N, K, da.p, M, db.p, N, dc.p, N, dbias.p + bias_offset, nullptr);
     CHECK_CUDA(cudaMemcpy(c2.data(), dc.p, c2.size() * sizeof(T), cudaMemcpyDeviceToHost));
@@ -455,16 +458,8 @@ void bias_gelu_aux(int64_t M, int64_t N, int64_t K, int64_t bias_offset, int exp
     return;
   }
   const double tol = std::is_same_v<T, float> ? 1e-5 : 1e-2;
-  auto rel_err = [](const std::vector<T>& got, const std::vector<double>& want) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < want.size(); ++i) {
-      const double d = double(to_float(got[i])) - want[i];
-      num += d * d, den += want[i] * want[i];
-    }
-    return std::sqrt(num / std::max(den, 1e-300));
-  };
-  EXPECT_LE(rel_err(pre, ref_pre), tol) << "the pre-activation, " << what;
-  EXPECT_LE(rel_err(out, ref_out), tol) << "the GELU output, " << what;
+  EXPECT_LE(relative_norm_error(pre, ref_pre), tol) << "the pre-activation, " << what;
+  EXPECT_LE(relative_norm_error(out, ref_out), tol) << "the GELU output, " << what;
 }
 
 TEST(CudaGemm, BiasGeluAuxMatchesTheReference) {
