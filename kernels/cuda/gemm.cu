@@ -110,7 +110,7 @@ void launch_bias_act(T* C, int64_t ldc, int64_t stride_c, int64_t M, int64_t N, 
 // Everything that decides the heuristic's choice: dtypes (inputs and C), transposes, sizes, leading dimensions,
 // batch and strides (0 when batch == 1), epilogue, and the pointer alignments (in bytes, capped at
 // 256) that the algorithm may rely on.
-using PlanKey = std::array<int64_t, 20>;
+using PlanKey = std::array<int64_t, 19>;
 
 struct PlanKeyHash {
   size_t operator()(const PlanKey& k) const {
@@ -184,7 +184,6 @@ struct Problem {
   Epilogue epilogue;
   uint32_t align_a, align_b, align_c;
   const void* bias;
-  void* aux = nullptr;  // gelu_aux_bias: the pre-activation, laid out as C
 };
 
 cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int64_t batch,
@@ -212,18 +211,7 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const Problem& p, bool 
   TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
   TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
   if (fused) {
-    // bias_grad: cuBLASLt's B is our A, so the sum over k of our op(A)'s rows is its BGRADB.
-    uint32_t epi = p.epilogue == Epilogue::gelu_bias       ? CUBLASLT_EPILOGUE_GELU_BIAS
-                   : p.epilogue == Epilogue::bias_grad     ? CUBLASLT_EPILOGUE_BGRADB
-                   : p.epilogue == Epilogue::gelu_aux_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
-                                                           : CUBLASLT_EPILOGUE_BIAS;
-    if (p.epilogue == Epilogue::gelu_aux_bias) {  // the pre-activation beside C, with C's leading dimension
-      const int64_t aux_ld = p.ldc;
-      TG_CUBLAS_CHECK(
-          cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &p.aux, sizeof(p.aux)));
-      TG_CUBLAS_CHECK(
-          cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
-    }
+    uint32_t epi = p.epilogue == Epilogue::gelu_bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
     int32_t bias_type = p.type;
     TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
     TG_CUBLAS_CHECK(
@@ -293,8 +281,6 @@ const char* epilogue_name(Epilogue e) {
     case Epilogue::none: return "none";
     case Epilogue::bias: return "bias";
     case Epilogue::gelu_bias: return "gelu_bias";
-    case Epilogue::bias_grad: return "bias_grad";
-    case Epilogue::gelu_aux_bias: return "gelu_aux_bias";
   }
   return "?";
 }
@@ -305,13 +291,11 @@ size_t gemm_workspace_bytes() { return kWorkspaceBytes; }
 
 namespace {
 
-// The one GEMM path: inputs of type T, C of type TC (T, or float under bf16 inputs). Returns
-// whether the epilogue ran inside cuBLASLt; an unfused bias_grad is left to the caller.
+// The one GEMM path: inputs of type T, C of type TC (T, or float under bf16 inputs).
 template <typename T, typename TC>
-bool gemm_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda,
+void gemm_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda,
                const T* B, int64_t ldb, float beta, TC* C, int64_t ldc, int64_t batch, int64_t stride_a,
-               int64_t stride_b, int64_t stride_c, Epilogue epilogue, const T* bias, cudaStream_t stream,
-               T* aux = nullptr) {
+               int64_t stride_b, int64_t stride_c, Epilogue epilogue, const T* bias, cudaStream_t stream) {
   static_assert(std::is_same_v<T, TC> || (std::is_same_v<T, tg::bf16> && std::is_same_v<TC, float>),
                 "C is the inputs' type, or fp32 under bf16 inputs");
   // Preconditions (a caller's mistake, so tg::Error with the offending values).
@@ -329,13 +313,7 @@ bool gemm_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
            " needs a bias pointer");
   TG_CHECK((std::is_same_v<T, TC>) || epilogue == Epilogue::none,
            "cuda::gemm: an epilogue needs C in the inputs' type (the bias has that type)");
-  TG_CHECK(epilogue != Epilogue::bias_grad || (batch == 1 && trans_a && beta == 0.f && alpha == 1.f),
-           "cuda::gemm: the bias_grad epilogue is for one weight gradient Aᵀ·B (alpha 1, beta 0)");
-  const bool gelu_aux = epilogue == Epilogue::gelu_aux_bias;
-  TG_CHECK(!gelu_aux || (batch == 1 && aux != nullptr && beta == 0.f),
-           "cuda::gemm: the gelu_aux_bias epilogue is for one product with beta 0 and a pre-activation pointer");
-  // gelu_aux_bias runs fused or not at all (its caller has the unfused path).
-  if (M == 0 || N == 0 || batch == 0 || (gelu_aux && K == 0)) return false;
+  if (M == 0 || N == 0 || batch == 0) return;
 
   int device = 0;
   TG_CUDA_CHECK(cudaGetDevice(&device));
@@ -344,13 +322,11 @@ bool gemm_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
   const bool gelu = epilogue == Epilogue::gelu_bias;
   const T* epi_bias = epilogue == Epilogue::none ? nullptr : bias;
 
-  const bool bias_grad = epilogue == Epilogue::bias_grad;
   if (K == 0) {  // op(A)·op(B) is an empty sum: C = act(beta·C + bias), no cuBLASLt call
-    if (beta == 1.f && epilogue == Epilogue::none) return false;
-    launch_bias_act<TC>(C, ldc, batch > 1 ? stride_c : 0, M, N, batch, beta,
-                        bias_grad ? nullptr : reinterpret_cast<const TC*>(epi_bias), gelu,
-                        stream);  // a bias only when TC is T (checked above)
-    return false;
+    if (beta == 1.f && epilogue == Epilogue::none) return;
+    launch_bias_act<TC>(C, ldc, batch > 1 ? stride_c : 0, M, N, batch, beta, reinterpret_cast<const TC*>(epi_bias),
+                        gelu, stream);  // a bias only when TC is T (checked above)
+    return;
   }
 
   const bool batched = batch > 1;
@@ -365,25 +341,18 @@ bool gemm_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
   p.align_b = alignment_bytes(B, p.stride_b * int64_t(sizeof(T)));
   p.align_c = alignment_bytes(C, p.stride_c * int64_t(sizeof(TC)));
   p.bias = epi_bias;
-  p.aux = aux;
   const uint32_t align_bias = epi_bias ? alignment_bytes(epi_bias, 0) : 0;
-  const uint32_t align_aux = aux ? alignment_bytes(aux, 0) : 0;
-  if (gelu_aux && (align_aux < 16 || align_bias < kFusedBiasAlignment || ldc % 8 != 0)) return false;
 
   const PlanKey key{int64_t(p.type), int64_t(p.c_type), trans_a, trans_b, M, N, K, lda, ldb, ldc, batch, p.stride_a, p.stride_b,
-                    p.stride_c, int64_t(epilogue), p.align_a, p.align_b, p.align_c, align_bias, align_aux};
+                    p.stride_c, int64_t(epilogue), p.align_a, p.align_b, p.align_c, align_bias};
   auto it = state.plans.find(key);
   if (it == state.plans.end()) it = state.plans.emplace(key, build_plan(state.handle, p, true)).first;
 
   for (;;) {
     Plan& plan = *it->second;
-    if (gelu_aux && !plan.fused) return false;
     if (plan.fused)
       TG_CUBLAS_CHECK(
           cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &epi_bias, sizeof(epi_bias)));
-    if (gelu_aux)
-      TG_CUBLAS_CHECK(
-          cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
     // Operands swapped for the row-major mapping (top of file); C is both input and output.
     cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
     const int64_t calls = plan.per_matrix ? batch : 1;
@@ -399,9 +368,9 @@ bool gemm_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
       continue;
     }
     TG_CUBLAS_CHECK(st);
-    if (!plan.fused && epilogue != Epilogue::none && !bias_grad)
+    if (!plan.fused && epilogue != Epilogue::none)
       launch_bias_act<TC>(C, ldc, p.stride_c, M, N, batch, 1.f, reinterpret_cast<const TC*>(epi_bias), gelu, stream);
-    return plan.fused;
+    return;
   }
 }
 
@@ -411,28 +380,8 @@ template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda,
           const T* B, int64_t ldb, float beta, T* C, int64_t ldc, int64_t batch, int64_t stride_a, int64_t stride_b,
           int64_t stride_c, Epilogue epilogue, const T* bias, cudaStream_t stream) {
-  TG_CHECK(epilogue != Epilogue::bias_grad && epilogue != Epilogue::gelu_aux_bias, "cuda::gemm: the ",
-           epilogue_name(epilogue), " epilogue writes a second output: call gemm_weight_and_bias_grad or "
-           "gemm_bias_gelu_aux");
   gemm_impl<T, T>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, stride_a, stride_b, stride_c,
                   epilogue, bias, stream);
-}
-
-template <typename T>
-bool gemm_weight_and_bias_grad(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb,
-                               T* C, int64_t ldc, T* bias_grad, cudaStream_t stream) {
-  TG_CHECK(bias_grad != nullptr, "cuda::gemm_weight_and_bias_grad: needs the bias gradient's pointer");
-  // The bias pointer travels as the epilogue's (const) bias; cuBLASLt writes through it.
-  return gemm_impl<T, T>(true, false, M, N, K, 1.f, A, lda, B, ldb, 0.f, C, ldc, 1, 0, 0, 0, Epilogue::bias_grad,
-                         bias_grad, stream);
-}
-
-template <typename T>
-bool gemm_bias_gelu_aux(int64_t M, int64_t N, int64_t K, const T* A, const T* B, const T* bias, T* pre, T* C,
-                        cudaStream_t stream) {
-  TG_CHECK(bias != nullptr && pre != nullptr, "cuda::gemm_bias_gelu_aux: needs the bias and the pre-activation");
-  return gemm_impl<T, T>(false, true, M, N, K, 1.f, A, K, B, K, 0.f, C, N, 1, 0, 0, 0, Epilogue::gelu_aux_bias, bias,
-                         stream, pre);
 }
 
 void gemm_accumulate_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const tg::bf16* A,
@@ -446,15 +395,6 @@ void gemm_accumulate_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64
 template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,
                           float, float*, int64_t, int64_t, int64_t, int64_t, int64_t, Epilogue, const float*,
                           cudaStream_t);
-template bool gemm_weight_and_bias_grad<float>(int64_t, int64_t, int64_t, const float*, int64_t, const float*, int64_t,
-                                                float*, int64_t, float*, cudaStream_t);
-template bool gemm_weight_and_bias_grad<tg::bf16>(int64_t, int64_t, int64_t, const tg::bf16*, int64_t,
-                                                   const tg::bf16*, int64_t, tg::bf16*, int64_t, tg::bf16*,
-                                                   cudaStream_t);
-template bool gemm_bias_gelu_aux<float>(int64_t, int64_t, int64_t, const float*, const float*, const float*, float*,
-                                         float*, cudaStream_t);
-template bool gemm_bias_gelu_aux<tg::bf16>(int64_t, int64_t, int64_t, const tg::bf16*, const tg::bf16*,
-                                            const tg::bf16*, tg::bf16*, tg::bf16*, cudaStream_t);
 template void gemm<tg::bf16>(bool, bool, int64_t, int64_t, int64_t, float, const tg::bf16*, int64_t, const tg::bf16*,
                              int64_t, float, tg::bf16*, int64_t, int64_t, int64_t, int64_t, int64_t, Epilogue,
                              const tg::bf16*, cudaStream_t);

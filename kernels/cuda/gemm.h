@@ -16,11 +16,7 @@ namespace tg::cuda {
 // The same bias vector is used for every matrix of a batch. cuBLASLt fuses the epilogue when it
 // has a kernel for the case (bias 16-byte aligned, see gemm.cu); otherwise a small kernel applies
 // it after a plain GEMM, with the same result up to rounding of the intermediate in T.
-//   bias_grad  C = alpha·op(A)op(B) + beta·C, and bias (M,) receives Σ_k op(A)[m, k] (only through
-//              gemm_weight_and_bias_grad below, which owns the written bias pointer)
-//   gelu_aux_bias  C = gelu_tanh(pre), pre = alpha·op(A)op(B) + beta·C + bias also stored (only
-//              through gemm_bias_gelu_aux below, which owns the pre-activation's pointer)
-enum class Epilogue { none, bias, gelu_bias, bias_grad, gelu_aux_bias };
+enum class Epilogue { none, bias, gelu_bias };
 
 // Row-major: C (M, N) = epilogue(alpha · op(A) · op(B) + beta · C).
 //   op(A) is (M, K): A is stored (M, K), or (K, M) when trans_a.
@@ -47,24 +43,6 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
 void gemm_accumulate_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const tg::bf16* A,
                          int64_t lda, const tg::bf16* B, int64_t ldb, float beta, float* C, int64_t ldc,
                          cudaStream_t stream);
-
-// A linear layer's weight gradient with its bias gradient from the same cuBLASLt call (the BGRADB
-// epilogue, fp32 accumulation): C (M, N) = Aᵀ·B for A stored (K, M) — the output gradient, K rows —
-// and B stored (K, N) — the layer's input —, and bias_grad (M,) = Σ_k A[k, m], A's column sums.
-// Returns false, having computed C alone, where cuBLASLt has no fused algorithm for the case (or
-// the bias pointer is not 16-byte aligned): the caller then sums A's columns itself.
-template <typename T>
-bool gemm_weight_and_bias_grad(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb,
-                               T* C, int64_t ldc, T* bias_grad, cudaStream_t stream);
-
-// A linear layer and its GELU in one cuBLASLt call (the GELU_AUX_BIAS epilogue): pre (M, N) =
-// A·Bᵀ + bias, kept for GELU's derivative, and C = gelu_tanh(pre), for A (M, K) — the input rows —
-// and B stored (N, K) — the weight —, both outputs with row length N. Returns false, having done
-// nothing, where cuBLASLt has no fused algorithm for the case (or a pointer is not aligned for it):
-// the caller then runs the GEMM and the GELU apart.
-template <typename T>
-bool gemm_bias_gelu_aux(int64_t M, int64_t N, int64_t K, const T* A, const T* B, const T* bias, T* pre, T* C,
-                        cudaStream_t stream);
 
 // Bytes of cuBLASLt workspace each device holds once it has run a GEMM (allocated on first use and
 // kept for the life of the process), for the caller's memory accounting.

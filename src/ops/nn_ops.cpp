@@ -1,9 +1,7 @@
 // Neural-network ops: embedding, linear, matmul, GELU, LayerNorm, softmax, cross-entropy,
 // dropout, RoPE and the causal mask of the materialised attention.
 #include <algorithm>
-#include <cstdlib>
 #include <limits>
-#include <string>
 #include <type_traits>
 
 #include "kernels/cpu/dropout.h"
@@ -97,43 +95,14 @@ void check_linear(const char* op, const Tensor& x, const Tensor& weight, const T
   }
 }
 
-// A development switch: whether environment variable `name` is "1" (read once per process).
-bool env_switch(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::string(v) == "1";
-}
-
-// Whether a GPU linear layer's bias gradient comes out of its weight gradient's GEMM (cuBLASLt's
-// BGRADB epilogue) rather than a column-sum kernel of its own: a candidate for the GPT-2 step's
-// 0.83 ms of bias column sums (docs/performance.md "Where a step's time goes"), off until it is
-// measured against the kernel; TILEGRAD_FUSED_BIAS_GRAD=1 turns it on for that comparison.
-bool fused_bias_grad() {
-  static const bool on = env_switch("TILEGRAD_FUSED_BIAS_GRAD");
-  return on;
-}
-
-// Whether a GPU linear_gelu runs its GEMM and GELU as one cuBLASLt call (GELU_AUX_BIAS, the
-// pre-activation stored beside the output) rather than the GEMM and a GELU kernel: a candidate
-// for the step's 1.67 ms of GELU (docs/performance.md "Where a step's time goes"), off until it is
-// measured; TILEGRAD_FUSED_GELU=1 turns it on for that comparison.
-bool fused_gelu() {
-  static const bool on = env_switch("TILEGRAD_FUSED_GELU");
-  return on;
-}
-
 // The two GEMMs of a linear layer's backward: dx (rows, K) = g (rows, N) · W (N, K) when x needs
-// it, dW (N, K) = gᵀ (N, rows) · x (rows, K). Given gb (N,) on the GPU, dW's GEMM also writes the
-// bias gradient Σ_rows g into it where cuBLASLt fuses that (bias_done says whether it did).
-struct LinearGrads {
-  Tensor gx, gw;
-  bool bias_done = false;
-};
-LinearGrads linear_backward_gemms(const Tensor& g, const Tensor& x, const Tensor& w, bool need_x, int64_t rows,
-                                  int64_t N, int64_t K, const Tensor& gb = Tensor()) {
-  LinearGrads r;
-  r.gw = Tensor::empty({N, K}, g.dtype(), g.device());
-  if (need_x) r.gx = Tensor::empty(x.shape(), g.dtype(), g.device());
-  const Tensor &gx = r.gx, &gw = r.gw;
+// it, dW (N, K) = gᵀ (N, rows) · x (rows, K). The bias gradient is a column-sum kernel of its own:
+// cuBLASLt's BGRADB epilogue (the bias gradient out of dW's GEMM) made the GPT-2 step slower
+// (docs/performance.md "Where a step's time goes").
+std::pair<Tensor, Tensor> linear_backward_gemms(const Tensor& g, const Tensor& x, const Tensor& w, bool need_x,
+                                                int64_t rows, int64_t N, int64_t K) {
+  Tensor gx, gw = Tensor::empty({N, K}, g.dtype(), g.device());
+  if (need_x) gx = Tensor::empty(x.shape(), g.dtype(), g.device());
   dispatch("linear backward", g,
            [&]<typename T>() {
              if (need_x) cpu::gemm(false, false, rows, K, N, T(1), g.data<T>(), N, w.data<T>(), K, T(0), gx.data<T>(), K);
@@ -142,19 +111,18 @@ LinearGrads linear_backward_gemms(const Tensor& g, const Tensor& x, const Tensor
            [&]<typename T>() {
              if (need_x)
                cuda_gemm<T>(false, false, rows, K, N, g.data<T>(), N, w.data<T>(), K, gx.data<T>(), K, 1, 0, 0, 0);
-             if (gb.defined())
-               r.bias_done = cuda::gemm_weight_and_bias_grad<T>(N, K, rows, g.data<T>(), N, x.data<T>(), K,
-                                                                gw.data<T>(), K, gb.data<T>(), cuda_stream());
-             else
-               cuda_gemm<T>(true, false, N, K, rows, g.data<T>(), N, x.data<T>(), K, gw.data<T>(), K, 1, 0, 0, 0);
+             cuda_gemm<T>(true, false, N, K, rows, g.data<T>(), N, x.data<T>(), K, gw.data<T>(), K, 1, 0, 0, 0);
            });
-  return r;
+  return {gx, gw};
 }
 
-// x·Wᵀ (+ b) into out (…, N): on the CPU the bias is copied in and the GEMM adds with beta = 1; on
-// the GPU it rides in cuBLASLt's epilogue.
-void linear_forward_into(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) {
+// x·Wᵀ (+ b) into a new (…, N) tensor: on the CPU the bias is copied in and the GEMM adds with
+// beta = 1; on the GPU it rides in cuBLASLt's epilogue.
+Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const int64_t K = weight.size(1), N = weight.size(0), rows = x.numel() / K;
+  Shape shape = x.shape();
+  shape.back() = N;
+  Tensor out = Tensor::empty(shape, x.dtype(), x.device());
   dispatch("linear", x,
            [&]<typename T>() {
              T* o = out.data<T>();
@@ -169,38 +137,28 @@ void linear_forward_into(const Tensor& x, const Tensor& weight, const Tensor& bi
              cuda_gemm<T>(false, true, rows, N, K, x.data<T>(), K, weight.data<T>(), K, out.data<T>(), N, 1, 0, 0, 0,
                         bias.defined() ? bias.data<T>() : nullptr);
            });
+  return out;
 }
-
-// The (…, N) output of x·Wᵀ, allocated.
-Tensor linear_output(const Tensor& x, const Tensor& weight) {
-  Shape shape = x.shape();
-  shape.back() = weight.size(0);
-  return Tensor::empty(shape, x.dtype(), x.device());
-}
-
 }  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   check_linear("linear", x, weight, bias);
   const int64_t K = weight.size(1), N = weight.size(0), rows = x.numel() / K;
-  Tensor out = linear_output(x, weight);
-  linear_forward_into(x, weight, bias, out);
+  Tensor out = linear_forward(x, weight, bias);
   record(out, "linear", {x, weight, bias},
          [x = x.detach(), w = weight.detach(), has_bias = bias.defined(), rows, N, K,
           need_x = x.requires_grad()](const Tensor& g) {
-           // With the bias gradient fused into dW's GEMM, gb exists before the GEMMs.
+           auto [gx, gw] = linear_backward_gemms(g, x, w, need_x, rows, N, K);
            Tensor gb;
-           if (has_bias && g.device().is_cuda() && fused_bias_grad()) gb = Tensor::empty({N}, g.dtype(), g.device());
-           const LinearGrads r = linear_backward_gemms(g, x, w, need_x, rows, N, K, gb);
-           if (has_bias && !r.bias_done) {
-             if (!gb.defined()) gb = Tensor::empty({N}, g.dtype(), g.device());
+           if (has_bias) {
+             gb = Tensor::empty({N}, g.dtype(), g.device());
              dispatch("linear backward", g, [&]<typename T>() { cpu::sum_rows(g.data<T>(), gb.data<T>(), rows, N); },
                       [&]<typename T>() {
                         Tensor scratch = detail::workspace_floats(cuda::sum_rows_scratch_floats(rows, N), g.device());
                         cuda::sum_rows(g.data<T>(), gb.data<T>(), rows, N, scratch.data<float>(), cuda_stream());
                       });
            }
-           return std::vector<Tensor>{r.gx, r.gw, gb};
+           return std::vector<Tensor>{gx, gw, gb};
          });
   return out;
 }
@@ -208,20 +166,13 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   check_linear("linear_gelu", x, weight, bias);
   const int64_t K = weight.size(1), N = weight.size(0), rows = x.numel() / K;
-  // pre: saved for GELU's derivative, as gelu(linear()) saves it.
-  Tensor pre = linear_output(x, weight), out = empty_like(pre);
-  bool fused = false;
-  if (x.device().is_cuda() && bias.defined() && fused_gelu())
-    dispatch("linear_gelu", x, [&]<typename T>() {},
-             [&]<typename T>() {
-               fused = cuda::gemm_bias_gelu_aux<T>(rows, N, K, x.data<T>(), weight.data<T>(), bias.data<T>(),
-                                                   pre.data<T>(), out.data<T>(), cuda_stream());
-             });
-  if (!fused) {
-    linear_forward_into(x, weight, bias, pre);
-    dispatch("linear_gelu", pre, [&]<typename T>() { cpu::gelu_forward(pre.data<T>(), out.data<T>(), pre.numel()); },
-             [&]<typename T>() { cuda::gelu_forward(pre.data<T>(), out.data<T>(), pre.numel(), cuda_stream()); });
-  }
+  // pre: saved for GELU's derivative, as gelu(linear()) saves it. The GELU is a kernel of its own:
+  // cuBLASLt's GELU_AUX_BIAS epilogue (pre and the GELU from the GEMM) made the GPT-2 step no
+  // faster (docs/performance.md "Where a step's time goes").
+  Tensor pre = linear_forward(x, weight, bias);
+  Tensor out = empty_like(pre);
+  dispatch("linear_gelu", pre, [&]<typename T>() { cpu::gelu_forward(pre.data<T>(), out.data<T>(), pre.numel()); },
+           [&]<typename T>() { cuda::gelu_forward(pre.data<T>(), out.data<T>(), pre.numel(), cuda_stream()); });
   record(out, "linear_gelu", {x, weight, bias},
          [x = x.detach(), w = weight.detach(), pre, has_bias = bias.defined(), rows, N, K,
           need_x = x.requires_grad()](const Tensor& g) {
@@ -242,8 +193,8 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                         cuda::gelu_backward(pre.data<T>(), g.data<T>(), dpre.data<T>(), g.numel(), cuda_stream());
                       }
                     });
-           const LinearGrads r = linear_backward_gemms(dpre, x, w, need_x, rows, N, K);
-           return std::vector<Tensor>{r.gx, r.gw, gb};
+           auto [gx, gw] = linear_backward_gemms(dpre, x, w, need_x, rows, N, K);
+           return std::vector<Tensor>{gx, gw, gb};
          });
   return out;
 }
