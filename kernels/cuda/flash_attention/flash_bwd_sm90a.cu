@@ -289,7 +289,10 @@ struct DkdvWsSm90aTraits {
   // exceed the launch allocation, and setmaxnreg.inc would wait forever (sm90_ptx.cuh).
   static constexpr int kProducerRegs = Consumers == 2 ? (FormDq ? 40 : 24) : 32;
   static constexpr int kConsumerRegs = Consumers == 2 ? (FormDq ? 232 : 240) : 160;
-  static constexpr int kStatsBytes = 2 * kStages * kBr * int(sizeof(float));  // lse, delta per stage
+  // Per stage: lse and delta of the tile's queries, and (structured masks) the first key its last
+  // query sees, padded to 8 bytes for the mbarriers after them.
+  static constexpr int kLoBytes = (kStages + 1) / 2 * 8;
+  static constexpr int kStatsBytes = 2 * kStages * kBr * int(sizeof(float)) + kLoBytes;
   // FormDq at d 128: each consumer forms 64 of the tile's dQ columns (m64n64 over the Bc keys).
   // At d 64 (kDqByTurns), where that split would leave m64n32 products, which read more shared
   // memory per FLOP than the tensor cores' operand bandwidth allows, one consumer forms the whole
@@ -318,9 +321,10 @@ struct DkdvWsSm90aTraits {
   static constexpr int kTileDq = kBr * kD * int(sizeof(float));
   static constexpr int kDqBytes = FormDq ? kDsBuffers * kTileDs + kDqStaging * kTileDq : 0;
   // The mbarriers (FormDq's: ds_full, ds_empty per buffer, dq_full, dq_empty per staging tile),
-  // then the item slot (2 ints) and FormDq's reduction slots (2 int64s per staging tile).
+  // then the item slot (4 ints: the item, the next, its query tiles' range) and FormDq's
+  // reduction slots (2 int64s per staging tile).
   static constexpr int kDqBarriers = FormDq ? 2 * kDsBuffers + 2 * kDqStaging : 0;
-  static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages + kDqBarriers) + 8 + (FormDq ? 16 * kDqStaging : 0);
+  static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages + kDqBarriers) + 16 + (FormDq ? 16 * kDqStaging : 0);
   // kStoreByTma: per consumer a dK and a dV staging tile of 64 rows (kPanels panels).
   static constexpr int kTileStage = kPanels * 64 * sm90::kSwizzleRowBytes;
   static constexpr int kStageBytes = StoreByTma ? 2 * Consumers * kTileStage : 0;
@@ -359,6 +363,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   float* sDq = reinterpret_cast<float*>(sdSt + Tr::kDsBuffers * Tr::kTileDs);  // FormDq: (kDqStaging, Br, D) fp32
   float* sL = reinterpret_cast<float*>(sdSt + Tr::kDqBytes);  // (stage, Br) lse
   float* sDelta = sL + NS * Br;                                                      // (stage, Br) delta
+  int* sLo = reinterpret_cast<int*>(sDelta + NS * Br);  // (stage) the first key the tile's last query sees
 
   // The dQ kernel that follows may take each SM this block leaves (launch_dq_sm90a_with).
   sm90::launch_dependents();
@@ -373,7 +378,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int n_qb = (T + Br - 1) / Br;
   // The query tiles [first, end) an item's key block is seen by. Causal: those ending before its
   // first key only see keys in their future, never visited; with a structured mask (mask.cuh)
-  // neither are those past the last query that sees its last key.
+  // neither are those past the last query that sees its last key — with documents a binary
+  // search over doc_start, so the producer alone runs it, ahead of the item, and passes the range
+  // on in the item slot (read_query_range).
   const int32_t* doc_start = p.doc_start;
   const int64_t window = p.window;
   auto query_tiles = [=](const sm90::ItemTile& item) -> SeqMask::Range {
@@ -395,7 +402,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // that form dQ: both at d 128, the tile's one with kDqByTurns), dq_empty[kDqStaging] (the
   // reducing thread).
   uint64_t* own_full;
-  const sm90::KvStream qdo = sm90::kv_stream_barriers<NS>(reinterpret_cast<unsigned char*>(sDelta + NS * Br), sQ, sdO,
+  const sm90::KvStream qdo = sm90::kv_stream_barriers<NS>(reinterpret_cast<unsigned char*>(sLo) + Tr::kLoBytes, sQ, sdO,
                                                           &own_full, 4 * C, tid == 0, 32, 128 * C);
   uint64_t* own_empty = qdo.v_empty + NS;
   if (tid == 0) sm90::mbarrier_init(own_empty, 4 * C + 1);
@@ -409,7 +416,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // it is the block's last, written with the tile by one consumer thread, read by the reducing
   // thread (which cannot go by the item slot: with one-tile items it may lag the producer by more
   // than an item).
-  long long* s_dq = reinterpret_cast<long long*>(s_item + 2);
+  long long* s_dq = reinterpret_cast<long long*>(s_item + 4);
   if constexpr (Tr::kFormDq) {
     if (tid == 0) {
       constexpr int dq_warps = Tr::kDqByTurns ? 4 : 4 * C;
@@ -441,6 +448,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         if (it > 0) sm90::mbarrier_wait(own_empty, uint32_t(it - 1) & 1);
         s_item[0] = w;
         s_item[1] = next;
+        s_item[2] = queries.first;
+        s_item[3] = queries.end;
         sm90::mbarrier_arrive_expect_tx(own_full, 2 * Tr::kTileOwn);  // release: the slot before its reads
         sm90::produce_tile<Tr::kPanels>(sK, Tr::kPanelOwn, &maps.k, item.h, item.row0, item.b, own_full);
         sm90::produce_tile<Tr::kPanels>(sV, Tr::kPanelOwn, &maps.v, item.h, item.row0, item.b, own_full);
@@ -453,17 +462,21 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       sm90::release_items(item_counter);
     } else if (warp == 1) {
       // lse and delta of each query tile into its stage, Br / 32 of its rows per lane (0 past T:
-      // those queries are masked). The item from its slot: the consumers cannot finish an item
-      // (and the producer overwrite its slot) before this warp has staged all its tiles.
+      // those queries are masked), and with a structured mask the first key the tile's last query
+      // sees, so that the consumers decide which tiles need the elementwise mask without a load
+      // from doc_start per tile. The item and its query tiles from its slot: the consumers cannot
+      // finish an item (and the producer overwrite its slot) before this warp has staged all its
+      // tiles.
       for (int it = 0, seq = 0, last_item = 0; !last_item; ++it) {
         sm90::mbarrier_wait(own_full, uint32_t(it) & 1);
         const sm90::ItemSlot slot = sm90::read_item_slot(s_item, lane);
+        const SeqMask::Range queries = read_query_range(s_item, lane);
         sm90::mbarrier_arrive_warp(own_empty);  // the slot is read
         last_item = slot.next >= n_items;
         const sm90::ItemTile item = item_of(slot.item);
         const float* lse = p.lse + (int64_t(item.b) * H + item.h) * T;
         const float* dlt = delta + (int64_t(item.b) * H + item.h) * T;
-        const SeqMask::Range queries = query_tiles(item);
+        const SeqMask mask = seq_mask_if<kMasked>(doc_start, window, T, item.b);
         for (int i = queries.first; i < queries.end; ++i, ++seq) {
           const int st = seq % NS;
           const uint32_t use = uint32_t(seq / NS);
@@ -474,6 +487,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
             sL[st * Br + r] = row < T ? lse[row] : 0.0f;
             sDelta[st * Br + r] = row < T ? dlt[row] : 0.0f;
           }
+          if (kMasked && lane == 0) sLo[st] = mask.lo(min(i * Br + Br, T) - 1);
           sm90::mbarrier_arrive(&qdo.k_full[st]);  // release: the stores above before the consumers' reads
         }
       }
@@ -497,9 +511,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     return;
   }
 
-  const DkdvSmem sm{sK,       sV,       sQ,      sdO,      sStage,  sdSt,     sDq,    sL,    sDelta,
+  const DkdvSmem sm{sK,       sV,       sQ,       sdO,     sStage,   sdSt,    sDq,      sL,     sDelta, sLo,
                     qdo,      own_full, own_empty, ds_full, ds_empty, dq_full, dq_empty, s_item, s_dq};
-  dkdv_consumer<Tr, kMasked>(p, maps, sm, T, H, causal, n_items, query_tiles, item_of, dq_accum, accum_rows, tid, wg);
+  dkdv_consumer<Tr, kMasked>(p, maps, sm, T, H, causal, n_items, item_of, dq_accum, accum_rows, tid, wg);
 }
 
 }  // namespace flash

@@ -24,29 +24,40 @@
 namespace tg::cuda::flash {
 
 // The dK/dV kernel's block in shared memory, as flash_bwd_dkdv_sm90a_ws_kernel lays it out: its
-// own K_j, V_j; the Q/dO stages and their statistics (lse, delta); the staging tiles of dK and dV
-// (kStoreByTma) or of dSᵀ and dQ (kFormDq); the mbarriers and the item slots.
+// own K_j, V_j; the Q/dO stages and their statistics (lse, delta, and with a structured mask sLo,
+// the first key each stage's last query sees); the staging tiles of dK and dV (kStoreByTma) or of
+// dSᵀ and dQ (kFormDq); the mbarriers and the item slots.
 struct DkdvSmem {
   unsigned char *sK, *sV, *sQ, *sdO, *sStage, *sdSt;
   float *sDq, *sL, *sDelta;
+  int* sLo;
   sm90::KvStream qdo;
   uint64_t *own_full, *own_empty, *ds_full, *ds_empty, *dq_full, *dq_empty;
   int* s_item;
   long long* s_dq;
 };
 
+// The dK/dV kernel's item slot holds the item's query tiles [first, end) after the item and the
+// next (s_item[2], s_item[3]; the producer's query_tiles): read as read_item_slot reads the item.
+__device__ __forceinline__ SeqMask::Range read_query_range(const int* slot, int lane) {
+  int v[2] = {0, 0};
+  if (lane == 0) v[0] = slot[2], v[1] = slot[3];
+  return {__shfl_sync(0xffffffffu, v[0], 0), __shfl_sync(0xffffffffu, v[1], 0)};
+}
+
 // Consumer warpgroup wg (≥ 1) of the dK/dV kernel (Tr: DkdvWsSm90aTraits), over the items of its
-// block until the last: query_tiles(item) the query tiles [first, end) an item's key block is
-// seen by, item_of(w) work item w's key block, head and batch (the kernel's order).
-template <class Tr, bool kMasked, class Maps, class QueryTiles, class ItemOf>
+// block until the last: item_of(w) work item w's key block, head and batch (the kernel's order);
+// each item's query tiles from its slot.
+template <class Tr, bool kMasked, class Maps, class ItemOf>
 __device__ __forceinline__ void dkdv_consumer(const FlashAttentionParams& p, const Maps& maps, const DkdvSmem& sm, int T,
-                                              int H, bool causal, int n_items, QueryTiles query_tiles, ItemOf item_of,
-                                              float* dq_accum, int accum_rows, int tid, int wg) {
+                                              int H, bool causal, int n_items, ItemOf item_of, float* dq_accum,
+                                              int accum_rows, int tid, int wg) {
   constexpr int D = Tr::kD, Bc = Tr::kBc, Br = Tr::kBr, NS = Tr::kStages, C = Tr::kConsumers;
   constexpr int Dh = Tr::kHeadDim;  // Sᵀ, dPᵀ sum over the head's columns; dK, dV are that wide
   constexpr int NDs = Tr::kDsBuffers, NSt = Tr::kDqStaging;
   unsigned char *sK = sm.sK, *sV = sm.sV, *sQ = sm.sQ, *sdO = sm.sdO, *sStage = sm.sStage, *sdSt = sm.sdSt;
   float *sDq = sm.sDq, *sL = sm.sL, *sDelta = sm.sDelta;
+  const int* sLo = sm.sLo;
   const sm90::KvStream& qdo = sm.qdo;
   uint64_t *own_full = sm.own_full, *own_empty = sm.own_empty, *ds_full = sm.ds_full, *ds_empty = sm.ds_empty;
   uint64_t *dq_full = sm.dq_full, *dq_empty = sm.dq_empty;
@@ -71,7 +82,7 @@ __device__ __forceinline__ void dkdv_consumer(const FlashAttentionParams& p, con
   const sm90::ItemSlot slot = sm90::read_item_slot(s_item, lane);
   last_item = slot.next >= n_items;  // the ring's very last turn hands on to no one
   const sm90::ItemTile item = item_of(slot.item);
-  const SeqMask::Range queries = query_tiles(item);
+  const SeqMask::Range queries = read_query_range(s_item, lane);
   const int i_begin = queries.first, n_tiles = queries.end - queries.first;  // ≥ 1
   const int key0 = item.row0 + 64 * c + 16 * warp;  // this warp's first key
   if constexpr (Tr::kReleaseOwnEarly) {  // K_j, V_j are in kf, vf and the item in `item`
@@ -115,14 +126,14 @@ __device__ __forceinline__ void dkdv_consumer(const FlashAttentionParams& p, con
   auto p_and_dv = [&](int j) {
     const int st = stage(j), q0 = (i_begin + j) * Br;
     exp2_scaled_minus_col<Br>(s, p.scale * kLog2e, sL + st * Br, lane);
-    // Structured masks: the tile's last query's first visible key after this warp's first key.
-    // The item's batch row: from `item` where it is kept (kReleaseOwnEarly: the slot may already
-    // hold the next item), else read again from the slot (stable until own_empty, not kept in
-    // registers across the loop).
-    const SeqMask mask = seq_mask_if<kMasked>(p, kMasked ? (Tr::kReleaseOwnEarly ? item.b : item_of(s_item[0]).b) : 0);
-    if (mask.needs_mask(min(q0 + Br, T) - 1, key0))  // uniform per warp; masked entries exactly 0
+    // Structured masks: the tile's last query's first visible key (staged with the statistics)
+    // after this warp's first key. The item's batch row: from `item` where it is kept
+    // (kReleaseOwnEarly: the slot may already hold the next item), else read again from the slot
+    // (stable until own_empty, not kept in registers across the loop).
+    if (kMasked && sLo[st] > key0) {  // uniform per warp; masked entries exactly 0
+      const SeqMask mask = seq_mask_if<kMasked>(p, Tr::kReleaseOwnEarly ? item.b : item_of(s_item[0]).b);
       mask_tile<Br>(s, key0, q0, lane, [=](int k, int q) { return q >= T || k > q || mask.excluded(q, k); }, 0.0f);
-    else if (q0 + Br > T || (causal && key0 + kRowsPerWarp - 1 > q0))  // uniform per warp; masked entries exactly 0
+    } else if (q0 + Br > T || (causal && key0 + kRowsPerWarp - 1 > q0))  // uniform per warp; masked entries exactly 0
       mask_tile<Br>(s, key0, q0, lane, [=](int k, int q) { return q >= T || (causal && k > q); }, 0.0f);
     acc_to_a<Br>(pf, s);
     sm90::wgmma_fence();
@@ -239,7 +250,7 @@ __device__ __forceinline__ void dkdv_consumer(const FlashAttentionParams& p, con
               make_float2(dq[nt][2 * e], dq[nt][2 * e + 1]);
       if ((Tr::kDqByTurns || c == 0) && warp == 0 && lane == 0) {  // the destination, for the reducing thread
         const sm90::ItemTile at = item_of(s_item[0]);
-        s_dq[2 * k] = ((int64_t(at.b) * H + at.h) * accum_rows + int64_t(query_tiles(at).first + j) * Br) * D;
+        s_dq[2 * k] = ((int64_t(at.b) * H + at.h) * accum_rows + int64_t(s_item[2] + j) * Br) * D;
         s_dq[2 * k + 1] = last_item && j + 1 == n_tiles;
       }
       sm90::fence_async_shared();  // st.shared, read by the bulk copy engine
