@@ -661,28 +661,6 @@ TEST_P(FlashAttentionMaskTest, MatchesDoubleReference) {
   EXPECT_EQ(std::memcmp(atomic.dv.data(), det.dv.data(), pr.n * sizeof(tg::bf16)), 0) << "dV (kAtomic)";
 }
 
-// A mask that excludes nothing — one document over the whole sequence (doc_start all 0), or a
-// window ≥ T — gives the unmasked causal outputs bit for bit, in both dQ modes.
-TEST_P(FlashAttentionMaskTest, WholeSequenceDocumentIsCausalBitForBit) {
-  const auto& [T, D, kernels, mask] = GetParam();
-  if (const std::string why = skip_reason(kernels); !why.empty()) GTEST_SKIP() << why;
-  if (std::string(mask.name) != "docs") GTEST_SKIP() << "run once per shape and family";
-  const Case c{2, T, 2, D, true, 0.0};
-  const Problem pr = make_problem(c);
-  MaskedRun causal(c, pr, {}, 0), whole(c, pr, std::vector<int32_t>(size_t(2 * T), 0), 0), wide(c, pr, {}, T);
-  for (tg::cuda::FlashDq mode : {tg::cuda::FlashDq::kRecompute, tg::cuda::FlashDq::kAtomicKernel}) {
-    const auto base = causal.run(kernels, mode);
-    for (MaskedRun* m : {&whole, &wide}) {
-      const auto got = m->run(kernels, mode);
-      EXPECT_EQ(std::memcmp(got.o.data(), base.o.data(), pr.n * 2), 0) << "O";
-      EXPECT_EQ(std::memcmp(got.lse.data(), base.lse.data(), pr.n_lse * 4), 0) << "lse";
-      if (mode == tg::cuda::FlashDq::kRecompute) EXPECT_EQ(std::memcmp(got.dq.data(), base.dq.data(), pr.n * 2), 0) << "dQ";
-      EXPECT_EQ(std::memcmp(got.dk.data(), base.dk.data(), pr.n * 2), 0) << "dK";
-      EXPECT_EQ(std::memcmp(got.dv.data(), base.dv.data(), pr.n * 2), 0) << "dV";
-    }
-  }
-}
-
 // Windows inside a fragment, past a tile and past most of the sequence; documents of length 1
 // beside ones spanning tiles; both masks at once.
 std::vector<MaskCase> mask_cases() {
@@ -709,6 +687,39 @@ std::string mask_case_name(const ::testing::TestParamInfo<MaskCase>& info) {
          mask.name;
 }
 INSTANTIATE_TEST_SUITE_P(Masks, FlashAttentionMaskTest, ::testing::ValuesIn(mask_cases()), mask_case_name);
+
+// A mask that excludes nothing — one document over the whole sequence (doc_start all 0), or a
+// window ≥ T — gives the unmasked causal outputs bit for bit, in both dQ modes.
+// Once per shape and kernel family (MaskCase's spec only names it: the masks are the test's own).
+class FlashAttentionNoOpMaskTest : public ::testing::TestWithParam<MaskCase> {};
+TEST_P(FlashAttentionNoOpMaskTest, WholeSequenceDocumentIsCausalBitForBit) {
+  const auto& [T, D, kernels, name] = GetParam();
+  if (const std::string why = skip_reason(kernels); !why.empty()) GTEST_SKIP() << why;
+  const Case c{2, T, 2, D, true, 0.0};
+  const Problem pr = make_problem(c);
+  MaskedRun causal(c, pr, {}, 0), whole(c, pr, std::vector<int32_t>(size_t(2 * T), 0), 0), wide(c, pr, {}, T);
+  for (tg::cuda::FlashDq mode : {tg::cuda::FlashDq::kRecompute, tg::cuda::FlashDq::kAtomicKernel}) {
+    const auto base = causal.run(kernels, mode);
+    for (MaskedRun* m : {&whole, &wide}) {
+      const auto got = m->run(kernels, mode);
+      EXPECT_EQ(std::memcmp(got.o.data(), base.o.data(), pr.n * 2), 0) << "O";
+      EXPECT_EQ(std::memcmp(got.lse.data(), base.lse.data(), pr.n_lse * 4), 0) << "lse";
+      if (mode == tg::cuda::FlashDq::kRecompute) EXPECT_EQ(std::memcmp(got.dq.data(), base.dq.data(), pr.n * 2), 0) << "dQ";
+      EXPECT_EQ(std::memcmp(got.dk.data(), base.dk.data(), pr.n * 2), 0) << "dK";
+      EXPECT_EQ(std::memcmp(got.dv.data(), base.dv.data(), pr.n * 2), 0) << "dV";
+    }
+  }
+}
+
+std::vector<MaskCase> no_op_mask_cases() {
+  std::vector<MaskCase> out;
+  for (int64_t T : {1, 17, 129, 1000, 4096})
+    for (int64_t D : {64, 128})
+      for (FlashKernels k : {FlashKernels::kMmaSync, FlashKernels::kWgmma})
+        out.emplace_back(T, D, k, MaskSpec{"whole_document", 0, {}});
+  return out;
+}
+INSTANTIATE_TEST_SUITE_P(Masks, FlashAttentionNoOpMaskTest, ::testing::ValuesIn(no_op_mask_cases()), mask_case_name);
 
 TEST(FlashAttention, MaskWithoutCausalIsRejected) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
