@@ -16,8 +16,9 @@
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/layernorm.h"
 #include "kernels/cuda/layout.h"
-#include "kernels/cuda/norm.h"
+#include "kernels/cuda/softmax.h"
 #include "src/ops/ops.h"
 #include "src/tensor/dispatch.h"
 

@@ -29,9 +29,10 @@
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/embedding.h"
+#include "kernels/cuda/layernorm.h"
 #include "kernels/cuda/layout.h"
-#include "kernels/cuda/norm.h"
 #include "kernels/cuda/optim.h"
+#include "kernels/cuda/softmax.h"
 #include "src/tensor/dtype.h"
 #include "tests/op_specs.h"
 

@@ -1,0 +1,409 @@
+// CUDA LayerNorm kernels and their launchers: the twins of kernels/cpu/layernorm.h, with fp32
+// statistics and fixed-order (bitwise reproducible) reductions.
+#include "kernels/cuda/layernorm.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/common.cuh"
+
+namespace tg::cuda {
+
+// ───────────────────────────── kernels ─────────────────────────────
+
+namespace {
+
+// ── LayerNorm forward: one warp per row, 8 rows per block ──
+// Three passes over the row (mean, variance, write) like the CPU's two-pass statistics; the
+// second and third read the row again from L1/L2 rather than keeping a runtime-sized row in registers.
+constexpr int kLnRowsPerBlock = 8;
+
+template <int V, typename T>
+__global__ void __launch_bounds__(kLnRowsPerBlock * 32)
+    layernorm_forward_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                             T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd, int64_t N,
+                             int64_t C, float eps) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t packs = C / V;
+  for (int64_t row = int64_t(blockIdx.x) * kLnRowsPerBlock + warp; row < N;
+       row += int64_t(gridDim.x) * kLnRowsPerBlock) {
+    const T* xr = x + row * C;
+    float sum = 0.0f;
+    for (int64_t p = lane; p < packs; p += 32) {
+      float f[V];
+      load_vec<V>(xr + p * V, f);
+#pragma unroll
+      for (int k = 0; k < V; ++k) sum += f[k];
+    }
+    const float m = warp_sum(sum) / float(C);
+    float var = 0.0f;
+    for (int64_t p = lane; p < packs; p += 32) {
+      float f[V];
+      load_vec<V>(xr + p * V, f);
+#pragma unroll
+      for (int k = 0; k < V; ++k) var += (f[k] - m) * (f[k] - m);
+    }
+    const float rs = 1.0f / sqrtf(warp_sum(var) / float(C) + eps);
+    T* o = out + row * C;
+    for (int64_t p = lane; p < packs; p += 32) {
+      float f[V], fw[V], fb[V];
+      load_vec<V>(xr + p * V, f);
+      load_vec<V>(w + p * V, fw);
+      if (b) {
+        load_vec<V>(b + p * V, fb);
+      } else {
+#pragma unroll
+        for (int k = 0; k < V; ++k) fb[k] = 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < V; ++k) f[k] = (f[k] - m) * rs * fw[k] + fb[k];
+      store_vec<V>(o + p * V, f);
+    }
+    if (lane == 0) {
+      mean[row] = m;
+      rstd[row] = rs;
+    }
+  }
+}
+
+// The same forward with the row in registers, for rows of at most 32·V·P elements (P ≤ 4
+// packs per lane: C ≤ 1024 in bf16; GPT-2 small's 768 is P = 3). A lane issues all its loads at
+// once and the statistics come from registers: the three-pass kernel above waits on a round of
+// loads per pass and ran GPT-2's 16k × 768 rows at half the memory rate (26 µs for 50 MB).
+constexpr int kLnMaxPacksPerLane = 4;
+
+template <int V, int P, typename T>
+__global__ void __launch_bounds__(kLnRowsPerBlock * 32)
+    layernorm_forward_regs_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                                  T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd, int64_t N,
+                                  int64_t C, float eps) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t packs = C / V;
+  for (int64_t row = int64_t(blockIdx.x) * kLnRowsPerBlock + warp; row < N;
+       row += int64_t(gridDim.x) * kLnRowsPerBlock) {
+    const T* xr = x + row * C;
+    float f[P][V];
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < P; ++i) {
+      const int64_t p = lane + 32 * i;
+      if (p < packs) {
+        load_vec<V>(xr + p * V, f[i]);
+      } else {
+#pragma unroll
+        for (int k = 0; k < V; ++k) f[i][k] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < P; ++i)
+#pragma unroll
+      for (int k = 0; k < V; ++k) sum += f[i][k];
+    const float m = warp_sum(sum) / float(C);
+    float var = 0.0f;
+#pragma unroll
+    for (int i = 0; i < P; ++i) {
+      if (lane + 32 * i >= packs) continue;  // padding is not (x − m)² = m²
+#pragma unroll
+      for (int k = 0; k < V; ++k) var += (f[i][k] - m) * (f[i][k] - m);
+    }
+    const float rs = 1.0f / sqrtf(warp_sum(var) / float(C) + eps);
+    T* o = out + row * C;
+#pragma unroll
+    for (int i = 0; i < P; ++i) {
+      const int64_t p = lane + 32 * i;
+      if (p >= packs) continue;
+      float fw[V], fb[V];
+      load_vec<V>(w + p * V, fw);
+      if (b) {
+        load_vec<V>(b + p * V, fb);
+      } else {
+#pragma unroll
+        for (int k = 0; k < V; ++k) fb[k] = 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < V; ++k) f[i][k] = (f[i][k] - m) * rs * fw[k] + fb[k];
+      store_vec_fast<V>(o + p * V, f[i]);
+    }
+    if (lane == 0) {
+      mean[row] = m;
+      rstd[row] = rs;
+    }
+  }
+}
+
+// ── LayerNorm backward ──
+// Block b owns the contiguous rows [b·R, (b+1)·R); its warps take them round-robin. Per row, a
+// warp computes dx (two passes, like the CPU) and adds dout·x̂ and dout into per-warp fp32
+// accumulators in shared memory (each lane owns its columns, so no synchronisation). At the end
+// the block folds its warps in order into one partial row per block; column_sum_kernel then adds
+// the G partial rows in order. G depends only on N, so the summation order is fixed.
+constexpr int kLnBwdWarps = 4;
+constexpr int64_t kLnBwdMaxBlocks = 512;  // enough to fill 132 SMs; bounds scratch at 2·512·C floats
+constexpr int64_t kLnBwdMaxC = 7168;      // 2 · 4 warps · C floats must fit in 227 KB of shared memory
+
+int64_t ln_bwd_blocks(int64_t N) { return std::clamp<int64_t>((N + 15) / 16, 1, kLnBwdMaxBlocks); }
+
+// The end of both LayerNorm backward kernels: the block's per-warp sums acc ([warps][C] for
+// dweight, then [warps][C] for dbias) folded in warp order into this block's partial rows.
+__device__ __forceinline__ void fold_warp_partials(const float* acc, int64_t C, float* __restrict__ partial_dw,
+                                                   float* __restrict__ partial_db) {
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    float sw = 0.0f, sb = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kLnBwdWarps; ++k) {
+      sw += acc[k * C + c];
+      sb += acc[(kLnBwdWarps + k) * C + c];
+    }
+    partial_dw[int64_t(blockIdx.x) * C + c] = sw;
+    partial_db[int64_t(blockIdx.x) * C + c] = sb;
+  }
+}
+
+// g += the V values at p (the gradient another consumer of x already produced: see dx_add).
+template <int V, typename T>
+__device__ __forceinline__ void add_row_vec(const T* p, float (&g)[V]) {
+  float r[V];
+  load_vec<V>(p, r);
+#pragma unroll
+  for (int k = 0; k < V; ++k) g[k] += r[k];
+}
+
+template <int V, typename T>
+__global__ void __launch_bounds__(kLnBwdWarps * 32)
+    layernorm_backward_kernel(const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ mean,
+                              const float* __restrict__ rstd, const T* __restrict__ dout,
+                              const T* __restrict__ dx_add, T* __restrict__ dx,
+                              int64_t N, int64_t C, int64_t rows_per_block, float* __restrict__ partial_dw,
+                              float* __restrict__ partial_db) {
+  extern __shared__ float acc[];  // [kLnBwdWarps][C] for dweight, then [kLnBwdWarps][C] for dbias
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int64_t i = threadIdx.x; i < 2 * kLnBwdWarps * C; i += blockDim.x) acc[i] = 0.0f;
+  __syncthreads();
+  float* adw = acc + warp * C;
+  float* adb = acc + (kLnBwdWarps + warp) * C;
+  const int64_t packs = C / V;
+  const int64_t r0 = int64_t(blockIdx.x) * rows_per_block;
+  const int64_t r1 = r0 + rows_per_block < N ? r0 + rows_per_block : N;
+  for (int64_t row = r0 + warp; row < r1; row += kLnBwdWarps) {
+    const T* xr = x + row * C;
+    const T* dr = dout + row * C;
+    const float m = mean[row], rs = rstd[row];
+    float s1 = 0.0f, s2 = 0.0f;  // Σ dnorm, Σ dnorm·norm
+    for (int64_t p = lane; p < packs; p += 32) {
+      float fx[V], fd[V], fw[V];
+      load_vec<V>(xr + p * V, fx);
+      load_vec<V>(dr + p * V, fd);
+      load_vec<V>(w + p * V, fw);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float dnorm = fd[k] * fw[k];
+        s1 += dnorm;
+        s2 += dnorm * ((fx[k] - m) * rs);
+      }
+    }
+    const float dnorm_mean = warp_sum(s1) / float(C);
+    const float dnorm_norm_mean = warp_sum(s2) / float(C);
+    T* dxr = dx + row * C;
+    for (int64_t p = lane; p < packs; p += 32) {
+      float fx[V], fd[V], fw[V], g[V];
+      load_vec<V>(xr + p * V, fx);
+      load_vec<V>(dr + p * V, fd);
+      load_vec<V>(w + p * V, fw);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float norm = (fx[k] - m) * rs;
+        g[k] = (fd[k] * fw[k] - dnorm_mean - norm * dnorm_norm_mean) * rs;
+        adw[p * V + k] += fd[k] * (fx[k] - m) * rs;
+        adb[p * V + k] += fd[k];
+      }
+      if (dx_add) add_row_vec<V>(dx_add + row * C + p * V, g);
+      store_vec<V>(dxr + p * V, g);
+    }
+  }
+  __syncthreads();
+  fold_warp_partials(acc, C, partial_dw, partial_db);
+}
+
+// The same backward with everything a lane touches in registers, for rows of at most 32·V·P
+// elements (P ≤ 4 vectors per lane: C ≤ 1024 in bf16, 512 in fp32; GPT-2 small's C = 768 is
+// P = 3). Each lane keeps its columns' weight, the row's x and dout between the two passes, and
+// its dweight/dbias sums, so a row is read from global memory once and the shared-memory
+// read-modify-writes of the general kernel are gone; the warps fold through shared memory once,
+// at the end, in the same order, into the same partial rows. (The bf16 P = 3 kernel takes 179
+// registers, two blocks per SM. Keeping x, dout and the weight packed as bf16 to fit three blocks,
+// __launch_bounds__(128, 3), measured 57 µs per call on GPT-2's 16k × 768, residual read
+// included, against 32 µs for this form without it: the widening in both passes cost more than
+// the occupancy gained.)
+constexpr int kLnBwdMaxPacksPerLane = 4;
+
+template <int V, int P, typename T>
+__global__ void __launch_bounds__(kLnBwdWarps * 32)
+    layernorm_backward_regs_kernel(const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ mean,
+                                   const float* __restrict__ rstd, const T* __restrict__ dout,
+                                   const T* __restrict__ dx_add, T* __restrict__ dx,
+                                   int64_t N, int64_t C, int64_t rows_per_block, float* __restrict__ partial_dw,
+                                   float* __restrict__ partial_db) {
+  extern __shared__ float acc[];  // [kLnBwdWarps][C] for dweight, then [kLnBwdWarps][C] for dbias
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t packs = C / V;
+  float fw[P][V], adw[P][V], adb[P][V];
+#pragma unroll
+  for (int i = 0; i < P; ++i) {
+    const int64_t p = lane + 32 * i;
+#pragma unroll
+    for (int k = 0; k < V; ++k) fw[i][k] = adw[i][k] = adb[i][k] = 0.0f;
+    if (p < packs) load_vec<V>(w + p * V, fw[i]);
+  }
+  const int64_t r0 = int64_t(blockIdx.x) * rows_per_block;
+  const int64_t r1 = r0 + rows_per_block < N ? r0 + rows_per_block : N;
+  for (int64_t row = r0 + warp; row < r1; row += kLnBwdWarps) {
+    const T* xr = x + row * C;
+    const T* dr = dout + row * C;
+    const float m = mean[row], rs = rstd[row];
+    float fx[P][V], fd[P][V];
+    float s1 = 0.0f, s2 = 0.0f;  // Σ dnorm, Σ dnorm·norm
+#pragma unroll
+    for (int i = 0; i < P; ++i) {
+      const int64_t p = lane + 32 * i;
+      if (p < packs) {
+        load_vec<V>(xr + p * V, fx[i]);
+        load_vec<V>(dr + p * V, fd[i]);
+      } else {
+#pragma unroll
+        for (int k = 0; k < V; ++k) fx[i][k] = m, fd[i][k] = 0.0f;  // contribute nothing
+      }
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float dnorm = fd[i][k] * fw[i][k];
+        s1 += dnorm;
+        s2 += dnorm * ((fx[i][k] - m) * rs);
+      }
+    }
+    const float dnorm_mean = warp_sum(s1) / float(C);
+    const float dnorm_norm_mean = warp_sum(s2) / float(C);
+    T* dxr = dx + row * C;
+#pragma unroll
+    for (int i = 0; i < P; ++i) {
+      const int64_t p = lane + 32 * i;
+      if (p >= packs) continue;
+      float g[V];
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float norm = (fx[i][k] - m) * rs;
+        g[k] = (fd[i][k] * fw[i][k] - dnorm_mean - norm * dnorm_norm_mean) * rs;
+        adw[i][k] += fd[i][k] * (fx[i][k] - m) * rs;
+        adb[i][k] += fd[i][k];
+      }
+      if (dx_add) add_row_vec<V>(dx_add + row * C + p * V, g);
+      store_vec<V>(dxr + p * V, g);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < P; ++i) {
+    const int64_t p = lane + 32 * i;
+    if (p >= packs) continue;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      acc[warp * C + p * V + k] = adw[i][k];
+      acc[(kLnBwdWarps + warp) * C + p * V + k] = adb[i][k];
+    }
+  }
+  __syncthreads();
+  fold_warp_partials(acc, C, partial_dw, partial_db);
+}
+
+}  // namespace
+
+// ───────────────────────────── launchers ─────────────────────────────
+
+
+
+template <typename T>
+void layernorm_forward(const T* x, const T* weight, const T* bias, T* out, float* mean, float* rstd, int64_t N,
+                       int64_t C, float eps, cudaStream_t stream) {
+  require(N >= 0 && C > 0, "layernorm_forward", "need N ≥ 0 and C > 0");
+  if (N == 0) return;
+  constexpr int V = kVec<T>;
+  const unsigned grid = grid_for(N, kLnRowsPerBlock);
+  const bool vec = C % V == 0 && aligned16(x) && aligned16(weight) && aligned16(out) && (!bias || aligned16(bias));
+  const int64_t packs_per_lane = (C / V + 31) / 32;
+  auto launch = [&](auto kernel) {
+    kernel<<<grid, kLnRowsPerBlock * 32, 0, stream>>>(x, weight, bias, out, mean, rstd, N, C, eps);
+  };
+  if (vec && packs_per_lane == 1) {
+    launch(layernorm_forward_regs_kernel<V, 1, T>);
+  } else if (vec && packs_per_lane == 2) {
+    launch(layernorm_forward_regs_kernel<V, 2, T>);
+  } else if (vec && packs_per_lane == 3) {
+    launch(layernorm_forward_regs_kernel<V, 3, T>);
+  } else if (vec && packs_per_lane == kLnMaxPacksPerLane) {
+    launch(layernorm_forward_regs_kernel<V, kLnMaxPacksPerLane, T>);
+  } else if (vec) {
+    layernorm_forward_kernel<V><<<grid, kLnRowsPerBlock * 32, 0, stream>>>(x, weight, bias, out, mean, rstd, N, C, eps);
+  } else {
+    layernorm_forward_kernel<1><<<grid, kLnRowsPerBlock * 32, 0, stream>>>(x, weight, bias, out, mean, rstd, N, C, eps);
+  }
+  TG_CUDA_CHECK(cudaGetLastError());
+}
+
+size_t layernorm_backward_scratch_floats(int64_t N, int64_t C) {
+  return size_t(2 * ln_bwd_blocks(N) * C);
+}
+
+template <typename T>
+void layernorm_backward(const T* x, const T* weight, const float* mean, const float* rstd, const T* dout,
+                        const T* dx_add, T* dx, T* dweight, T* dbias, int64_t N, int64_t C, float* scratch,
+                        cudaStream_t stream) {
+  require(N >= 0 && C > 0, "layernorm_backward", "need N ≥ 0 and C > 0");
+  require(C <= kLnBwdMaxC, "layernorm_backward", "C > 7168 does not fit the shared-memory accumulators");
+  require(scratch != nullptr, "layernorm_backward", "scratch is null");
+  const int64_t G = ln_bwd_blocks(N);
+  const int64_t rows_per_block = (N + G - 1) / G;
+  float* partial_dw = scratch;
+  float* partial_db = scratch + G * C;
+  const size_t smem = size_t(2 * kLnBwdWarps * C) * sizeof(float);
+  constexpr int V = kVec<T>;
+  const bool vec = C % V == 0 && aligned16(x) && aligned16(weight) && aligned16(dout) && aligned16(dx) &&
+                   (!dx_add || aligned16(dx_add));
+  auto launch = [&](auto kernel) {
+    if (smem > 48 * 1024)
+      TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    // With N = 0 the blocks still run and write zero partials, so dweight/dbias come out zero.
+    kernel<<<unsigned(G), kLnBwdWarps * 32, smem, stream>>>(x, weight, mean, rstd, dout, dx_add, dx, N, C,
+                                                           rows_per_block, partial_dw, partial_db);
+    TG_CUDA_CHECK(cudaGetLastError());
+  };
+  const int64_t packs_per_lane = (C / V + 31) / 32;
+  if (vec && packs_per_lane == 1) {
+    launch(layernorm_backward_regs_kernel<V, 1, T>);
+  } else if (vec && packs_per_lane == 2) {
+    launch(layernorm_backward_regs_kernel<V, 2, T>);
+  } else if (vec && packs_per_lane == 3) {
+    launch(layernorm_backward_regs_kernel<V, 3, T>);
+  } else if (vec && packs_per_lane == kLnBwdMaxPacksPerLane) {
+    launch(layernorm_backward_regs_kernel<V, kLnBwdMaxPacksPerLane, T>);
+  } else if (vec) {
+    launch(layernorm_backward_kernel<V, T>);
+  } else {
+    launch(layernorm_backward_kernel<1, T>);
+  }
+  const unsigned col_blocks = unsigned((C + 31) / 32);
+  column_sum_kernel<<<col_blocks, dim3(32, 32), 0, stream>>>(partial_dw, dweight, G, C);
+  TG_CUDA_CHECK(cudaGetLastError());
+  if (dbias) {
+    column_sum_kernel<<<col_blocks, dim3(32, 32), 0, stream>>>(partial_db, dbias, G, C);
+    TG_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+#define TG_INSTANTIATE(T)                                                                                       \
+  template void layernorm_forward<T>(const T*, const T*, const T*, T*, float*, float*, int64_t, int64_t, float, \
+                                     cudaStream_t);                                                             \
+  template void layernorm_backward<T>(const T*, const T*, const float*, const float*, const T*, const T*, T*,  \
+                                      T*, T*, int64_t, int64_t, float*, cudaStream_t);
+TG_INSTANTIATE(float)
+TG_INSTANTIATE(tg::bf16)
+#undef TG_INSTANTIATE
+
+}  // namespace tg::cuda
