@@ -211,6 +211,22 @@ void GPT::set_lm_head_chunk(int64_t rows) {
   lm_head_chunk_ = rows;
 }
 
+// A pass from the start on a GPU reuses its length's ids from the first such pass, so a training
+// step copies nothing from the host (and can be captured as a device graph); a decoding pass
+// (first > 0) copies its few ids each time.
+Tensor GPT::positions(int64_t first, int64_t T) {
+  const bool keep = !device_.is_cpu() && first == 0;
+  if (keep) {
+    auto it = positions_.find(T);
+    if (it != positions_.end()) return it->second;
+  }
+  std::vector<int32_t> pos(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = int32_t(first + t);
+  Tensor ids = Tensor::from_ints(pos, {T});
+  if (!keep) return ids;
+  return positions_[T] = ids.to(device_);
+}
+
 Tensor GPT::forward(const Tensor& ids) {
   auto [x, wte] = features(ids);
   return ops::linear(x, wte, Tensor());  // (B, T, V): lm_head tied to wte
@@ -248,9 +264,7 @@ std::pair<Tensor, Tensor> GPT::features(const Tensor& ids, KVCache* cache) {
   const Tensor wte = p("transformer.wte.weight");  // cast once, used by the embedding and the tied LM head
   Tensor x = ops::embedding(wte, ids);             // (B, T, C)
   if (config_.pos_embedding == PosEmbedding::learned) {
-    std::vector<int32_t> pos(static_cast<size_t>(T));
-    for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = int32_t(first + t);
-    x = ops::add(x, ops::embedding(p("transformer.wpe.weight"), Tensor::from_ints(pos, {T})));
+    x = ops::add(x, ops::embedding(p("transformer.wpe.weight"), positions(first, T)));
   }
   x = dropout(x, 1023);
   for (int64_t i = 0; i < config_.n_layer; ++i)

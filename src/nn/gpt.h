@@ -2,6 +2,7 @@
 // of causal self-attention and a GELU MLP, a final LayerNorm and an LM head tied to wte.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -111,6 +112,7 @@ class GPT {
   Tensor param_of(const Tensor& compute, const std::string& name) const;
   Tensor maybe_of(const Tensor& compute, const std::string& name) const;
   Tensor dropout(const Tensor& x, uint64_t site);
+  Tensor positions(int64_t first, int64_t T);  // the position ids first … first+T−1
 
   GPTConfig config_;
   ParameterStore params_;
@@ -127,6 +129,9 @@ class GPT {
   bool offload_activations_ = false;
   int32_t document_eot_ = -1;
   ops::AttentionMask mask_;  // during forward(): the window and this batch's document starts
+  // On a GPU: the position ids 0 … T−1 of each length T a pass from the start has used, kept
+  // for the model's life (a captured step reads them at a fixed address; a few lengths occur).
+  std::map<int64_t, Tensor> positions_;
 };
 
 // Parses "learned"/"rope" and "flash"/"naive" (errors list the choices).

@@ -9,6 +9,7 @@ namespace tg {
 #ifdef TILEGRAD_HAVE_CUDA
 void cuda_copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t nbytes);
 void cuda_zero(void* p, size_t nbytes);
+bool cuda_fill(void* p, DType dtype, double value, int64_t n);
 void cuda_convert(const void* src, DType from, void* dst, DType to, int64_t n);
 #endif
 
@@ -93,9 +94,9 @@ Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
 }
 
 Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
-  Tensor t = empty(shape, dtype, Device::cpu());
+  Tensor t = empty(shape, dtype, device);
   t.fill(value);
-  return device.is_cpu() ? t : t.to(device);
+  return t;
 }
 
 Tensor Tensor::from_vector(const std::vector<double>& values, const Shape& shape, DType dtype) {
@@ -206,8 +207,18 @@ void Tensor::copy_from(const Tensor& src) {
 }
 
 void Tensor::fill(double value) {
-  TG_CHECK(device().is_cpu(), "fill on ", desc(), " is only implemented on the CPU");
   int64_t n = numel();
+  if (!device().is_cpu()) {
+#ifdef TILEGRAD_HAVE_CUDA
+    // A kernel where there is one (f32, bf16): the value travels as its argument, not through a
+    // host buffer, so a recorded graph replays it (the backward's seed gradient).
+    if (cuda_fill(raw(), dtype(), value, n)) return;
+#endif
+    Tensor host = empty(shape(), dtype(), Device::cpu());
+    host.fill(value);
+    copy_from(host);
+    return;
+  }
   if (dtype() == DType::f32) {
     float v = float(value);
     float* p = data<float>();

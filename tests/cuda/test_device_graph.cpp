@@ -1,0 +1,89 @@
+// DeviceGraph: a recorded function's device work replays on the values its inputs hold at replay
+// time, a model's forward and backward replayed equals the launched one bit for bit, and what
+// cannot be recorded (a copy from host memory) is refused with the reason.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "src/nn/gpt.h"
+#include "src/ops/ops.h"
+#include "src/tensor/device_graph.h"
+#include "tests/cuda/cuda_test_util.h"
+#include "tests/test_util.h"
+
+namespace tg {
+namespace {
+
+TEST(DeviceGraph, ReplaysOnTheInputsCurrentValues) {
+  REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  Tensor x = Tensor::from_vector({1, 2, 3, 4}, {4}).to(gpu);
+  Tensor y = Tensor::zeros({4}, DType::f32, gpu);
+  DeviceGraph graph = DeviceGraph::capture(gpu, [&] { y.copy_from(ops::scale(ops::add(x, x), 0.5)); });
+  EXPECT_EQ(y.to_double_vector(), std::vector<double>({0, 0, 0, 0})) << "recording must not run the work";
+  graph.replay();
+  EXPECT_EQ(y.to_double_vector(), std::vector<double>({1, 2, 3, 4}));
+  x.copy_from(Tensor::from_vector({-1, 5, 0.5, 8}, {4}));
+  graph.replay();
+  EXPECT_EQ(y.to_double_vector(), std::vector<double>({-1, 5, 0.5, 8}));
+}
+
+TEST(DeviceGraph, ForwardAndBackwardReplayedEqualLaunched) {
+  REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  nn::GPTConfig c;
+  c.n_layer = 2, c.n_head = 2, c.d_model = 64, c.vocab_size = 96, c.max_seq_len = 32;
+  nn::GPT model(c, 7, DType::f32, gpu, DType::bf16);
+  const int64_t B = 2, T = 32;
+  auto batch = [&](int seed) {
+    std::vector<int32_t> ids(size_t(B * T));
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((i * 37 + size_t(seed) * 11) % size_t(c.vocab_size));
+    return Tensor::from_ints(ids, {B, T}).to(gpu);
+  };
+  Tensor loss = Tensor::zeros({1}, DType::f32, gpu);
+  Tensor x = Tensor::zeros({B, T}, DType::i32, gpu), y = Tensor::zeros({B, T}, DType::i32, gpu);
+  auto forward_backward = [&] {
+    model.params().zero_grad();
+    Tensor l = model.loss(x, y);
+    loss.copy_from(l);
+    l.backward();
+  };
+  // Launched: two batches' losses and gradients.
+  std::vector<Tensor> launched;  // on the host
+  for (int s : {1, 2}) {
+    x.copy_from(batch(s)), y.copy_from(batch(s + 5));
+    forward_backward();
+    launched.push_back(loss.to(Device::cpu()));
+    launched.push_back(model.params().flat_grads().to(Device::cpu()));
+  }
+  DeviceGraph graph = DeviceGraph::capture(gpu, forward_backward);
+  std::vector<Tensor> replayed;
+  for (int s : {1, 2}) {
+    x.copy_from(batch(s)), y.copy_from(batch(s + 5));
+    graph.replay();
+    replayed.push_back(loss.to(Device::cpu()));
+    replayed.push_back(model.params().flat_grads().to(Device::cpu()));
+  }
+  ASSERT_EQ(replayed.size(), launched.size());
+  for (size_t i = 0; i < launched.size(); ++i)
+    EXPECT_TRUE(testing::bitwise_equal(replayed[i], launched[i])) << (i % 2 ? "gradients" : "loss") << " of batch " << i / 2;
+  EXPECT_FALSE(testing::bitwise_equal(launched[1], launched[3])) << "the two batches must give different gradients";
+}
+
+TEST(DeviceGraph, ACopyFromHostMemoryIsRefusedWhileRecording) {
+  REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  Tensor y = Tensor::zeros({3}, DType::f32, gpu);
+  try {
+    (void)DeviceGraph::capture(gpu, [&] { y.copy_from(Tensor::from_vector({1, 2, 3}, {3})); });
+    FAIL() << "a copy from host memory was recorded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("from host memory"), std::string::npos) << e.what();
+  }
+  // The stream is usable afterwards.
+  y.copy_from(Tensor::from_vector({1, 2, 3}, {3}));
+  EXPECT_EQ(y.to_double_vector(), std::vector<double>({1, 2, 3}));
+}
+
+}  // namespace
+}  // namespace tg
