@@ -41,6 +41,9 @@ std::vector<MemorySeries> memory_series(const Config& base, const std::string& l
     const std::string name = rest.substr(0, comma);
     rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
     Config c = base;
+    // The steps launched as written: the memory model predicts the launched step, and a recorded
+    // graph keeps its memory in a pool of its own.
+    c.train.cuda_graph = false;
     if (name == "config") {
     } else if (name == "flash") {  // the fused attention, every block's tensors kept, the whole head at once
       c.model.attention = "flash", c.train.recompute = false, c.train.lm_head_chunk = 0;

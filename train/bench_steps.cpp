@@ -8,6 +8,7 @@
 #include "src/dist/grad_sync.h"
 #include "src/nn/gpt.h"
 #include "src/optim/adamw.h"
+#include "src/tensor/device_graph.h"
 #include "src/trainer/trainer.h"
 
 namespace tg::bench {
@@ -49,7 +50,7 @@ StepFigures run_training_steps(const Config& cfg, Device device, int64_t warmup,
   // train.grad_accum micro-batches per step (the same tokens each time), as the trainer runs
   // them: the buckets are reduced during the last one's backward.
   const int64_t k = cfg.train.grad_accum;
-  auto step = [&] {
+  auto forward_backward = [&] {
     model.params().zero_grad();
     record.zero();
     for (int64_t micro = 0; micro < k; ++micro) {
@@ -63,6 +64,8 @@ StepFigures run_training_steps(const Config& cfg, Device device, int64_t warmup,
         scaled.backward();
       }
     }
+  };
+  auto update = [&] {
     if (!sync) {
       optim::grad_sum_squares_to(model.params(), {}, record_norm);
       opt.step_decided(cfg.train.lr, record, rules);
@@ -73,13 +76,31 @@ StepFigures run_training_steps(const Config& cfg, Device device, int64_t warmup,
     opt.step_decided(cfg.train.lr, record, rules);
     sync->gather_parameters();
   };
+  auto step = [&] {
+    forward_backward();
+    update();
+  };
   for (int64_t i = 0; i < warmup; ++i) step();
   device_synchronize(device);
   if (comm) comm->barrier("bench: timed steps start");
   if (!peak_from_start) reset_peak_memory(device);
+  // train.cuda_graph, as the trainer takes it: the forward and backward recorded once and
+  // replayed (the update stays launched), where nothing stands in the way (cuda_graph_obstacle).
+  DeviceGraph graph;
+  if (cfg.train.cuda_graph && cuda_graph_obstacle(cfg, W, device).empty())
+    graph = DeviceGraph::capture(device, forward_backward);
+  f.cuda_graph = graph.captured();
   const double comm_before = sync ? sync->exposed_seconds() : 0.0;
   auto t0 = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < steps; ++i) step();
+  for (int64_t i = 0; i < steps; ++i) {
+    if (!graph.captured()) {
+      step();
+      continue;
+    }
+    graph.replay();
+    update();
+  }
+  f.host_seconds_per_step = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / double(steps);
   device_synchronize(device);
   f.seconds_per_step = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / double(steps);
   f.loss = record_loss.item();

@@ -21,6 +21,8 @@ namespace tg::bench {
 // What `warmup` untimed and then `steps` timed training steps of a config's model measured.
 struct StepFigures {
   double seconds_per_step = 0, loss = 0, flops_per_token = 0;
+  bool cuda_graph = false;                   // the forward and backward replayed as a recorded CUDA graph
+  double host_seconds_per_step = 0;          // the host's time to queue a step (≈ the step's when it bounds it)
   double exposed_comm_seconds_per_step = 0;  // data parallel: reduction time the backward did not hide
   int64_t params = 0;
   MemoryStats memory;  // peak over the timed steps, or from before the model (peak_from_start)

@@ -54,13 +54,13 @@ int bench_train(const cli::Args& a) {
   }
   std::printf(
       "{\"bench\":\"train\",\"config\":\"%s\",\"device\":\"%s\",\"precision\":\"%s\",\"attention\":\"%s\","
-      "\"deterministic\":%s,\"lm_head_chunk\":%d,\"recompute\":%s,"
-      "\"B\":%lld,\"T\":%lld,\"grad_accum\":%lld,\"params\":%lld,\"ms_per_step\":%.2f,\"tokens_per_s\":%.0f,\"tflops\":%.1f,"
+      "\"deterministic\":%s,\"lm_head_chunk\":%d,\"recompute\":%s,\"cuda_graph\":%s,"
+      "\"B\":%lld,\"T\":%lld,\"grad_accum\":%lld,\"params\":%lld,\"ms_per_step\":%.2f,\"host_ms_per_step\":%.2f,\"tokens_per_s\":%.0f,\"tflops\":%.1f,"
       "\"mfu_vs_989\":%.4f,\"peak_gib\":%.3f,\"loss\":%.4f}\n",
       a.positional[1].c_str(), device.str().c_str(), cfg.train.precision.c_str(), cfg.model.attention.c_str(),
       cfg.train.deterministic ? "true" : "false", cfg.train.lm_head_chunk,
-      cfg.train.recompute ? "true" : "false", (long long)B, (long long)T, (long long)k, (long long)f.params,
-      f.seconds_per_step * 1e3, tps, f.flops_per_token * tps / 1e12,
+      cfg.train.recompute ? "true" : "false", f.cuda_graph ? "true" : "false", (long long)B, (long long)T, (long long)k, (long long)f.params,
+      f.seconds_per_step * 1e3, f.host_seconds_per_step * 1e3, tps, f.flops_per_token * tps / 1e12,
       f.flops_per_token * tps / 989e12, gib(m.peak_total), f.loss);
   std::printf("peak memory by category:");
   for (int c = 0; c < kNumMemCategories; ++c)

@@ -196,6 +196,12 @@ const std::vector<Field>& fields() {
                          "With train.recompute on a GPU: each block's input waits in page-locked host memory "
                          "from its forward to its backward instead of on the GPU (one copy out, one back, "
                          "queued with the kernels)."));
+    t.push_back(TG_FIELD(train, cuda_graph,
+                         "On one GPU: record each micro-batch's forward and backward once as a CUDA graph and "
+                         "replay it, one launch instead of hundreds of kernels. Where a graph cannot replay "
+                         "the step (several ranks, the CPU, model.dropout > 0, data.document_mask, "
+                         "train.recompute or train.recompute_rows) train.log says why and the kernels are "
+                         "launched one by one."));
     t.push_back(TG_FIELD(train, zero,
                          "Data parallelism: 0 keeps AdamW's moments whole on every rank; 1 shards them (ZeRO-1): "
                          "each rank updates 1/W of the parameters and all-gathers them.")

@@ -55,6 +55,7 @@ struct TrainConfig {
   bool recompute = false;          // true: each block recomputed in the backward from its input (long context)
   int recompute_rows = 0;          // > 0: a block's token-wise parts run this many positions at a time; 0: whole
   bool offload_activations = false;  // true (with recompute): recomputed blocks' inputs wait in host memory
+  bool cuda_graph = false;         // true: each micro-batch's forward and backward replayed as one CUDA graph
   int zero = 0;                    // data parallelism: 0 replicates AdamW's state, 1 shards it across ranks
   double bucket_mb = 25.0;         // data parallelism: MiB of gradients per overlapped reduction; 0 = one after the backward
   std::string init_from = "";      // a new run's initial parameters: a tilegrad checkpoint or a Hugging Face GPT-2 folder

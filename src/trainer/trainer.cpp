@@ -18,6 +18,7 @@
 #include "src/data/bpe.h"
 #include "src/data/tokenizer.h"
 #include "src/interop/hf.h"
+#include "src/tensor/device_graph.h"
 #include "src/trainer/batch_prefetch.h"
 #include "src/trainer/footprint.h"
 #include "src/trainer/memory_model.h"
@@ -106,6 +107,16 @@ void install_stop_handlers() {
 }
 bool stop_requested() { return g_stop_signal != 0; }
 void clear_stop_request() { g_stop_signal = 0; }
+
+std::string cuda_graph_obstacle(const Config& cfg, int world_size, Device device) {
+  if (!device.is_cuda()) return "the run is on " + device.str();
+  if (world_size > 1) return "the run has " + std::to_string(world_size) + " ranks";
+  if (cfg.model.dropout > 0) return "model.dropout is " + detail::concat(cfg.model.dropout);
+  if (cfg.data.document_mask) return "data.document_mask is on";
+  if (cfg.train.recompute) return "train.recompute is on";
+  if (cfg.train.recompute_rows > 0) return "train.recompute_rows is " + std::to_string(cfg.train.recompute_rows);
+  return "";
+}
 
 Device resolve_device(const std::string& setting, int local_rank) {
   const int gpus = cuda_device_count();
@@ -405,6 +416,45 @@ TrainResult Trainer::run(const std::string& resume) {
     MemoryCategoryScope scope(MemCategory::workspace);
     records = Tensor::zeros({capacity, 2}, DType::f64, device);
   }
+  // The step being computed writes its record here, at a fixed address (a recorded graph keeps
+  // the addresses it saw), and the finished step's record is copied into `records`.
+  Tensor step_record;
+  {
+    MemoryCategoryScope scope(MemCategory::workspace);
+    step_record = Tensor::zeros({2}, DType::f64, device);
+  }
+  const Tensor step_loss = Tensor::view_of(step_record, 0, {1}), step_norm = Tensor::view_of(step_record, 1, {1});
+  // One micro-batch: the loss, its share of the step's mean loss, and the backward; with W > 1 the
+  // last one's backward reduces the gradient buckets as they complete.
+  auto forward_backward = [&](const Tensor& x, const Tensor& y, bool last) {
+    Tensor l = model_->loss(x, y);
+    optim::add_divided(step_loss, l, double(k * W));
+    // Scaled so that the sum over ranks and micro-batches is the mean over the global batch.
+    Tensor scaled = ops::scale(l, 1.0 / double(k * W));
+    if (last && W > 1) {
+      auto overlap = sync_->overlap();  // buckets reduced as the backward goes
+      scaled.backward();
+    } else {
+      scaled.backward();
+    }
+  };
+  // train.cuda_graph: the forward and backward of a micro-batch recorded once and replayed from
+  // then on, its batch copied in front of it into inputs at fixed addresses. The run's first step
+  // runs as written, so what is allocated once and kept (cuBLASLt's workspace, the attention
+  // schedulers' counters, the position ids) exists before the capture and stays outside the graph.
+  const std::string graph_obstacle = tc.cuda_graph ? cuda_graph_obstacle(config_, W, device) : "";
+  const bool use_graph = tc.cuda_graph && graph_obstacle.empty();
+  DeviceGraph micro_graph;
+  Tensor graph_x, graph_y;
+  if (use_graph) {
+    MemoryCategoryScope scope(MemCategory::workspace);
+    graph_x = Tensor::zeros({B, T}, DType::i32, device);
+    graph_y = Tensor::zeros({B, T}, DType::i32, device);
+    log_line("cuda graph: each micro-batch's forward and backward recorded at step " +
+             std::to_string(state_.step + 2) + " and replayed as one launch (train.cuda_graph)");
+  } else if (tc.cuda_graph) {
+    log_line("cuda graph: off, " + graph_obstacle + "; the kernels are launched one by one (train.cuda_graph)");
+  }
   int64_t pending = 0;  // steps recorded since the host last read them
   double loss = 0, norm = 0;  // the last step the host has read
   const optim::StepRules rules{tc.grad_clip, tc.max_bad_steps};
@@ -458,9 +508,7 @@ TrainResult Trainer::run(const std::string& resume) {
     comm_->set_step(step + 1);
     auto t0 = std::chrono::steady_clock::now();
     model_->params().zero_grad();
-    Tensor record = Tensor::view_of(records, 2 * pending, {2});
-    record.zero();
-    Tensor record_loss = Tensor::view_of(records, 2 * pending, {1});
+    step_record.zero();
     for (int64_t micro = 0; micro < k; ++micro) {
       // This rank's rows of the global batch, and their dropout masks: keyed by the optimizer
       // step and the global row, whatever the world size and accumulation split.
@@ -468,26 +516,32 @@ TrainResult Trainer::run(const std::string& resume) {
       auto [x, y] = batches.next();  // rows first_row…: BatchPrefetcher reads them in this order
       model_->set_dropout_counter(uint64_t(step));
       model_->set_dropout_first_row(first_row);
-      Tensor l = model_->loss(x, y);
-      optim::add_divided(record_loss, l, double(k * W));
-      // Scaled so that the sum over ranks and micro-batches is the mean over the global batch.
-      Tensor scaled = ops::scale(l, 1.0 / double(k * W));
-      if (micro == k - 1 && W > 1) {
-        auto overlap = sync_->overlap();  // buckets reduced as the backward goes
-        scaled.backward();
-      } else {
-        scaled.backward();
+      if (!use_graph || step == first_step) {
+        forward_backward(x, y, micro == k - 1);
+        continue;
       }
+      graph_x.copy_from(x);
+      graph_y.copy_from(y);
+      if (!micro_graph.captured()) {
+        try {
+          micro_graph = DeviceGraph::capture(device, [&] { forward_backward(graph_x, graph_y, false); });
+        } catch (const Error& e) {
+          throw Error(detail::concat("train.cuda_graph: the forward and backward could not be recorded as a CUDA "
+                                     "graph (", e.what(), "); set train.cuda_graph: false"));
+        }
+      }
+      micro_graph.replay();
     }
     if (W > 1) {
       sync_->finish();
-      comm_->all_reduce(record_loss, dist::ReduceOp::sum, "training loss");
+      comm_->all_reduce(step_loss, dist::ReduceOp::sum, "training loss");
     }
     if (grad_hook_) grad_hook_(step, model_->params());
     // The norm of the reduced gradients, the same on every rank: the skip is decided alike.
-    sync_->grad_sum_squares_to(Tensor::view_of(records, 2 * pending + 1, {1}));
+    sync_->grad_sum_squares_to(step_norm);
     const double lr = schedule.at(step);
-    opt_->step_decided(lr, record, rules);  // clipping happens inside the update
+    opt_->step_decided(lr, step_record, rules);  // clipping happens inside the update
+    Tensor::view_of(records, 2 * pending, {2}).copy_from(step_record);
     sync_->gather_parameters();
     ++pending;
     state_.step = step + 1;

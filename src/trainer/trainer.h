@@ -88,6 +88,12 @@ class Trainer {
 // data-parallel rank takes the GPU local_rank mod the number it sees.
 Device resolve_device(const std::string& setting, int local_rank = 0);
 
+// Why train.cuda_graph cannot replay this run's forward and backward, or "" when it can: a graph
+// replays what the host decided while recording it, so the step must be on one GPU (several ranks
+// reduce gradients from the backward's hooks) and decide nothing per step on the host (dropout's
+// seed, the batch's document starts, recomputation's host-side buffers).
+std::string cuda_graph_obstacle(const Config& cfg, int world_size, Device device);
+
 // Installed by Trainer::run: the first SIGINT, SIGTERM or SIGHUP asks the loop to stop after the
 // current step (with a checkpoint); a second one exits at once.
 void install_stop_handlers();

@@ -254,6 +254,88 @@ TEST(Trainer, ReadingStepsOnlyWhenLoggingChangesNothing) {
   }
 }
 
+// train.cuda_graph replays a recording of the forward and backward; the run must be the one the
+// kernels launched one by one make, bit for bit: losses (with two micro-batches a step, evaluation
+// between steps and non-finite gradients skipped), the final parameters, and a resume.
+TEST(Trainer, CudaGraphRunIsBitwiseTheLaunchedRun) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine (or built without CUDA)";
+  auto graph_config = [](const std::string& name, bool graph) {
+    Config c = tiny_config(name, "cuda");
+    c.model.dropout = 0;
+    c.train.precision = "bf16";
+    c.train.cuda_graph = graph;
+    return c;
+  };
+  auto run = [&](bool graph, std::vector<double>* losses, Tensor* params, double* val) {
+    Trainer t(graph_config(graph ? "graph_on" : "graph_off", graph));
+    t.set_gradient_hook([](int64_t step, nn::ParameterStore& ps) {
+      if (step == 3) set_element(ps.flat_grads(), 0, NAN);  // a skipped step
+    });
+    const TrainResult r = t.run();
+    *losses = t.losses();
+    *params = t.model().params().flat_values().to(Device::cpu());
+    *val = r.last_val_loss;
+  };
+  std::vector<double> launched, graphed;
+  Tensor p_launched, p_graphed;
+  double val_launched = 0, val_graphed = 0;
+  run(false, &launched, &p_launched, &val_launched);
+  run(true, &graphed, &p_graphed, &val_graphed);
+  ASSERT_EQ(launched.size(), 12u);
+  ASSERT_EQ(graphed.size(), 12u);
+  for (size_t i = 0; i < launched.size(); ++i)
+    EXPECT_EQ(std::memcmp(&launched[i], &graphed[i], sizeof(double)), 0)
+        << "step " << i + 1 << ": " << launched[i] << " launched, " << graphed[i] << " replayed";
+  EXPECT_LT(graphed.back(), graphed.front()) << "the replayed steps must train";
+  EXPECT_TRUE(testing::bitwise_equal(p_launched, p_graphed));
+  EXPECT_EQ(val_launched, val_graphed);
+  std::ifstream log(corpus_dir() / "graph_on" / "train.log");
+  const std::string all((std::istreambuf_iterator<char>(log)), {});
+  EXPECT_NE(all.find("cuda graph:"), std::string::npos) << "the run must say it replays a graph";
+  // A resumed run records its graph again after its first step; its losses are the straight
+  // run's, and those are the launched kernels' (these runs have no skipped step).
+  const std::vector<double> resumed_graph =
+      expect_exact_resume(graph_config("graph_straight", true), graph_config("graph_resumed", true));
+  Trainer plain(graph_config("plain", false));
+  plain.run();
+  ASSERT_EQ(resumed_graph.size(), plain.losses().size());
+  for (size_t i = 0; i < resumed_graph.size(); ++i)
+    EXPECT_EQ(std::memcmp(&plain.losses()[i], &resumed_graph[i], sizeof(double)), 0) << "step " << i + 1;
+}
+
+// train.cuda_graph is honoured where a graph can replay the step; elsewhere the run says why in
+// train.log and trains as it would without the key.
+TEST(Trainer, CudaGraphWhereItCannotReplayIsLoggedAndLaunched) {
+  const Device gpu = Device::cuda(0);
+  Config c = tiny_config("graph_where", "cuda");
+  c.model.dropout = 0;
+  EXPECT_EQ(cuda_graph_obstacle(c, 1, gpu), "");
+  EXPECT_EQ(cuda_graph_obstacle(c, 2, gpu), "the run has 2 ranks");
+  EXPECT_EQ(cuda_graph_obstacle(c, 1, Device::cpu()), "the run is on cpu");
+  c.model.dropout = 0.1;
+  EXPECT_EQ(cuda_graph_obstacle(c, 1, gpu), "model.dropout is 0.1");
+  c.model.dropout = 0, c.data.document_mask = true;
+  EXPECT_EQ(cuda_graph_obstacle(c, 1, gpu), "data.document_mask is on");
+  c.data.document_mask = false, c.train.recompute = true;
+  EXPECT_EQ(cuda_graph_obstacle(c, 1, gpu), "train.recompute is on");
+  c.train.recompute = false, c.train.recompute_rows = 8;
+  EXPECT_EQ(cuda_graph_obstacle(c, 1, gpu), "train.recompute_rows is 8");
+
+  Config on_cpu = tiny_config("graph_on_cpu");
+  on_cpu.train.cuda_graph = true;
+  Trainer with_key(on_cpu);
+  with_key.run();
+  Trainer without_key(tiny_config("graph_absent"));
+  without_key.run();
+  ASSERT_EQ(with_key.losses().size(), without_key.losses().size());
+  for (size_t i = 0; i < with_key.losses().size(); ++i)
+    EXPECT_EQ(std::memcmp(&with_key.losses()[i], &without_key.losses()[i], sizeof(double)), 0) << "step " << i + 1;
+  std::ifstream log(corpus_dir() / "graph_on_cpu" / "train.log");
+  const std::string all((std::istreambuf_iterator<char>(log)), {});
+  EXPECT_NE(all.find("cuda graph: off, the run is on cpu; the kernels are launched one by one"), std::string::npos)
+      << all;
+}
+
 // The count of non-finite steps in a row is part of the run state: steps 5, 6 and 7 are bad, and
 // a run cut after step 6 (two in a row) stops after step 7 on resume, as the straight run does.
 // A resume that started the count again would train on to step 12.
