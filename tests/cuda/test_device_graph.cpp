@@ -70,6 +70,22 @@ TEST(DeviceGraph, ForwardAndBackwardReplayedEqualLaunched) {
   EXPECT_FALSE(testing::bitwise_equal(launched[1], launched[3])) << "the two batches must give different gradients";
 }
 
+// Tensor::full on the GPU: a fill kernel for f32 and bf16 (what a graph may record: the
+// backward's seed), the host's values copied for the other dtypes; each element the value.
+TEST(DeviceGraph, FullOnTheGpuHoldsTheValueInEveryDtype) {
+  REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  for (DType dt : {DType::f32, DType::bf16, DType::f64, DType::i32})
+    for (int64_t n : {1, 7, 4099}) {
+      const Tensor t = Tensor::full({n}, 3.0, dt, gpu);
+      EXPECT_EQ(t.to_double_vector(), std::vector<double>(size_t(n), 3.0)) << dtype_name(dt) << " × " << n;
+    }
+  Tensor seed = Tensor::zeros({5}, DType::f32, gpu);
+  DeviceGraph graph = DeviceGraph::capture(gpu, [&] { seed.copy_from(Tensor::full({5}, -1.5, DType::f32, gpu)); });
+  graph.replay();
+  EXPECT_EQ(seed.to_double_vector(), std::vector<double>(5, -1.5));
+}
+
 TEST(DeviceGraph, ACopyFromHostMemoryIsRefusedWhileRecording) {
   REQUIRE_GPU();
   const Device gpu = Device::cuda(0);
