@@ -32,8 +32,7 @@ for what in $RECORD; do
       timeout 600 python3 bench/reference/torch_attention.py > "$OUT/record_torch_attention.jsonl" 2>&1 ;;
     loop)
       # tilegrad train on shard files against bench train's step, in one call; then sampling
-      # with and without the key/value cache from a GPT-2-small-sized byte-level run, beside
-      # PyTorch's greedy decoding of the same model shape.
+      # with and without the key/value cache from a GPT-2-small-sized byte-level run.
       python3 bench/make_shards.py "$OUT/shards" --tokens 20000000 > /dev/null
       $tg train configs/gpt2-124m.yaml --set "data.train=$OUT/shards/train_*.bin" "data.val=$OUT/shards/val_*.bin" \
         train.max_steps=120 train.warmup_steps=10 run.log_every=20 run.eval_every=0 run.ckpt_every=0 \
@@ -48,8 +47,6 @@ for what in $RECORD; do
         $tg sample "$OUT/sample_run" --tokens 1000 --temperature 0 $flag 2>&1 >/dev/null | grep '^sampled' \
           >> "$OUT/record_sample.log"
       done
-      timeout 300 python3 bench/reference/torch_gpt.py sample --tokens 1000 --vocab 257 \
-        > "$OUT/record_torch_sample.jsonl" 2>&1
       rm -rf "$OUT/shards" "$OUT/loop_run" "$OUT/bytes" "$OUT/sample_run" ;;
     memory)
       $tg bench memory configs/gpt2-124m.yaml --set train.batch_size=1 train.lm_head_chunk=4096 \

@@ -219,8 +219,7 @@ def scale_table(d):
 
 def loop_table(d):
     """tilegrad train's tokens/s on shard files (the log windows after the first) beside bench
-    train's, and sampling's tokens/s with and without the key/value cache (beside PyTorch's when
-    record_torch_sample.jsonl is there)."""
+    train's, and sampling's tokens/s with and without the key/value cache."""
     windows = [r for r in rows(d, "record_loop_metrics.jsonl") if r.get("type") == "train"][1:]
     bench = [r for r in rows(d, "record_loop_bench.jsonl") if r.get("bench") == "train"]
     lines = []
@@ -237,22 +236,14 @@ def loop_table(d):
             words = line.split()
             if len(words) >= 8 and words[0] == "sampled":
                 sample["cache" if "cache" in line else "none"] = (int(words[1]), float(words[4]), float(words[6][1:]))
-    torch = {r.get("variant"): r for r in rows(d, "record_torch_sample.jsonl") if r.get("bench") == "torch_sample"}
     if "cache" in sample and "none" in sample:
         n, _, with_cache = sample["cache"]
         _, _, without = sample["none"]
         if lines:
             lines.append("")
-        if torch.keys() >= {"cache", "no_cache"}:  # each beside PyTorch's same decoding
-            tc, tn = torch["cache"]["tokens_per_s"], torch["no_cache"]["tokens_per_s"]
-            lines += ["| sampling, greedy, GPT-2 small (byte vocabulary), "
-                      f"{n} tokens | tilegrad tokens/s | PyTorch eager tokens/s | ratio |", "|---|---|---|---|",
-                      f"| no cache (`--no-kv-cache`) | {without:,.1f} | {tn:,.1f} | {without / tn:.2f}× |",
-                      f"| key/value cache | {with_cache:,.1f} | {tc:,.1f} | {with_cache / tc:.2f}× |"]
-        else:
-            lines += ["| sampling, greedy, GPT-2 small (byte vocabulary) | tokens/s | ratio |", "|---|---|---|",
-                      f"| {n} tokens, no cache (`--no-kv-cache`) | {without:,.1f} | |",
-                      f"| {n} tokens, key/value cache | {with_cache:,.1f} | {with_cache / without:.2f}× |"]
+        lines += ["| sampling, greedy, GPT-2 small (byte vocabulary) | tokens/s | ratio |", "|---|---|---|",
+                  f"| {n} tokens, no cache (`--no-kv-cache`) | {without:,.1f} | |",
+                  f"| {n} tokens, key/value cache | {with_cache:,.1f} | {with_cache / without:.2f}× |"]
     return "\n".join(lines)
 
 

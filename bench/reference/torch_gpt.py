@@ -14,10 +14,6 @@ clipped at 1.0. TF32 matmuls are on. Each subcommand prints one JSON line per me
       peak memory and time of one batch-1 training step for T = min-t, 2·min-t, ... up to MAX_T, three
       series: materialised softmax(QK^T) attention, SDPA restricted to its flash backend, and flash
       with torch.utils.checkpoint per block; a series ends at its first out-of-memory
-  python3 bench/reference/torch_gpt.py sample [--tokens 1000] [--vocab 257]
-      greedy decoding, one token at a time from a one-token prompt, the model in bf16: tokens/s with a
-      key/value cache (each layer's keys and values kept, attention of the new token over them) and
-      without (the whole context run again for every token); each token read back to the host
   NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node N bench/reference/torch_gpt.py ddp [--batch 16] [--seq 1024] \\
       [--grad-accum 1] [--compile 0] [--bucket-mb 25]
       DistributedDataParallel over NCCL on N GPUs: total and per-GPU tokens/s ("tflops" is per GPU)
@@ -243,59 +239,12 @@ def ddp(args):
     dist.destroy_process_group()
 
 
-def sample(args):
-    """Greedy decoding as a PyTorch user writes it (eager, no_grad, bf16 weights)."""
-    torch = setup()
-    import torch.nn.functional as F
-    H, D = N_HEAD, D_MODEL // N_HEAD
-    model = gpt(args.vocab, args.tokens + 1).to(torch.bfloat16).eval()
-
-    def logits_of_context(idx):  # (1, T) → the last position's logits, the whole context run again
-        x = model.wte(idx) + model.wpe(torch.arange(idx.size(1), device=idx.device))
-        for block in model.h:
-            x = block(x, None)
-        return model.lm_head(model.ln_f(x[:, -1:]))[0, -1]
-
-    def logits_cached(token, pos, cache):  # one token at position pos; cache[i] = (K, V) of layer i
-        x = model.wte(token) + model.wpe.weight[pos]
-        for block, (K, V) in zip(model.h, cache):
-            q, k, v = block.c_attn(block.ln_1(x)).split(D_MODEL, dim=2)
-            q, k, v = (t.view(1, 1, H, D).transpose(1, 2) for t in (q, k, v))  # (1, H, 1, D)
-            K[:, :, pos] = k[:, :, 0]
-            V[:, :, pos] = v[:, :, 0]
-            y = F.scaled_dot_product_attention(q, K[:, :, :pos + 1], V[:, :, :pos + 1])
-            x = x + block.attn_proj(y.transpose(1, 2).reshape(1, 1, D_MODEL))
-            x = x + block.mlp_proj(F.gelu(block.c_fc(block.ln_2(x)), approximate="tanh"))
-        return model.lm_head(model.ln_f(x))[0, -1]
-
-    for variant in ("no_cache", "cache"):
-        with torch.no_grad():
-            for timed in (False, True):  # the first pass warms up the kernels and the allocator
-                n = args.tokens if timed else 16
-                ids = [10]
-                cache = [(torch.zeros(1, H, args.tokens + 1, D, dtype=torch.bfloat16, device="cuda"),
-                          torch.zeros(1, H, args.tokens + 1, D, dtype=torch.bfloat16, device="cuda"))
-                         for _ in model.h]
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                for pos in range(n):
-                    if variant == "cache":
-                        logits = logits_cached(torch.tensor([[ids[-1]]], device="cuda"), pos, cache)
-                    else:
-                        logits = logits_of_context(torch.tensor([ids], device="cuda"))
-                    ids.append(int(logits.argmax()))
-                dt = time.perf_counter() - t0
-        emit(bench="torch_sample", variant=variant, tokens=args.tokens, seconds=dt, tokens_per_s=args.tokens / dt)
-
-
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("throughput", help="training tokens/s and peak memory, eager and torch.compile")
     m = sub.add_parser("memory", help="peak memory and step time of one batch-1 step against T")
     d = sub.add_parser("ddp", help="DistributedDataParallel tokens/s (launch with torchrun)")
-    g = sub.add_parser("sample", help="greedy decoding tokens/s with and without a key/value cache")
-    g.add_argument("--tokens", type=int, default=1000, help="tokens to decode")
     for s in (t, d):
         s.add_argument("--batch", type=int, default=16, help="sequences per micro-batch (per GPU)")
         s.add_argument("--seq", type=int, default=1024, help="tokens per sequence")
@@ -308,11 +257,11 @@ def parse_args():
     d.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
     d.add_argument("--compile", type=int, choices=[0, 1], default=0, help="torch.compile the DDP model")
     d.add_argument("--bucket-mb", type=int, default=25, help="DDP gradient bucket size, MiB")
-    for s in (t, m, d, g):
+    for s in (t, m, d):
         s.add_argument("--vocab", type=int, default=50304, help="vocabulary size (50304: tilegrad's gpt2-124m)")
     return p.parse_args()
 
 
 if __name__ == "__main__":
     args = parse_args()
-    {"throughput": throughput, "memory": memory, "ddp": ddp, "sample": sample}[args.command](args)
+    {"throughput": throughput, "memory": memory, "ddp": ddp}[args.command](args)
