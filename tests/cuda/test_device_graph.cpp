@@ -28,12 +28,17 @@ TEST(DeviceGraph, ReplaysOnTheInputsCurrentValues) {
   EXPECT_EQ(y.to_double_vector(), std::vector<double>({-1, 5, 0.5, 8}));
 }
 
-TEST(DeviceGraph, ForwardAndBackwardReplayedEqualLaunched) {
+// With the whole LM head at once and a chunk of rows at a time (the head's backward inside the
+// forward); head dim 32, so the fused attention kernels run.
+class DeviceGraphModel : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(DeviceGraphModel, ForwardAndBackwardReplayedEqualLaunched) {
   REQUIRE_GPU();
   const Device gpu = Device::cuda(0);
   nn::GPTConfig c;
   c.n_layer = 2, c.n_head = 2, c.d_model = 64, c.vocab_size = 96, c.max_seq_len = 32;
   nn::GPT model(c, 7, DType::f32, gpu, DType::bf16);
+  model.set_lm_head_chunk(GetParam());
   const int64_t B = 2, T = 32;
   auto batch = [&](int seed) {
     std::vector<int32_t> ids(size_t(B * T));
@@ -69,6 +74,11 @@ TEST(DeviceGraph, ForwardAndBackwardReplayedEqualLaunched) {
     EXPECT_TRUE(testing::bitwise_equal(replayed[i], launched[i])) << (i % 2 ? "gradients" : "loss") << " of batch " << i / 2;
   EXPECT_FALSE(testing::bitwise_equal(launched[1], launched[3])) << "the two batches must give different gradients";
 }
+
+INSTANTIATE_TEST_SUITE_P(LmHead, DeviceGraphModel, ::testing::Values(int64_t(0), int64_t(24)),
+                         [](const ::testing::TestParamInfo<int64_t>& i) {
+                           return i.param ? "chunk" + std::to_string(i.param) : std::string("whole");
+                         });
 
 // Tensor::full on the GPU: a fill kernel for f32 and bf16 (what a graph may record: the
 // backward's seed), the host's values copied for the other dtypes; each element the value.
