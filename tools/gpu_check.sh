@@ -64,10 +64,12 @@ if [ "$WHAT" = profile ] || [ "$WHAT" = all ]; then
   # first 2000 (past the warm-up steps), and the table sums by name the launches of one step:
   # those after one AdamW update up to the next. Caches and clocks as in a real run (ncu's
   # defaults flush the caches before each kernel and lock the clocks to base, which inflates
-  # short and compute-bound kernels). The step's own time is bench train's, run first.
+  # short and compute-bound kernels). The step's own time is bench train's, run first (as the
+  # config runs it); ncu times the same kernels launched one by one (train.cuda_graph=false), so
+  # that its launch counts are the kernels'.
   build-gpu/tilegrad bench train configs/gpt2-124m.yaml --steps 30 --warmup 5 2>&1 | tail -3 | tee "$OUT/bench_train.txt"
   ncu --metrics gpu__time_duration.sum --csv --cache-control none --clock-control none --launch-skip 2000 --launch-count 2500 \
-    build-gpu/tilegrad bench train configs/gpt2-124m.yaml --set run.device=cuda --steps 3 --warmup 4 \
+    build-gpu/tilegrad bench train configs/gpt2-124m.yaml --set run.device=cuda train.cuda_graph=false --steps 3 --warmup 4 \
     > "$OUT/ncu_train.csv" 2> "$OUT/ncu_train.err"
   python3 - "$OUT/ncu_train.csv" <<'PY' | tee "$OUT/kernel_profile.txt"
 import csv, sys, collections
