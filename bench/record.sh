@@ -79,7 +79,9 @@ for what in $RECORD; do
       # 16 × 1024 per GPU, ZeRO-0 and ZeRO-1, grad_accum 1 and 4, under mpirun; PyTorch DDP under
       # torchrun with the same model and batch; the communicator's collectives beside NCCL's own
       # through torch.distributed, at a bucket's size and the whole gradient's. About 2 minutes per
-      # world size. NCCL_NVLS_ENABLE=0: the machines' NVLink multicast is off.
+      # world size. NCCL_NVLS_ENABLE=0: the machines' NVLink multicast is off. Every world size,
+      # one included, launches its kernels one by one (train.cuda_graph=false: several ranks
+      # cannot replay a recorded step), so the efficiency is that of the data parallelism alone.
       export NCCL_NVLS_ENABLE=0
       gpus=$(nvidia-smi -L | wc -l)
       mpi=(mpirun --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH -x PATH)
@@ -88,7 +90,7 @@ for what in $RECORD; do
         for accum in 1 4; do
           for zero in 0 1; do
             timeout 300 "${mpi[@]}" -np "$W" $tg bench train configs/gpt2-124m.yaml --steps 20 --warmup 5 \
-              --set train.zero=$zero train.grad_accum=$accum >> "$OUT/record_scale.jsonl" 2>&1
+              --set train.zero=$zero train.grad_accum=$accum train.cuda_graph=false >> "$OUT/record_scale.jsonl" 2>&1
           done
           timeout 600 python3 -m torch.distributed.run --standalone --nproc_per_node "$W" bench/reference/torch_gpt.py ddp --grad-accum $accum \
             >> "$OUT/record_torch_ddp.jsonl" 2>&1
