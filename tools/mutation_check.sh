@@ -158,6 +158,14 @@ log_failure_ignored() {
     '    if ((false)) stop_for_write_error(write_failed);'
 }
 
+mutation graph_despite_dropout "train.cuda_graph records a step whose dropout the host decides" \
+  "test_trainer:Trainer.CudaGraphWhereItCannotReplayIsLoggedAndLaunched"
+graph_despite_dropout() {
+  edit src/trainer/trainer.cpp \
+    '  if (cfg.model.dropout > 0) return "model.dropout is " + detail::concat(cfg.model.dropout);' \
+    '  if ((false)) return "model.dropout is " + detail::concat(cfg.model.dropout);'
+}
+
 if [ "$list" = 1 ]; then
   for i in "${!names[@]}"; do printf '%-30s %s\n' "${names[$i]}" "${whats[$i]}"; done
   exit 0
