@@ -76,11 +76,10 @@ StepFigures run_training_steps(const Config& cfg, Device device, int64_t warmup,
     opt.step_decided(cfg.train.lr, record, rules);
     sync->gather_parameters();
   };
-  auto step = [&] {
+  for (int64_t i = 0; i < warmup; ++i) {
     forward_backward();
     update();
-  };
-  for (int64_t i = 0; i < warmup; ++i) step();
+  }
   device_synchronize(device);
   if (comm) comm->barrier("bench: timed steps start");
   if (!peak_from_start) reset_peak_memory(device);
@@ -93,11 +92,8 @@ StepFigures run_training_steps(const Config& cfg, Device device, int64_t warmup,
   const double comm_before = sync ? sync->exposed_seconds() : 0.0;
   auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < steps; ++i) {
-    if (!graph.captured()) {
-      step();
-      continue;
-    }
-    graph.replay();
+    if (graph.captured()) graph.replay();
+    else forward_backward();
     update();
   }
   f.host_seconds_per_step = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / double(steps);

@@ -211,20 +211,16 @@ void GPT::set_lm_head_chunk(int64_t rows) {
   lm_head_chunk_ = rows;
 }
 
-// A pass from the start on a GPU reuses its length's ids from the first such pass, so a training
-// step copies nothing from the host (and can be captured as a device graph); a decoding pass
-// (first > 0) copies its few ids each time.
+// Positions first … first+T−1 as a view of the ids 0 … max_seq_len−1, made once on the model's
+// device: no pass copies ids from the host (a training step can be recorded as a device graph,
+// and a decoded token waits for no copy). The learned table bounds first + T (features checks it).
 Tensor GPT::positions(int64_t first, int64_t T) {
-  const bool keep = !device_.is_cpu() && first == 0;
-  if (keep) {
-    auto it = positions_.find(T);
-    if (it != positions_.end()) return it->second;
+  if (!position_ids_.defined()) {
+    std::vector<int32_t> all(static_cast<size_t>(config_.max_seq_len));
+    for (size_t t = 0; t < all.size(); ++t) all[t] = int32_t(t);
+    position_ids_ = Tensor::from_ints(all, {config_.max_seq_len}).to(device_);
   }
-  std::vector<int32_t> pos(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = int32_t(first + t);
-  Tensor ids = Tensor::from_ints(pos, {T});
-  if (!keep) return ids;
-  return positions_[T] = ids.to(device_);
+  return Tensor::view_of(position_ids_, first, {T});
 }
 
 Tensor GPT::forward(const Tensor& ids) {

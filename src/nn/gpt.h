@@ -2,7 +2,6 @@
 // of causal self-attention and a GELU MLP, a final LayerNorm and an LM head tied to wte.
 #pragma once
 #include <cstdint>
-#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -129,9 +128,9 @@ class GPT {
   bool offload_activations_ = false;
   int32_t document_eot_ = -1;
   ops::AttentionMask mask_;  // during forward(): the window and this batch's document starts
-  // On a GPU: the position ids 0 … T−1 of each length T a pass from the start has used, kept
-  // for the model's life (a captured step reads them at a fixed address; a few lengths occur).
-  std::map<int64_t, Tensor> positions_;
+  // The ids 0 … max_seq_len−1 on the model's device, made at the first pass with learned
+  // positions; positions() hands out views of it (a recorded step reads them at a fixed address).
+  Tensor position_ids_;
 };
 
 // Parses "learned"/"rope" and "flash"/"naive" (errors list the choices).
