@@ -242,6 +242,24 @@ inline std::vector<OpSpec> op_specs() {
                               return ops::add(a, ops::layernorm(a, x[1], x[2]));
                             }}},
                   {"layernorm", "add_forward", "scale"});
+  // The residual add and the LayerNorm after it as one op: both outputs feed the result, and the
+  // sum also reaches it directly, so LayerNorm's backward takes the add's gradient over.
+  t.emplace_back(OpSpec{"add_layernorm", {{4, 6}, {4, 6}, {6}, {6}},
+               [](auto& x) {
+                 ops::AddLayerNorm r = ops::add_layernorm(x[0], x[1], x[2], x[3]);
+                 return ops::add(ops::scale(r.sum, 0.5), r.normed);
+               },
+               [](auto& x) {
+                 Vec s(x[0]);
+                 for (size_t i = 0; i < s.size(); ++i) s[i] += x[1][i];
+                 Vec y = ref_layernorm(s, x[2], &x[3], 4, 6);
+                 for (size_t i = 0; i < y.size(); ++i) y[i] += 0.5 * s[i];
+                 return y;
+               }}).on_gpu({{"add_layernorm", {{6, 96}, {6, 96}, {96}, {96}}, [](auto& x) {
+                              ops::AddLayerNorm r = ops::add_layernorm(x[0], x[1], x[2], x[3]);
+                              return ops::add(ops::scale(r.sum, 0.5), r.normed);
+                            }}},
+                  {"add_layernorm_forward", "layernorm", "add_forward", "scale"});
   t.emplace_back(OpSpec{"softmax", {{4, 7}}, [](auto& x) { return ops::softmax(x[0]); },
                [](auto& x) { return ref_softmax_rows(x[0], 4, 7); }}).on_gpu({{"softmax", {{6, 77}}, [](auto& x) { return ops::softmax(x[0]); }}}, {"softmax"});
   t.emplace_back(OpSpec{"causal_mask+softmax", {{2, 4, 4}}, [](auto& x) { return ops::softmax(ops::causal_mask(x[0])); },

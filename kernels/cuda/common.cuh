@@ -70,6 +70,24 @@ __device__ __forceinline__ void load_vec(const T* p, float (&f)[V]) {
   }
 }
 
+// The V elements of T in one 16-byte pack as floats: load_vec's conversion, for kernels that
+// issue their 16-byte loads early (a row ahead) and convert when they use the values.
+template <int V, typename T>
+__device__ __forceinline__ void unpack_vec(const uint4& r, float (&f)[V]) {
+  static_assert(V * int(sizeof(T)) == 16, "one 16-byte pack");
+  const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+  if constexpr (sizeof(T) == 4) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) f[k] = __uint_as_float(w[k]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < V / 2; ++k) {
+      f[2 * k] = __uint_as_float(w[k] << 16);
+      f[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+    }
+  }
+}
+
 // Stores V floats to p as T (rounded to nearest even for bf16); same size/alignment rules as load_vec.
 template <int V, typename T>
 __device__ __forceinline__ void store_vec(T* p, const float (&f)[V]) {
@@ -184,11 +202,14 @@ __device__ __forceinline__ float warp_max(float v) {
 // out (cols) = Σ_r x (rows, cols). Block (32, 32) owns 32 columns: thread (tx, ty) sums rows
 // ty, ty+32, … of column tx in order, then ty = 0 adds the 32 partials in order. The order depends
 // only on (rows, cols), so the result is bitwise reproducible without atomics or scratch.
+// column_sum_block is one such block's work on its 32 columns (col_block); kernels that sum
+// several matrices in one launch call it with their own choice of matrix.
 template <typename TI, typename TO>
-__global__ void column_sum_kernel(const TI* __restrict__ x, TO* __restrict__ out, int64_t rows, int64_t cols) {
+__device__ __forceinline__ void column_sum_block(const TI* __restrict__ x, TO* __restrict__ out, int64_t rows,
+                                                 int64_t cols, int64_t col_block) {
   __shared__ float partial[32][32];
   const int tx = threadIdx.x, ty = threadIdx.y;
-  const int64_t c = int64_t(blockIdx.x) * 32 + tx;
+  const int64_t c = col_block * 32 + tx;
   float acc = 0.0f;
   if (c < cols) {
     const TI* p = x + c;
@@ -203,6 +224,11 @@ __global__ void column_sum_kernel(const TI* __restrict__ x, TO* __restrict__ out
     for (int k = 0; k < 32; ++k) s += partial[k][tx];
     out[c] = from_float<TO>(s);
   }
+}
+
+template <typename TI, typename TO>
+__global__ void column_sum_kernel(const TI* __restrict__ x, TO* __restrict__ out, int64_t rows, int64_t cols) {
+  column_sum_block(x, out, rows, cols, blockIdx.x);
 }
 
 }  // namespace tg::cuda

@@ -333,6 +333,31 @@ __global__ void __launch_bounds__(kSumWarps * 32)
   fold_column_sums<V>(fold, acc, warp, lane, c0, cols, partial);
 }
 
+// Column sums of a matrix of at most 32 rows and many columns (a broadcast's gradient: GPT-2's
+// position-embedding gradient is (B, T·C) summed over B = 16): one thread per 16-byte pack of
+// columns, adding the rows in order from zero, which is column_sum_kernel's order for rows ≤ 32
+// (each of its threads takes one row, then the partials are added in row order), so the sums are
+// bitwise the same. column_sum_kernel gives each column 32 threads, half of them idle at 16 rows,
+// and reads 64-byte row pieces: 105 µs for that gradient's 25 MB (docs/performance.md, "Where a
+// step's time goes").
+constexpr int64_t kFewRows = 32;
+
+template <int V, typename T>
+__global__ void __launch_bounds__(256)
+    sum_few_rows_kernel(const T* __restrict__ x, T* __restrict__ out, int64_t rows, int64_t cols) {
+  const int64_t packs = cols / V;
+  for (int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; p < packs; p += int64_t(gridDim.x) * blockDim.x) {
+    float acc[V] = {};
+    for (int64_t r = 0; r < rows; ++r) {
+      float f[V];
+      load_vec<V>(x + r * cols + p * V, f);
+#pragma unroll
+      for (int k = 0; k < V; ++k) acc[k] += f[k];
+    }
+    store_vec<V>(out + p * V, acc);
+  }
+}
+
 size_t sum_rows_scratch_floats(int64_t rows, int64_t cols) {
   return rows <= 0 || cols <= 0 ? 0 : size_t(sum_rows_chunks(rows, cols) * cols);
 }
@@ -344,6 +369,12 @@ void sum_rows(const T* x, T* out, int64_t rows, int64_t cols, float* scratch, cu
   constexpr int V = kVec<T>;
   const int64_t chunks = sum_rows_chunks(rows, cols), col_blocks = (cols + 31) / 32;
   require(col_blocks <= INT32_MAX, "sum_rows", "too many columns");
+  const bool packed = cols % V == 0 && aligned16(x) && aligned16(out);
+  if (packed && rows <= kFewRows && cols / V >= 32 * 256) {  // a short, wide matrix: a thread per pack
+    sum_few_rows_kernel<V><<<grid_for(cols / V, 256), 256, 0, stream>>>(x, out, rows, cols);
+    TG_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   if (chunks == 1 || cols % V != 0 || !aligned16(x)) {  // few rows, or rows not in 16-byte vectors: one pass
     column_sum_kernel<<<unsigned(col_blocks), dim3(32, 32), 0, stream>>>(x, out, rows, cols);
     TG_CUDA_CHECK(cudaGetLastError());

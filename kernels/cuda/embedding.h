@@ -12,13 +12,16 @@ namespace tg::cuda {
 template <typename T>
 void embedding_forward(const T* weight, const int32_t* ids, T* out, int64_t N, int64_t C, cudaStream_t stream);
 
-// dweight (V, C) is overwritten with the sum of the dout (N, C) rows per id. Each (row, channel)
-// sums its tokens in token order in fp32 and is rounded to T once, so the result is bitwise
-// reproducible, and for T = float bitwise equal to the CPU's. Ids outside [0, V) are skipped.
-// Cost: ceil(V/64)·ceil(C/128) blocks each scan all N ids (GPT-2, N = 16384: 4716 blocks × 64 KB
-// of ids from L2) plus one read of dout and one write of dweight; on the order of 0.1 ms.
+// dweight (V, C) is overwritten with the sum of the dout (N, C) rows per id, plus dweight_add (V, C)
+// when it is not null (the gradient another consumer of the table already produced: GPT-2's tied
+// LM head), added as each row is written. Each (row, channel) sums its tokens in token order in
+// fp32, adds dweight_add's value last and is rounded to T once, so the result is bitwise
+// reproducible, and for T = float bitwise equal to the CPU's sum followed by the addition. Ids
+// outside [0, V) are skipped. Cost: ceil(V/32)·ceil(C/1024) blocks each scan all N ids (GPT-2,
+// N = 16384: 1572 blocks × 64 KB of ids from L2) plus one read of dout (and dweight_add) and one
+// write of dweight.
 template <typename T>
-void embedding_backward(const T* dout, const int32_t* ids, T* dweight, int64_t N, int64_t V, int64_t C,
-                        cudaStream_t stream);
+void embedding_backward(const T* dout, const int32_t* ids, const T* dweight_add, T* dweight, int64_t N, int64_t V,
+                        int64_t C, cudaStream_t stream);
 
 }  // namespace tg::cuda

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/common.cuh"
 
 namespace tg::cuda {
@@ -71,11 +72,15 @@ __global__ void __launch_bounds__(kLnRowsPerBlock * 32)
 // packs per lane: C ≤ 1024 in bf16; GPT-2 small's 768 is P = 3). A lane issues all its loads at
 // once and the statistics come from registers: the three-pass kernel above waits on a round of
 // loads per pass and ran GPT-2's 16k × 768 rows at half the memory rate (26 µs for 50 MB).
+// With kAdd the row is first formed as x + x2 (a residual add), rounded to T and stored to sum:
+// the add and the LayerNorm after it in one pass (reads x and x2, writes sum and out), the
+// statistics taken from the rounded sum exactly as a LayerNorm reading the stored sum would.
 constexpr int kLnMaxPacksPerLane = 4;
 
-template <int V, int P, typename T>
+template <int V, int P, bool kAdd, typename T>
 __global__ void __launch_bounds__(kLnRowsPerBlock * 32)
-    layernorm_forward_regs_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+    layernorm_forward_regs_kernel(const T* __restrict__ x, const T* __restrict__ x2, T* __restrict__ sum,
+                                  const T* __restrict__ w, const T* __restrict__ b,
                                   T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd, int64_t N,
                                   int64_t C, float eps) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -84,12 +89,20 @@ __global__ void __launch_bounds__(kLnRowsPerBlock * 32)
        row += int64_t(gridDim.x) * kLnRowsPerBlock) {
     const T* xr = x + row * C;
     float f[P][V];
-    float sum = 0.0f;
+    float row_sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < P; ++i) {
       const int64_t p = lane + 32 * i;
       if (p < packs) {
         load_vec<V>(xr + p * V, f[i]);
+        if constexpr (kAdd) {
+          float g[V];
+          load_vec<V>(x2 + row * C + p * V, g);
+#pragma unroll
+          for (int k = 0; k < V; ++k) f[i][k] += g[k];
+          round_vec_fast<V, T>(f[i]);
+          store_vec_fast<V>(sum + row * C + p * V, f[i]);
+        }
       } else {
 #pragma unroll
         for (int k = 0; k < V; ++k) f[i][k] = 0.0f;
@@ -98,8 +111,8 @@ __global__ void __launch_bounds__(kLnRowsPerBlock * 32)
 #pragma unroll
     for (int i = 0; i < P; ++i)
 #pragma unroll
-      for (int k = 0; k < V; ++k) sum += f[i][k];
-    const float m = warp_sum(sum) / float(C);
+      for (int k = 0; k < V; ++k) row_sum += f[i][k];
+    const float m = warp_sum(row_sum) / float(C);
     float var = 0.0f;
 #pragma unroll
     for (int i = 0; i < P; ++i) {
@@ -136,10 +149,12 @@ __global__ void __launch_bounds__(kLnRowsPerBlock * 32)
 // Block b owns the contiguous rows [b·R, (b+1)·R); its warps take them round-robin. Per row, a
 // warp computes dx (two passes, like the CPU) and adds dout·x̂ and dout into per-warp fp32
 // accumulators in shared memory (each lane owns its columns, so no synchronisation). At the end
-// the block folds its warps in order into one partial row per block; column_sum_kernel then adds
-// the G partial rows in order. G depends only on N, so the summation order is fixed.
+// the block folds its warps in order into one partial row per block; layernorm_param_grads_kernel
+// then adds the G partial rows in order. G depends only on N, so the summation order is fixed.
 constexpr int kLnBwdWarps = 4;
-constexpr int64_t kLnBwdMaxBlocks = 512;  // enough to fill 132 SMs; bounds scratch at 2·512·C floats
+// Blocks: at most one wave of the register kernel below (two 4-warp blocks per SM of a 132-SM
+// H100/H200), so that every block runs from the start and its warps' row pipelines stay long.
+constexpr int64_t kLnBwdMaxBlocks = 264;
 constexpr int64_t kLnBwdMaxC = 7168;      // 2 · 4 warps · C floats must fit in 227 KB of shared memory
 
 int64_t ln_bwd_blocks(int64_t N) { return std::clamp<int64_t>((N + 15) / 16, 1, kLnBwdMaxBlocks); }
@@ -226,15 +241,16 @@ __global__ void __launch_bounds__(kLnBwdWarps * 32)
 }
 
 // The same backward with everything a lane touches in registers, for rows of at most 32·V·P
-// elements (P ≤ 4 vectors per lane: C ≤ 1024 in bf16, 512 in fp32; GPT-2 small's C = 768 is
-// P = 3). Each lane keeps its columns' weight, the row's x and dout between the two passes, and
-// its dweight/dbias sums, so a row is read from global memory once and the shared-memory
-// read-modify-writes of the general kernel are gone; the warps fold through shared memory once,
-// at the end, in the same order, into the same partial rows. (The bf16 P = 3 kernel takes 179
-// registers, two blocks per SM. Keeping x, dout and the weight packed as bf16 to fit three blocks,
-// __launch_bounds__(128, 3), measured 57 µs per call on GPT-2's 16k × 768, residual read
-// included, against 32 µs for this form without it: the widening in both passes cost more than
-// the occupancy gained.)
+// elements (P ≤ 4 packs per lane: C ≤ 1024 in bf16, 512 in fp32; GPT-2 small's C = 768 is P = 3).
+// Each lane keeps its columns' weight and its dweight/dbias sums in registers for the whole block,
+// and a row's x, dout and dx_add as loaded (16-byte packs, widened where used) from one read of
+// global memory. The loads run a row ahead: a warp issues the next row's x, dout, dx_add, mean and
+// rstd before it computes the current one, so each warp keeps two rows of reads in flight through
+// both passes and the row's reductions. The rows of a warp otherwise wait on a full memory round
+// trip each (two where dx_add was read after the reductions): with two 4-warp blocks per SM (the
+// registers allow no more) that left the kernel at 40 % of the memory rate in GPT-2's step
+// (docs/performance.md, "Where a step's time goes"). The warps fold through shared memory once, at
+// the end, into one partial row per block.
 constexpr int kLnBwdMaxPacksPerLane = 4;
 
 template <int V, int P, typename T>
@@ -244,6 +260,7 @@ __global__ void __launch_bounds__(kLnBwdWarps * 32)
                                    const T* __restrict__ dx_add, T* __restrict__ dx,
                                    int64_t N, int64_t C, int64_t rows_per_block, float* __restrict__ partial_dw,
                                    float* __restrict__ partial_db) {
+  static_assert(V * int(sizeof(T)) == 16, "rows in 16-byte packs");
   extern __shared__ float acc[];  // [kLnBwdWarps][C] for dweight, then [kLnBwdWarps][C] for dbias
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t packs = C / V;
@@ -257,27 +274,42 @@ __global__ void __launch_bounds__(kLnBwdWarps * 32)
   }
   const int64_t r0 = int64_t(blockIdx.x) * rows_per_block;
   const int64_t r1 = r0 + rows_per_block < N ? r0 + rows_per_block : N;
-  for (int64_t row = r0 + warp; row < r1; row += kLnBwdWarps) {
-    const T* xr = x + row * C;
-    const T* dr = dout + row * C;
-    const float m = mean[row], rs = rstd[row];
-    float fx[P][V], fd[P][V];
-    float s1 = 0.0f, s2 = 0.0f;  // Σ dnorm, Σ dnorm·norm
+
+  // The next row's reads, issued before the current row is computed.
+  uint4 nx[P] = {}, nd[P] = {}, na[P] = {};
+  float nm = 0.0f, nrs = 0.0f;
+  auto fetch = [&](int64_t row) {
+    if (row >= r1) return;
+    nm = mean[row], nrs = rstd[row];
 #pragma unroll
     for (int i = 0; i < P; ++i) {
       const int64_t p = lane + 32 * i;
-      if (p < packs) {
-        load_vec<V>(xr + p * V, fx[i]);
-        load_vec<V>(dr + p * V, fd[i]);
-      } else {
+      if (p >= packs) continue;
+      nx[i] = *reinterpret_cast<const uint4*>(x + row * C + p * V);
+      nd[i] = *reinterpret_cast<const uint4*>(dout + row * C + p * V);
+      if (dx_add) na[i] = *reinterpret_cast<const uint4*>(dx_add + row * C + p * V);
+    }
+  };
+  fetch(r0 + warp);
+  for (int64_t row = r0 + warp; row < r1; row += kLnBwdWarps) {
+    uint4 cx[P], cd[P], ca[P];
 #pragma unroll
-        for (int k = 0; k < V; ++k) fx[i][k] = m, fd[i][k] = 0.0f;  // contribute nothing
-      }
+    for (int i = 0; i < P; ++i) cx[i] = nx[i], cd[i] = nd[i], ca[i] = na[i];
+    const float m = nm, rs = nrs;
+    fetch(row + kLnBwdWarps);
+
+    float s1 = 0.0f, s2 = 0.0f;  // Σ dnorm, Σ dnorm·norm
+#pragma unroll
+    for (int i = 0; i < P; ++i) {
+      if (lane + 32 * i >= packs) continue;
+      float fx[V], fd[V];
+      unpack_vec<V, T>(cx[i], fx);
+      unpack_vec<V, T>(cd[i], fd);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        const float dnorm = fd[i][k] * fw[i][k];
+        const float dnorm = fd[k] * fw[i][k];
         s1 += dnorm;
-        s2 += dnorm * ((fx[i][k] - m) * rs);
+        s2 += dnorm * ((fx[k] - m) * rs);
       }
     }
     const float dnorm_mean = warp_sum(s1) / float(C);
@@ -287,16 +319,23 @@ __global__ void __launch_bounds__(kLnBwdWarps * 32)
     for (int i = 0; i < P; ++i) {
       const int64_t p = lane + 32 * i;
       if (p >= packs) continue;
-      float g[V];
+      float fx[V], fd[V], g[V];
+      unpack_vec<V, T>(cx[i], fx);
+      unpack_vec<V, T>(cd[i], fd);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        const float norm = (fx[i][k] - m) * rs;
-        g[k] = (fd[i][k] * fw[i][k] - dnorm_mean - norm * dnorm_norm_mean) * rs;
-        adw[i][k] += fd[i][k] * (fx[i][k] - m) * rs;
-        adb[i][k] += fd[i][k];
+        const float norm = (fx[k] - m) * rs;
+        g[k] = (fd[k] * fw[i][k] - dnorm_mean - norm * dnorm_norm_mean) * rs;
+        adw[i][k] += fd[k] * (fx[k] - m) * rs;
+        adb[i][k] += fd[k];
       }
-      if (dx_add) add_row_vec<V>(dx_add + row * C + p * V, g);
-      store_vec<V>(dxr + p * V, g);
+      if (dx_add) {
+        float r[V];
+        unpack_vec<V, T>(ca[i], r);
+#pragma unroll
+        for (int k = 0; k < V; ++k) g[k] += r[k];
+      }
+      store_vec_fast<V>(dxr + p * V, g);
     }
   }
 #pragma unroll
@@ -313,38 +352,80 @@ __global__ void __launch_bounds__(kLnBwdWarps * 32)
   fold_warp_partials(acc, C, partial_dw, partial_db);
 }
 
+// dweight and dbias from the blocks' partial rows in one launch: blockIdx.y = 0 sums partial_dw,
+// 1 sums partial_db, each in column_sum_kernel's fixed order.
+template <typename T>
+__global__ void layernorm_param_grads_kernel(const float* __restrict__ partial_dw, const float* __restrict__ partial_db,
+                                             T* __restrict__ dweight, T* __restrict__ dbias, int64_t G, int64_t C) {
+  if (blockIdx.y == 0) {
+    column_sum_block(partial_dw, dweight, G, C, blockIdx.x);
+  } else {
+    column_sum_block(partial_db, dbias, G, C, blockIdx.x);
+  }
+}
+
 }  // namespace
 
 // ───────────────────────────── launchers ─────────────────────────────
 
 
 
+namespace {
+
+// The forward of LayerNorm (x2 == nullptr) or of the residual add and LayerNorm (sum = x + x2).
+template <typename T>
+void launch_layernorm_forward(const T* x, const T* x2, T* sum, const T* weight, const T* bias, T* out, float* mean,
+                              float* rstd, int64_t N, int64_t C, float eps, cudaStream_t stream) {
+  constexpr int V = kVec<T>;
+  const unsigned grid = grid_for(N, kLnRowsPerBlock);
+  const bool vec = C % V == 0 && aligned16(x) && aligned16(weight) && aligned16(out) && (!bias || aligned16(bias)) &&
+                   (!x2 || (aligned16(x2) && aligned16(sum)));
+  const int64_t packs_per_lane = (C / V + 31) / 32;
+  if (vec && packs_per_lane <= kLnMaxPacksPerLane) {
+    auto launch = [&](auto kernel) {
+      kernel<<<grid, kLnRowsPerBlock * 32, 0, stream>>>(x, x2, sum, weight, bias, out, mean, rstd, N, C, eps);
+    };
+    auto pick = [&]<bool kAdd>() {
+      switch (packs_per_lane) {
+        case 1: return launch(layernorm_forward_regs_kernel<V, 1, kAdd, T>);
+        case 2: return launch(layernorm_forward_regs_kernel<V, 2, kAdd, T>);
+        case 3: return launch(layernorm_forward_regs_kernel<V, 3, kAdd, T>);
+        default: return launch(layernorm_forward_regs_kernel<V, kLnMaxPacksPerLane, kAdd, T>);
+      }
+    };
+    if (x2) pick.template operator()<true>();
+    else pick.template operator()<false>();
+  } else {
+    if (x2) {  // rows too long for registers, or not in 16-byte packs: the add, then the LayerNorm
+      add_forward(x, x2, sum, 1, N * C, stream);
+      x = sum;
+    }
+    if (vec) {
+      layernorm_forward_kernel<V><<<grid, kLnRowsPerBlock * 32, 0, stream>>>(x, weight, bias, out, mean, rstd, N, C, eps);
+    } else {
+      layernorm_forward_kernel<1><<<grid, kLnRowsPerBlock * 32, 0, stream>>>(x, weight, bias, out, mean, rstd, N, C, eps);
+    }
+  }
+  TG_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
 template <typename T>
 void layernorm_forward(const T* x, const T* weight, const T* bias, T* out, float* mean, float* rstd, int64_t N,
                        int64_t C, float eps, cudaStream_t stream) {
   require(N >= 0 && C > 0, "layernorm_forward", "need N ≥ 0 and C > 0");
   if (N == 0) return;
-  constexpr int V = kVec<T>;
-  const unsigned grid = grid_for(N, kLnRowsPerBlock);
-  const bool vec = C % V == 0 && aligned16(x) && aligned16(weight) && aligned16(out) && (!bias || aligned16(bias));
-  const int64_t packs_per_lane = (C / V + 31) / 32;
-  auto launch = [&](auto kernel) {
-    kernel<<<grid, kLnRowsPerBlock * 32, 0, stream>>>(x, weight, bias, out, mean, rstd, N, C, eps);
-  };
-  if (vec && packs_per_lane == 1) {
-    launch(layernorm_forward_regs_kernel<V, 1, T>);
-  } else if (vec && packs_per_lane == 2) {
-    launch(layernorm_forward_regs_kernel<V, 2, T>);
-  } else if (vec && packs_per_lane == 3) {
-    launch(layernorm_forward_regs_kernel<V, 3, T>);
-  } else if (vec && packs_per_lane == kLnMaxPacksPerLane) {
-    launch(layernorm_forward_regs_kernel<V, kLnMaxPacksPerLane, T>);
-  } else if (vec) {
-    layernorm_forward_kernel<V><<<grid, kLnRowsPerBlock * 32, 0, stream>>>(x, weight, bias, out, mean, rstd, N, C, eps);
-  } else {
-    layernorm_forward_kernel<1><<<grid, kLnRowsPerBlock * 32, 0, stream>>>(x, weight, bias, out, mean, rstd, N, C, eps);
-  }
-  TG_CUDA_CHECK(cudaGetLastError());
+  launch_layernorm_forward<T>(x, nullptr, nullptr, weight, bias, out, mean, rstd, N, C, eps, stream);
+}
+
+template <typename T>
+void add_layernorm_forward(const T* a, const T* b, T* sum, const T* weight, const T* bias, T* out, float* mean,
+                           float* rstd, int64_t N, int64_t C, float eps, cudaStream_t stream) {
+  require(N >= 0 && C > 0, "add_layernorm_forward", "need N ≥ 0 and C > 0");
+  require(a && b && sum, "add_layernorm_forward", "a, b and sum must be given");
+  if (N == 0) return;
+  launch_layernorm_forward<T>(a, b, sum, weight, bias, out, mean, rstd, N, C, eps, stream);
 }
 
 size_t layernorm_backward_scratch_floats(int64_t N, int64_t C) {
@@ -388,18 +469,16 @@ void layernorm_backward(const T* x, const T* weight, const float* mean, const fl
   } else {
     launch(layernorm_backward_kernel<1, T>);
   }
-  const unsigned col_blocks = unsigned((C + 31) / 32);
-  column_sum_kernel<<<col_blocks, dim3(32, 32), 0, stream>>>(partial_dw, dweight, G, C);
+  const dim3 col_grid(unsigned((C + 31) / 32), dbias ? 2u : 1u);
+  layernorm_param_grads_kernel<<<col_grid, dim3(32, 32), 0, stream>>>(partial_dw, partial_db, dweight, dbias, G, C);
   TG_CUDA_CHECK(cudaGetLastError());
-  if (dbias) {
-    column_sum_kernel<<<col_blocks, dim3(32, 32), 0, stream>>>(partial_db, dbias, G, C);
-    TG_CUDA_CHECK(cudaGetLastError());
-  }
 }
 
 #define TG_INSTANTIATE(T)                                                                                       \
   template void layernorm_forward<T>(const T*, const T*, const T*, T*, float*, float*, int64_t, int64_t, float, \
                                      cudaStream_t);                                                             \
+  template void add_layernorm_forward<T>(const T*, const T*, T*, const T*, const T*, T*, float*, float*, int64_t, \
+                                         int64_t, float, cudaStream_t);                                           \
   template void layernorm_backward<T>(const T*, const T*, const float*, const float*, const T*, const T*, T*,  \
                                       T*, T*, int64_t, int64_t, float*, cudaStream_t);
 TG_INSTANTIATE(float)

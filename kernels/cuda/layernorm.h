@@ -18,6 +18,13 @@ template <typename T>
 void layernorm_forward(const T* x, const T* weight, const T* bias, T* out, float* mean, float* rstd, int64_t N,
                        int64_t C, float eps, cudaStream_t stream);
 
+// sum = a + b (rounded to T), then out = LayerNorm(sum) as layernorm_forward computes it, in one
+// pass over the rows (a residual add and the LayerNorm that reads its result). a, b, sum, out
+// (N, C); sum may not alias a or b. Bitwise equal to add_forward followed by layernorm_forward.
+template <typename T>
+void add_layernorm_forward(const T* a, const T* b, T* sum, const T* weight, const T* bias, T* out, float* mean,
+                           float* rstd, int64_t N, int64_t C, float eps, cudaStream_t stream);
+
 // Floats of scratch layernorm_backward needs for (N, C): fp32 partial sums of dweight and dbias,
 // one row of C per row-block.
 size_t layernorm_backward_scratch_floats(int64_t N, int64_t C);

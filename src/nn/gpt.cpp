@@ -120,24 +120,29 @@ Tensor GPT::cached_attention(const Tensor& qkv, int64_t i, KVCache& cache) {
 
 Tensor GPT::block(const Tensor& x, int64_t i, KVCache* cache) {
   if (!cache && recompute_rows_ > 0) return block_in_pieces(x, i);
+  auto [x1, mlp] = block_branches(x, ops::layernorm(x, p(layer_name(i, "ln_1.weight")), maybe(layer_name(i, "ln_1.bias"))),
+                                  i, cache);
+  return ops::add(x1, mlp);
+}
+
+std::pair<Tensor, Tensor> GPT::block_branches(const Tensor& x, const Tensor& h1, int64_t i, KVCache* cache) {
   const int64_t H = config_.n_head;
   auto w = [&](const std::string& rest) { return p(layer_name(i, rest)); };
   auto b = [&](const std::string& rest) { return maybe(layer_name(i, rest)); };
 
   // Causal self-attention; q, k, v are (B, T, H, D) heads of the fused projection.
-  Tensor h = ops::layernorm(x, w("ln_1.weight"), b("ln_1.bias"));
-  Tensor qkv = ops::linear(h, w("attn.c_attn.weight"), b("attn.c_attn.bias"));  // (B, T, 3C)
+  Tensor qkv = ops::linear(h1, w("attn.c_attn.weight"), b("attn.c_attn.bias"));  // (B, T, 3C)
   const double rope_base = config_.pos_embedding == PosEmbedding::rope ? config_.rope_base : 0.0;
   Tensor y = cache ? cached_attention(qkv, i, *cache)
                    : ops::self_attention(qkv, H, config_.attention, rope_base, mask_);  // (B, T, C)
   y = ops::linear(y, w("attn.c_proj.weight"), b("attn.c_proj.bias"));
-  Tensor x1 = ops::add(x, dropout(y, uint64_t(2 * i)));
+  // The residual add and LayerNorm 2 in one pass.
+  auto [x1, h] = ops::add_layernorm(x, dropout(y, uint64_t(2 * i)), w("ln_2.weight"), b("ln_2.bias"));
 
   // MLP.
-  h = ops::layernorm(x1, w("ln_2.weight"), b("ln_2.bias"));
   h = ops::linear_gelu(h, w("mlp.c_fc.weight"), b("mlp.c_fc.bias"));  // (B, T, 4C)
   h = ops::linear(h, w("mlp.c_proj.weight"), b("mlp.c_proj.bias"));
-  return ops::add(x1, dropout(h, uint64_t(2 * i + 1)));
+  return {x1, dropout(h, uint64_t(2 * i + 1))};
 }
 
 Tensor GPT::block_in_pieces(const Tensor& x, int64_t i) {
@@ -263,8 +268,25 @@ std::pair<Tensor, Tensor> GPT::features(const Tensor& ids, KVCache* cache) {
     x = ops::add(x, ops::embedding(p("transformer.wpe.weight"), positions(first, T)));
   }
   x = dropout(x, 1023);
-  for (int64_t i = 0; i < config_.n_layer; ++i)
-    x = cache ? block(x, i, cache) : recompute_ && grad_enabled() ? recomputed_block(x, i) : block(x, i);
+  const bool recomputed = !cache && ((recompute_ && grad_enabled()) || recompute_rows_ > 0);
+  Tensor normed;  // the final LayerNorm's output
+  if (!recomputed && config_.n_layer > 0) {
+    // Each block's output residual add and the LayerNorm after it (the next block's first, or the
+    // final one) in one pass: the blocks hand each other the sum and its normalisation.
+    Tensor h = ops::layernorm(x, p(layer_name(0, "ln_1.weight")), maybe(layer_name(0, "ln_1.bias")));
+    for (int64_t i = 0; i < config_.n_layer; ++i) {
+      auto [x1, mlp] = block_branches(x, h, i, cache);
+      const bool last = i + 1 == config_.n_layer;
+      ops::AddLayerNorm next = ops::add_layernorm(
+          x1, mlp, p(last ? "transformer.ln_f.weight" : layer_name(i + 1, "ln_1.weight")),
+          maybe(last ? "transformer.ln_f.bias" : layer_name(i + 1, "ln_1.bias")));
+      x = next.sum, h = next.normed;
+    }
+    normed = h;
+  } else {
+    for (int64_t i = 0; i < config_.n_layer; ++i)
+      x = cache ? block(x, i, cache) : recompute_ && grad_enabled() ? recomputed_block(x, i) : block(x, i);
+  }
   if (cache) {
     // The document being decoded starts after the last end-of-text token seen (which itself
     // closes the document before).
@@ -273,8 +295,8 @@ std::pair<Tensor, Tensor> GPT::features(const Tensor& ids, KVCache* cache) {
         if (host_ids.data<int32_t>()[t] == document_eot_) cache->document_start = first + t + 1;
     cache->length += T;
   }
-  x = ops::layernorm(x, p("transformer.ln_f.weight"), maybe("transformer.ln_f.bias"));
-  return {x, wte};
+  if (!normed.defined()) normed = ops::layernorm(x, p("transformer.ln_f.weight"), maybe("transformer.ln_f.bias"));
+  return {normed, wte};
 }
 
 Tensor GPT::forward_cached(const Tensor& ids, KVCache& cache) {

@@ -59,12 +59,20 @@ Tensor embedding(const Tensor& weight, const Tensor& ids_in) {
            [&]<typename T>() {
              cuda::embedding_forward(weight.data<T>(), ids.data<int32_t>(), out.data<T>(), N, C, cuda_stream());
            });
-  record(out, "embedding", {weight}, [ids, V, C, N](const Tensor& g) {
+  record(out, "embedding", {weight}, [ids, V, C, N](const Tensor& g, GradHandOver& hand_over) {
     Tensor gw = Tensor::empty({V, C}, g.dtype(), g.device());
+    // A table with another consumer (GPT-2's tied LM head) already has its gradient: it is added
+    // as the table's gradient is written instead of in a pass of its own over (V, C).
+    Tensor other = hand_over.take(0);
+    TG_ASSERT(!other.defined() || (other.shape() == gw.shape() && other.dtype() == gw.dtype()));
     dispatch("embedding backward", g,
-             [&]<typename T>() { cpu::embedding_backward(g.data<T>(), ids.data<int32_t>(), gw.data<T>(), N, V, C); },
              [&]<typename T>() {
-               cuda::embedding_backward(g.data<T>(), ids.data<int32_t>(), gw.data<T>(), N, V, C, cuda_stream());
+               cpu::embedding_backward(g.data<T>(), ids.data<int32_t>(), gw.data<T>(), N, V, C);
+               if (other.defined()) cpu::add_inplace(gw.data<T>(), other.data<T>(), gw.numel());
+             },
+             [&]<typename T>() {
+               cuda::embedding_backward(g.data<T>(), ids.data<int32_t>(), other.defined() ? other.data<T>() : nullptr,
+                                        gw.data<T>(), N, V, C, cuda_stream());
              });
     return std::vector<Tensor>{gw};
   });
@@ -262,33 +270,26 @@ Tensor gelu(const Tensor& x) {
   return out;
 }
 
-Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
-  check_defined("layernorm", x, "x");
-  check_defined("layernorm", weight, "weight");
-  check_same("layernorm", x, weight);
-  TG_CHECK(x.dim() >= 1, "layernorm: needs at least 1 dimension, got ", x.desc());
-  const int64_t C = x.size(-1), N = x.numel() / C;
-  TG_CHECK(weight.shape() == Shape{C}, "layernorm: weight ", weight.desc(), " does not match the last dimension of ",
+namespace {
+
+void check_layernorm(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  check_defined(op, x, "x");
+  check_defined(op, weight, "weight");
+  check_same(op, x, weight);
+  TG_CHECK(x.dim() >= 1, op, ": needs at least 1 dimension, got ", x.desc());
+  const int64_t C = x.size(-1);
+  TG_CHECK(weight.shape() == Shape{C}, op, ": weight ", weight.desc(), " does not match the last dimension of ",
            x.desc());
   if (bias.defined()) {
-    check_same("layernorm", x, bias);
-    TG_CHECK(bias.shape() == Shape{C}, "layernorm: bias ", bias.desc(), " does not match the last dimension of ",
-             x.desc());
+    check_same(op, x, bias);
+    TG_CHECK(bias.shape() == Shape{C}, op, ": bias ", bias.desc(), " does not match the last dimension of ", x.desc());
   }
-  Tensor out = empty_like(x);
-  // Statistics: in the input's precision on the CPU (f64 for gradient checks), fp32 on the GPU.
-  const DType stat = x.device().is_cpu() ? x.dtype() : DType::f32;
-  Tensor mean = Tensor::empty({N}, stat, x.device()), rstd = Tensor::empty({N}, stat, x.device());
-  dispatch("layernorm", x,
-           [&]<typename T>() {
-             cpu::layernorm_forward(x.data<T>(), weight.data<T>(), bias.defined() ? bias.data<T>() : nullptr,
-                                    out.data<T>(), mean.data<T>(), rstd.data<T>(), N, C, eps);
-           },
-           [&]<typename T>() {
-             cuda::layernorm_forward(x.data<T>(), weight.data<T>(), bias.defined() ? bias.data<T>() : nullptr,
-                                     out.data<T>(), mean.data<float>(), rstd.data<float>(), N, C, float(eps),
-                                     cuda_stream());
-           });
+}
+
+// LayerNorm's node on out = LayerNorm(x) with the forward's statistics.
+void record_layernorm(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& mean,
+                      const Tensor& rstd) {
+  const int64_t C = x.size(-1), N = x.numel() / C;
   record(out, "layernorm", {x, weight, bias},
          [x = x.detach(), w = weight.detach(), mean, rstd, has_bias = bias.defined(), N, C](const Tensor& g,
                                                                                            GradHandOver& hand_over) {
@@ -319,7 +320,54 @@ Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
                     });
            return std::vector<Tensor>{gx, gw, gb};
          });
+}
+
+}  // namespace
+
+Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  check_layernorm("layernorm", x, weight, bias);
+  const int64_t C = x.size(-1), N = x.numel() / C;
+  Tensor out = empty_like(x);
+  // Statistics: in the input's precision on the CPU (f64 for gradient checks), fp32 on the GPU.
+  const DType stat = x.device().is_cpu() ? x.dtype() : DType::f32;
+  Tensor mean = Tensor::empty({N}, stat, x.device()), rstd = Tensor::empty({N}, stat, x.device());
+  dispatch("layernorm", x,
+           [&]<typename T>() {
+             cpu::layernorm_forward(x.data<T>(), weight.data<T>(), bias.defined() ? bias.data<T>() : nullptr,
+                                    out.data<T>(), mean.data<T>(), rstd.data<T>(), N, C, eps);
+           },
+           [&]<typename T>() {
+             cuda::layernorm_forward(x.data<T>(), weight.data<T>(), bias.defined() ? bias.data<T>() : nullptr,
+                                     out.data<T>(), mean.data<float>(), rstd.data<float>(), N, C, float(eps),
+                                     cuda_stream());
+           });
+  record_layernorm(out, x, weight, bias, mean, rstd);
   return out;
+}
+
+AddLayerNorm add_layernorm(const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias, double eps) {
+  check_defined("add_layernorm", a, "a");
+  check_defined("add_layernorm", b, "b");
+  check_same("add_layernorm", a, b);
+  TG_CHECK(a.shape() == b.shape(), "add_layernorm: shapes differ: ", a.desc(), " vs ", b.desc());
+  if (a.device().is_cpu()) {  // the two ops: the reference the GPU's single pass is equal to
+    Tensor sum = add(a, b);
+    return {sum, layernorm(sum, weight, bias, eps)};
+  }
+  check_layernorm("add_layernorm", a, weight, bias);
+  const int64_t C = a.size(-1), N = a.numel() / C;
+  Tensor sum = empty_like(a), out = empty_like(a);
+  Tensor mean = Tensor::empty({N}, DType::f32, a.device()), rstd = Tensor::empty({N}, DType::f32, a.device());
+  dispatch("add_layernorm", a, [&]<typename T>() { TG_ASSERT(false); },
+           [&]<typename T>() {
+             cuda::add_layernorm_forward(a.data<T>(), b.data<T>(), sum.data<T>(), weight.data<T>(),
+                                         bias.defined() ? bias.data<T>() : nullptr, out.data<T>(), mean.data<float>(),
+                                         rstd.data<float>(), N, C, float(eps), cuda_stream());
+           });
+  // The graph add() and layernorm() would record: the sum's gradient goes to both addends.
+  record(sum, "add", {a, b}, [](const Tensor& g) { return std::vector<Tensor>{g, g}; });
+  record_layernorm(out, sum, weight, bias, mean, rstd);
+  return {sum, out};
 }
 
 Tensor softmax(const Tensor& x) {

@@ -37,6 +37,14 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias);
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 Tensor gelu(const Tensor& x);  // tanh form
 Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// sum = a + b (equal shapes) and normed = layernorm(sum, weight, bias): the same values and the
+// same graph as add() followed by layernorm(), the forward in one pass over the rows on the GPU
+// (a residual add and the LayerNorm that reads it: the sum is not read back).
+struct AddLayerNorm {
+  Tensor sum, normed;
+};
+AddLayerNorm add_layernorm(const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias,
+                           double eps = 1e-5);
 Tensor softmax(const Tensor& x);  // over the last dimension
 // Mean over counted rows of −log softmax(logits)[target]; logits (N, V), targets (N) i32.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index = -1);

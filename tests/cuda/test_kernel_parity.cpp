@@ -195,6 +195,24 @@ void case_sum_rows(double tol, int64_t rows, int64_t cols) {
   EXPECT_TRUE(same_bytes(first, dout.download_raw())) << "sum_rows is not bitwise reproducible";
 }
 
+// A short, wide matrix (a broadcast's gradient, (B, T·C) summed over B) goes to a kernel that adds
+// each column's rows in order from zero, as the CPU reference does in fp32: equal bit for bit.
+template <typename T>
+void case_sum_few_rows(int64_t rows, int64_t cols) {
+  auto x = quantize<T>(uniform(rows * cols, 6));
+  std::vector<float> ref(cols);
+  tg::cpu::sum_rows(x.data(), ref.data(), rows, cols);
+  DevBuf<T> dx(x.size()), dout(cols);
+  DevBuf<float> scratch(tg::cuda::sum_rows_scratch_floats(rows, cols) + 1);
+  dx.upload(x);
+  dout.poison();
+  tg::cuda::sum_rows(dx.p, dout.p, rows, cols, scratch.p, kStream);
+  const std::vector<float> got = dout.download(), want = quantize<T>(ref);
+  int64_t differ = 0;
+  for (int64_t c = 0; c < cols; ++c) differ += got[size_t(c)] != want[size_t(c)];
+  EXPECT_EQ(differ, 0) << rows << " × " << cols << ": columns whose sum differs from the CPU's";
+}
+
 // fp32 dst += bf16 src: exact (one fp32 add per element), so compared bit for bit.
 void case_add_converted(int64_t n, size_t off) {
   const std::vector<float> d = uniform(n, 30);
@@ -438,12 +456,21 @@ void case_embedding(double tol, int64_t N, int64_t V, int64_t C, size_t off) {
   dw.upload(w), dd.upload(d), dids.upload_raw(ids);
   tg::cuda::embedding_forward(dw.p, dids.p, dout.p, N, C, kStream);
   EXPECT_EQ(rel_err(dout.download(), ref), 0.0) << "embedding_forward";
-  tg::cuda::embedding_backward(dd.p, dids.p, ddw.p, N, V, C, kStream);
+  tg::cuda::embedding_backward<T>(dd.p, dids.p, nullptr, ddw.p, N, V, C, kStream);
   EXPECT_PARITY(ddw.download(), quantize<T>(dref), tol);
   auto first = ddw.download_raw();
   ddw.poison();
-  tg::cuda::embedding_backward(dd.p, dids.p, ddw.p, N, V, C, kStream);
+  tg::cuda::embedding_backward<T>(dd.p, dids.p, nullptr, ddw.p, N, V, C, kStream);
   EXPECT_TRUE(same_bytes(first, ddw.download_raw())) << "embedding_backward is not bitwise reproducible";
+  // With another consumer's gradient of the table added as it is written (a tied LM head's).
+  auto other = quantize<T>(uniform(V * C, 26));
+  std::vector<float> total(V * C);
+  for (int64_t i = 0; i < V * C; ++i) total[size_t(i)] = dref[size_t(i)] + other[size_t(i)];
+  DevBuf<T> dother(other.size(), off);
+  dother.upload(other);
+  ddw.poison();
+  tg::cuda::embedding_backward(dd.p, dids.p, dother.p, ddw.p, N, V, C, kStream);
+  EXPECT_PARITY(ddw.download(), quantize<T>(total), tol);
 }
 
 template <typename T>
@@ -491,6 +518,36 @@ void case_layernorm(double tol, int64_t N, int64_t C, bool with_bias, size_t off
   EXPECT_PARITY(gdx.download(), quantize<T>(dx_total), tol);
   EXPECT_TRUE(same_bytes(dw1, gdw.download_raw()) && (!with_bias || same_bytes(db1, gdb.download_raw())))
       << "dx_add changed dweight or dbias";
+}
+
+// The residual add and the LayerNorm after it in one pass: the sum is the rounded a + b exactly,
+// and sum, out and the statistics are bitwise those of add_forward followed by layernorm_forward.
+template <typename T>
+void case_add_layernorm(double tol, int64_t N, int64_t C, size_t off) {
+  auto a = quantize<T>(uniform(N * C, 27, -2.0f, 3.0f)), b = quantize<T>(uniform(N * C, 28));
+  auto w = quantize<T>(uniform(C, 29, 0.5f, 1.5f)), bias = quantize<T>(uniform(C, 30));
+  std::vector<float> sum(N * C), out(N * C), mean(N), rstd(N);
+  for (int64_t i = 0; i < N * C; ++i) sum[size_t(i)] = a[size_t(i)] + b[size_t(i)];
+  sum = quantize<T>(sum);
+  tg::cpu::layernorm_forward(sum.data(), w.data(), bias.data(), out.data(), mean.data(), rstd.data(), N, C, 1e-5f);
+  DevBuf<T> ga(N * C, off), gb(N * C, off), gw(C, off), gbias(C, off), gsum(N * C, off), gout(N * C, off);
+  DevBuf<float> gmean(N), grstd(N);
+  ga.upload(a), gb.upload(b), gw.upload(w), gbias.upload(bias);
+  gsum.poison(), gout.poison();
+  tg::cuda::add_layernorm_forward(ga.p, gb.p, gsum.p, gw.p, gbias.p, gout.p, gmean.p, grstd.p, N, C, 1e-5f, kStream);
+  EXPECT_EQ(rel_err(gsum.download(), sum), 0.0) << "add_layernorm_forward's sum";
+  EXPECT_PARITY(gout.download(), quantize<T>(out), tol);
+  EXPECT_PARITY(gmean.download(), mean, 1e-5);
+  EXPECT_PARITY(grstd.download(), rstd, 1e-5);
+  DevBuf<T> gsum2(N * C, off), gout2(N * C, off);
+  DevBuf<float> gmean2(N), grstd2(N);
+  tg::cuda::add_forward(ga.p, gb.p, gsum2.p, 1, N * C, kStream);
+  tg::cuda::layernorm_forward(gsum2.p, gw.p, gbias.p, gout2.p, gmean2.p, grstd2.p, N, C, 1e-5f, kStream);
+  EXPECT_TRUE(same_bytes(gsum.download_raw(), gsum2.download_raw()) &&
+              same_bytes(gout.download_raw(), gout2.download_raw()) &&
+              same_bytes(gmean.download_raw(), gmean2.download_raw()) &&
+              same_bytes(grstd.download_raw(), grstd2.download_raw()))
+      << "add_layernorm_forward differs from add_forward then layernorm_forward";
 }
 
 // Some rows fully masked (all −inf → zeros), some with a masked tail (−inf entries). The CPU
@@ -660,6 +717,9 @@ std::vector<Case> parity_table() {
       TG_CASE("sum_rows_1000x3072", kF32Reduce, kBf16, case_sum_rows<T>(tol, 1000, 3072)),
       TG_CASE("sum_rows_16384x2304", kF32Reduce, kBf16, case_sum_rows<T>(tol, 16384, 2304)),
       TG_CASE("sum_rows_5000x100", kF32Reduce, kBf16, case_sum_rows<T>(tol, 5000, 100)),  // bf16: 100 % 8 ≠ 0, one pass
+      TG_CASE("sum_rows_16x786432_few_rows", kF32Reduce, kBf16, case_sum_few_rows<T>(16, 786432)),
+      TG_CASE("sum_rows_32x65536_few_rows", kF32Reduce, kBf16, case_sum_few_rows<T>(32, 65536)),
+      TG_CASE("sum_rows_33x65536", kF32Reduce, kBf16, case_sum_rows<T>(tol, 33, 65536)),
       TG_CASE("mul_4099", kF32, kBf16, case_mul<T>(tol, 4099, 0)),
       TG_CASE("mul_4099_misaligned", kF32, kBf16, case_mul<T>(tol, 4099, 1)),
       TG_CASE("scale_65539", kF32, kBf16, case_scale<T>(tol, 65539, 0)),
@@ -691,7 +751,13 @@ std::vector<Case> parity_table() {
       TG_CASE("embedding_129x1000x768", kF32, kBf16, case_embedding<T>(tol, 129, 1000, 768, 0)),
       TG_CASE("embedding_16384x50304x768", kF32, kBf16, case_embedding<T>(tol, 16384, 50304, 768, 0)),
       TG_CASE("embedding_64x300x200_misaligned", kF32, kBf16, case_embedding<T>(tol, 64, 300, 200, 1)),
+      TG_CASE("layernorm_16384x768", kF32Reduce, kBf16, case_layernorm<T>(tol, 16384, 768, true, 0)),  // GPT-2's step
       TG_CASE("layernorm_64x768", kF32Reduce, kBf16, case_layernorm<T>(tol, 64, 768, true, 0)),
+      TG_CASE("add_layernorm_forward_64x768", kF32Reduce, kBf16, case_add_layernorm<T>(tol, 64, 768, 0)),
+      TG_CASE("add_layernorm_forward_4096x768", kF32Reduce, kBf16, case_add_layernorm<T>(tol, 4096, 768, 0)),
+      TG_CASE("add_layernorm_forward_300x128", kF32Reduce, kBf16, case_add_layernorm<T>(tol, 300, 128, 0)),
+      TG_CASE("add_layernorm_forward_17x13", kF32Reduce, kBf16, case_add_layernorm<T>(tol, 17, 13, 0)),  // one pass each
+      TG_CASE("add_layernorm_forward_50x2000", kF32Reduce, kBf16, case_add_layernorm<T>(tol, 50, 2000, 1)),
       TG_CASE("layernorm_64x768_nobias", kF32Reduce, kBf16, case_layernorm<T>(tol, 64, 768, false, 0)),
       TG_CASE("layernorm_17x13", kF32Reduce, kBf16, case_layernorm<T>(tol, 17, 13, true, 0)),
       TG_CASE("layernorm_4096x768", kF32Reduce, kBf16, case_layernorm<T>(tol, 4096, 768, true, 0)),
