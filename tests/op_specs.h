@@ -180,6 +180,30 @@ inline std::vector<OpSpec> op_specs() {
                }}).on_gpu({{"concat_last", {{4, 9, 16}, {4, 9, 8}}, [](auto& x) { return ops::concat_last({x[0], x[1]}); }}}, {"slice"});
   t.emplace_back(OpSpec{"embedding", {{5, 3}}, [ids](auto& x) { return ops::embedding(x[0], Tensor::from_ints(ids, {2, 3})); },
                [ids](auto& x) { Vec y; for (int32_t i : ids) for (int c = 0; c < 3; ++c) y.push_back(x[0][size_t(i * 3 + c)]); return y; }}).on_gpu({{"embedding", {{5, 24}}, [gpu_ids](auto& x) { return ops::embedding(x[0], Tensor::from_ints(gpu_ids, {2, 4})); }}}, {"embedding"});
+  // A table tied to an output projection (GPT-2's LM head): the table reaches the result through
+  // the embedding and the linear, whose gradient the embedding's backward takes over and adds as
+  // it writes its own (GradHandOver). The table is made by an op so that its gradient is pending.
+  t.emplace_back(OpSpec{"embedding+tied_linear", {{5, 3}},
+               [ids](auto& x) {
+                 Tensor w = ops::scale(x[0], 1.5);
+                 return ops::linear(ops::embedding(w, Tensor::from_ints(ids, {2, 3})), w, Tensor());
+               },
+               [ids](auto& x) {
+                 Vec w(x[0]);
+                 for (double& v : w) v *= 1.5;
+                 Vec y;
+                 for (int32_t i : ids)
+                   for (int v = 0; v < 5; ++v) {
+                     double d = 0;
+                     for (int c = 0; c < 3; ++c) d += w[size_t(i * 3 + c)] * w[size_t(v * 3 + c)];
+                     y.push_back(d);
+                   }
+                 return y;
+               }}).on_gpu({{"embedding+tied_linear", {{5, 24}}, [gpu_ids](auto& x) {
+                              Tensor w = ops::scale(x[0], 1.5);
+                              return ops::linear(ops::embedding(w, Tensor::from_ints(gpu_ids, {2, 4})), w, Tensor());
+                            }}},
+                  {"embedding", "scale"});
   t.emplace_back(OpSpec{"linear", {{2, 3, 4}, {5, 4}, {5}}, [](auto& x) { return ops::linear(x[0], x[1], x[2]); },
                [](auto& x) {
                  Vec y = ref_matmul(x[0], x[1], 1, 6, 5, 4, false, true);

@@ -166,6 +166,22 @@ graph_despite_dropout() {
     '  if ((false)) return "model.dropout is " + detail::concat(cfg.model.dropout);'
 }
 
+mutation embedding_handover_dropped "the embedding's backward takes the tied projection's gradient over and drops it" \
+  "test_ops:Ops/OpTable.*/embedding*"
+embedding_handover_dropped() {
+  edit src/ops/nn_ops.cpp \
+    '               if (other.defined()) cpu::add_inplace(gw.data<T>(), other.data<T>(), gw.numel());' \
+    '               if ((false)) cpu::add_inplace(gw.data<T>(), other.data<T>(), gw.numel());'
+}
+
+mutation add_layernorm_of_an_addend "add_layernorm normalises its first addend instead of the sum" \
+  "test_ops:Ops/OpTable.*/add_layernorm"
+add_layernorm_of_an_addend() {
+  edit src/ops/nn_ops.cpp \
+    '    return {sum, layernorm(sum, weight, bias, eps)};' \
+    '    return {sum, layernorm(a, weight, bias, eps)};'
+}
+
 if [ "$list" = 1 ]; then
   for i in "${!names[@]}"; do printf '%-30s %s\n' "${names[$i]}" "${whats[$i]}"; done
   exit 0
