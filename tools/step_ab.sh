@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# A/B of training-step variants from one binary: each VARIANT is NAME or NAME:SETTING[,SETTING…], a
-# SETTING either an environment variable (NAME=VALUE, e.g. CUDA_DEVICE_MAX_CONNECTIONS=1) or a
-# config override (section.key=value, passed as --set, e.g. train.lm_head_chunk=4096); a bare NAME
-# runs with none; the first is the baseline. ROUNDS rounds of `tilegrad bench train CONFIG`, the
+# A/B of training-step variants: each VARIANT is NAME or NAME:SETTING[,SETTING…], a SETTING either
+# an environment variable (NAME=VALUE, e.g. CUDA_DEVICE_MAX_CONNECTIONS=1), a config override
+# (section.key=value, passed as --set, e.g. train.lm_head_chunk=4096) or bin=PATH, the tilegrad
+# binary that variant runs (another commit's build: `git worktree add /tmp/old C` and build it
+# there); a bare NAME runs $TILEGRAD with none; the first is the baseline. ROUNDS rounds of `tilegrad bench train CONFIG`, the
 # variants interleaved in each (the GPU's power cap makes back-to-back runs drift: docs/kernels.md
 # §3), then per variant the best tokens/s of the rounds, its ratio to the baseline's, the spread
 # of its rounds and the peak memory. The JSON lines go to $OUT/step_ab.jsonl (OUT default gpu-out).
@@ -24,18 +25,20 @@ log="$OUT/step_ab.jsonl"
 for round in $(seq 1 "$ROUNDS"); do
   for v in "${VARIANTS[@]}"; do
     name=${v%%:*}
-    settings=() env_list=() set_list=()
+    settings=() env_list=() set_list=() bin="$TILEGRAD"
     [ "$v" != "$name" ] && IFS=',' read -r -a settings <<< "${v#*:}"
     for s in ${settings[@]+"${settings[@]}"}; do
       key=${s%%=*}
-      if [[ "$key" == *.* ]]; then set_list+=("$s"); else env_list+=("$s"); fi
+      if [ "$key" = bin ]; then bin=${s#bin=}
+      elif [[ "$key" == *.* ]]; then set_list+=("$s"); else env_list+=("$s"); fi
     done
+    [ -x "$bin" ] || { echo "step_ab: $name: no executable tilegrad at $bin"; exit 2; }
     args=("$@")
     [ ${#set_list[@]} -gt 0 ] && args+=(--set "${set_list[@]}")
-    out=$(env ${env_list[@]+"${env_list[@]}"} "$TILEGRAD" bench train "${args[@]}" 2>&1)
+    out=$(env ${env_list[@]+"${env_list[@]}"} "$bin" bench train "${args[@]}" 2>&1)
     line=$(echo "$out" | grep '^{"bench":"train"')
     [ -n "$line" ] || {
-      echo "FAILED: $name (round $round): env ${env_list[*]:-} $TILEGRAD bench train ${args[*]}"; echo "$out" | tail -5; exit 1; }
+      echo "FAILED: $name (round $round): env ${env_list[*]:-} $bin bench train ${args[*]}"; echo "$out" | tail -5; exit 1; }
     echo "{\"variant\":\"$name\",\"round\":$round,${line#\{}" >> "$log"
   done
 done
