@@ -118,10 +118,10 @@ Tensor GPT::cached_attention(const Tensor& qkv, int64_t i, KVCache& cache) {
   return ops::reshape(y, {1, 1, C});
 }
 
-Tensor GPT::block(const Tensor& x, int64_t i, KVCache* cache) {
-  if (!cache && recompute_rows_ > 0) return block_in_pieces(x, i);
+Tensor GPT::block(const Tensor& x, int64_t i) {
+  if (recompute_rows_ > 0) return block_in_pieces(x, i);
   auto [x1, mlp] = block_branches(x, ops::layernorm(x, p(layer_name(i, "ln_1.weight")), maybe(layer_name(i, "ln_1.bias"))),
-                                  i, cache);
+                                  i, nullptr);
   return ops::add(x1, mlp);
 }
 
@@ -283,9 +283,8 @@ std::pair<Tensor, Tensor> GPT::features(const Tensor& ids, KVCache* cache) {
       x = next.sum, h = next.normed;
     }
     normed = h;
-  } else {
-    for (int64_t i = 0; i < config_.n_layer; ++i)
-      x = cache ? block(x, i, cache) : recompute_ && grad_enabled() ? recomputed_block(x, i) : block(x, i);
+  } else {  // each block on its own, recomputed in the backward
+    for (int64_t i = 0; i < config_.n_layer; ++i) x = recompute_ && grad_enabled() ? recomputed_block(x, i) : block(x, i);
   }
   if (cache) {
     // The document being decoded starts after the last end-of-text token seen (which itself

@@ -100,7 +100,7 @@ class GPT {
  private:
   // ids → (the final LayerNorm's output (B, T, C), wte in the compute dtype): all but the LM head.
   std::pair<Tensor, Tensor> features(const Tensor& ids, KVCache* cache = nullptr);
-  Tensor block(const Tensor& x, int64_t layer, KVCache* cache = nullptr);
+  Tensor block(const Tensor& x, int64_t layer);  // a whole block (what recomputation runs again)
   // A block's two residual branches from its input x and LayerNorm 1's output h1: the attention
   // branch already added (x1 = x + attention) and the MLP's output; the block's output is their sum.
   std::pair<Tensor, Tensor> block_branches(const Tensor& x, const Tensor& h1, int64_t layer, KVCache* cache);
