@@ -39,6 +39,22 @@ __device__ __forceinline__ tg::bf16 from_float<tg::bf16>(float f) {
   return b;
 }
 
+// V elements of T packed in 32-bit words (as loaded from memory) as floats. Little-endian: a bf16
+// element 2k is the low half of word k.
+template <int V, typename T>
+__device__ __forceinline__ void words_to_floats(const uint32_t (&w)[V * int(sizeof(T)) / 4], float (&f)[V]) {
+  if constexpr (sizeof(T) == 4) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) f[k] = __uint_as_float(w[k]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < V / 2; ++k) {
+      f[2 * k] = __uint_as_float(w[k] << 16);
+      f[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+    }
+  }
+}
+
 // Loads V consecutive elements at p as floats. V == 1 is a scalar access; otherwise V·sizeof(T)
 // must be 8 or 16 bytes and p aligned to that (the launchers check alignment before choosing V).
 template <int V, typename T>
@@ -56,17 +72,7 @@ __device__ __forceinline__ void load_vec(const T* p, float (&f)[V]) {
       uint2 r = *reinterpret_cast<const uint2*>(p);
       w[0] = r.x, w[1] = r.y;
     }
-    if constexpr (sizeof(T) == 4) {
-#pragma unroll
-      for (int k = 0; k < V; ++k) f[k] = __uint_as_float(w[k]);
-    } else {
-      // Little-endian: element 2k is the low half of word k.
-#pragma unroll
-      for (int k = 0; k < V / 2; ++k) {
-        f[2 * k] = __uint_as_float(w[k] << 16);
-        f[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
-      }
-    }
+    words_to_floats<V, T>(w, f);
   }
 }
 
@@ -76,16 +82,7 @@ template <int V, typename T>
 __device__ __forceinline__ void unpack_vec(const uint4& r, float (&f)[V]) {
   static_assert(V * int(sizeof(T)) == 16, "one 16-byte pack");
   const uint32_t w[4] = {r.x, r.y, r.z, r.w};
-  if constexpr (sizeof(T) == 4) {
-#pragma unroll
-    for (int k = 0; k < V; ++k) f[k] = __uint_as_float(w[k]);
-  } else {
-#pragma unroll
-    for (int k = 0; k < V / 2; ++k) {
-      f[2 * k] = __uint_as_float(w[k] << 16);
-      f[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
-    }
-  }
+  words_to_floats<V, T>(w, f);
 }
 
 // Stores V floats to p as T (rounded to nearest even for bf16); same size/alignment rules as load_vec.
