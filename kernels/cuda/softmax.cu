@@ -184,12 +184,15 @@ __device__ __forceinline__ MaxSum absorb_fast(MaxSum acc, const float (&f)[V]) {
 }
 
 // Per row: the online (max, Σexp) over the logits, lse and the row's loss; with kGrad also
-// dlogits = (softmax − onehot(target)) / count (zeros for an ignored row).
+// dlogits = (softmax − onehot(target)) / count (zeros for an ignored row). dlogits may be logits
+// itself (the LM head overwrites its logits with their gradient): each element is read by the
+// thread that then writes it, and the target's logit is read before the row's reduction, whose
+// barrier every thread passes before the gradient pass writes anything.
 template <int V, bool kGrad, typename T>
 __global__ void __launch_bounds__(kCeThreads)
-    cross_entropy_rows_kernel(const T* __restrict__ logits, const int32_t* __restrict__ targets,
-                              float* __restrict__ lse, float* __restrict__ row_loss, const int32_t* __restrict__ count,
-                              T* __restrict__ dlogits, int64_t N, int64_t Vocab, int32_t ignore_index) {
+    cross_entropy_rows_kernel(const T* logits, const int32_t* __restrict__ targets, float* __restrict__ lse,
+                              float* __restrict__ row_loss, const int32_t* __restrict__ count, T* dlogits, int64_t N,
+                              int64_t Vocab, int32_t ignore_index) {
   __shared__ MaxSum smem[kCeThreads / 32];
   const int64_t packs = Vocab / V;
   float inv_count = 0.0f;
@@ -206,15 +209,17 @@ __global__ void __launch_bounds__(kCeThreads)
       load_vec<V>(lr + p * V, f);
       acc = absorb_fast(acc, f);
     }
+    const int32_t tgt = targets[row];
+    const bool tgt_in_row = tgt >= 0 && tgt < Vocab && tgt != ignore_index;
+    const float tgt_logit = threadIdx.x == 0 && tgt_in_row ? to_float(lr[tgt]) : 0.0f;
     acc = row_reduce<kCeThreads>(acc, smem);  // every thread gets the row's (max, sum)
     const float l = acc.m + logf(acc.s);
-    const int32_t tgt = targets[row];
     if (threadIdx.x == 0) {
       lse[row] = l;
       if (tgt == ignore_index) {
         row_loss[row] = 0.0f;
-      } else if (tgt >= 0 && tgt < Vocab) {
-        row_loss[row] = l - to_float(lr[tgt]);
+      } else if (tgt_in_row) {
+        row_loss[row] = l - tgt_logit;
       } else {
         row_loss[row] = NAN;
       }

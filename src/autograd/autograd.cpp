@@ -67,8 +67,8 @@ class SinksUsed {
 };
 }  // namespace
 
-GradHandOver::GradHandOver(std::vector<Tensor> available)
-    : available_(std::move(available)), taken_(available_.size(), false) {}
+GradHandOver::GradHandOver(std::vector<Tensor> available, std::vector<Tensor> accumulators)
+    : available_(std::move(available)), taken_(available_.size(), false), accumulators_(std::move(accumulators)) {}
 
 Tensor GradHandOver::take(size_t input) {
   if (input >= available_.size() || taken_[input]) return Tensor();
@@ -105,6 +105,11 @@ void record(Tensor& output, std::string op, std::vector<Tensor> inputs, Backward
   if (!t_grad_enabled) return;
   record(output, std::move(op), std::move(inputs),
          BackwardHandOverFn([fn = std::move(backward_fn)](const Tensor& g, GradHandOver&) { return fn(g); }));
+}
+
+void record_cast(Tensor& output, const Tensor& x) {
+  record(output, "cast", {x}, [](const Tensor& g) { return std::vector<Tensor>{g}; });
+  if (output.grad_fn()) output.grad_fn()->passes_to_leaf = x.is_leaf();
 }
 
 void backward(const Tensor& root) {
@@ -191,13 +196,27 @@ void backward(const Tensor& root, const Tensor& seed) {
       auto p = pending.find(in.grad_fn().get());
       if (!repeated && p != pending.end()) available[i] = p->second;
     }
-    GradHandOver hand_over(std::move(available));
+    // What the closure may add into: the fp32 gradients of the leaves its inputs are casts of.
+    std::vector<Tensor> accumulators(node->inputs.size());
+    for (size_t i = 0; i < node->inputs.size(); ++i) {
+      const Tensor& in = node->inputs[i];
+      if (!in.defined() || !in.grad_fn() || !in.grad_fn()->passes_to_leaf) continue;
+      const Tensor& leaf = in.grad_fn()->inputs.front();
+      if (leaf.defined() && leaf.requires_grad()) accumulators[i] = sinks.of(leaf).accumulator(leaf);
+    }
+    GradHandOver hand_over(std::move(available), std::move(accumulators));
     std::vector<Tensor> grads = node->backward(grad_out, hand_over);
     TG_ASSERT(grads.size() == node->inputs.size());
     for (size_t i = 0; i < grads.size(); ++i) {
       Tensor& in = node->inputs[i];
       Tensor& g = grads[i];
-      if (!in.defined() || !in.requires_grad() || !g.defined()) continue;
+      if (!in.defined() || !in.requires_grad()) continue;
+      if (!g.defined()) {
+        // A closure that took the pending gradient and returns none added both into an
+        // accumulator itself: nothing is left pending.
+        if (hand_over.taken(i)) pending.erase(in.grad_fn().get());
+        continue;
+      }
       TG_CHECK(g.shape() == in.shape() && g.device() == in.device() && is_floating(g.dtype()),
                "backward of ", node->op, ": gradient ", g.desc(), " does not match input ", i, " ", in.desc());
       if (in.grad_fn()) {

@@ -14,29 +14,47 @@
 
 namespace tg {
 
-// What a backward closure may take over: for each of its inputs that is a non-leaf tensor used
-// more than once (a residual stream), the gradient the other consumers have already accumulated.
-// A closure that takes it must return, for that input, the total: its own gradient plus the
-// taken one. The engine then stores that instead of adding the two, so the closure can fold the
-// accumulation into its own kernel (LayerNorm's backward adds the residual gradient as it writes
-// dx: one pass over the tensor fewer).
+// What a backward closure may take over.
+//
+// take(): for each of its inputs that is a non-leaf tensor used more than once (a residual
+// stream), the gradient the other consumers have already accumulated. A closure that takes it
+// must return, for that input, the total: its own gradient plus the taken one. The engine then
+// stores that instead of adding the two, so the closure can fold the accumulation into its own
+// kernel (LayerNorm's backward adds the residual gradient as it writes dx: one pass over the
+// tensor fewer).
+//
+// accumulator(): for an input that is a parameter's compute copy (a cast of a leaf, Node::cast_of)
+// whose leaf keeps an fp32 gradient on the GPU, that gradient buffer. A closure may add its
+// gradient for the input into it itself — a weight-gradient GEMM with an fp32 output and beta = 1
+// — and then returns no gradient (undefined) for that input: no bf16 gradient is written, and
+// no pass folds it into fp32 afterwards. Every input offered one belongs to the same backward, so
+// the additions keep the engine's order and the result its bits from run to run.
 class GradHandOver {
  public:
   GradHandOver() = default;
-  explicit GradHandOver(std::vector<Tensor> available);
+  GradHandOver(std::vector<Tensor> available, std::vector<Tensor> accumulators);
   // The gradient accumulated so far for input `input`, handed over (undefined when there is none,
   // or when it was taken already).
   Tensor take(size_t input);
   bool taken(size_t input) const { return input < taken_.size() && taken_[input]; }
+  // The fp32 buffer that input `input`'s gradient may be added into (undefined when none).
+  Tensor accumulator(size_t input) const {
+    return input < accumulators_.size() ? accumulators_[input] : Tensor();
+  }
 
  private:
   std::vector<Tensor> available_;
   std::vector<bool> taken_;
+  std::vector<Tensor> accumulators_;
 };
 
 struct Node {
   std::string op;              // for error messages: the op that recorded this node
   std::vector<Tensor> inputs;  // one per differentiable input, in the op's order
+  // Set by a cast of a leaf (a parameter's compute copy): the node passes its output's gradient
+  // to this leaf unchanged but for the dtype, so a consumer may add into the leaf's gradient
+  // directly (GradHandOver::accumulator).
+  bool passes_to_leaf = false;
   // Given d(loss)/d(output), returns one gradient per input (undefined: no gradient). A gradient
   // may come in another floating dtype than its input (a cast's backward returns the output's
   // gradient as it is): the engine converts it for a non-leaf input, and the leaf's sink folds
@@ -70,6 +88,10 @@ bool needs_grad(std::initializer_list<const Tensor*> inputs);
 void record(Tensor& output, std::string op, std::vector<Tensor> inputs, BackwardFn backward);
 // The same for a closure that may take over its inputs' pending gradients (GradHandOver).
 void record(Tensor& output, std::string op, std::vector<Tensor> inputs, BackwardHandOverFn backward);
+// The node of a conversion of x (ops::cast, ops::cast_precomputed): its backward returns the
+// output's gradient as it is; when x is a leaf, consumers may add into its fp32 gradient
+// directly (GradHandOver::accumulator).
+void record_cast(Tensor& output, const Tensor& x);
 
 // Backpropagates from `root` (a one-element tensor) with seed gradient 1.
 void backward(const Tensor& root);

@@ -37,6 +37,13 @@ void GradSink::add(const Tensor& leaf, const Tensor& grad) {
   add_into(dst, grad);
 }
 
+Tensor GradSink::accumulator(const Tensor& leaf) {
+  const Tensor g = leaf.grad();
+  if (!g.defined() || g.dtype() != DType::f32 || !g.device().is_cuda() || g.shape() != leaf.shape()) return Tensor();
+  if (fold_waits_for(leaf)) flush();
+  return g;
+}
+
 void GradSink::leaf_final(const Tensor& leaf) {
   if (!ready_) return;
   if (fold_waits_for(leaf)) ready_after_flush_.push_back(leaf);

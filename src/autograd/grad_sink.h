@@ -51,6 +51,11 @@ class GradSink {
   // into the next backward.
   void discard();
 
+  // leaf's gradient buffer when it is fp32 on the GPU, for a node to add its gradient into
+  // itself (GradHandOver::accumulator), with the leaf's waiting folds launched first so that the
+  // additions keep their order; undefined otherwise.
+  Tensor accumulator(const Tensor& leaf);
+
   // Whether leaf_final reports go anywhere (the engine counts readers only then).
   bool wants_final() const { return static_cast<bool>(ready_); }
 

@@ -323,12 +323,10 @@ Tensor GPT::loss(const Tensor& ids, const Tensor& targets) {
   TG_CHECK(targets.shape() == ids.shape() && targets.dtype() == DType::i32, "GPT.loss: targets ",
            targets.desc(), " must be i32 with the shape of ids ", ids.desc());
   const int64_t N = ids.numel();
-  if (lm_head_chunk_ > 0) {  // the head and the loss together, lm_head_chunk_ rows of logits at a time
-    auto [x, wte] = features(ids);
-    return ops::linear_cross_entropy(ops::reshape(x, {N, config_.d_model}), wte, targets.view({N}), lm_head_chunk_);
-  }
-  Tensor logits = forward(ids);
-  return ops::cross_entropy(ops::reshape(logits, {N, config_.vocab_size}), targets.view({N}));
+  // The head and the loss together (lm_head_chunk_ rows of logits at a time, or all of them): the
+  // logits are never a tensor of their own, so their gradient is written over them.
+  auto [x, wte] = features(ids);
+  return ops::linear_cross_entropy(ops::reshape(x, {N, config_.d_model}), wte, targets.view({N}), lm_head_chunk_);
 }
 
 }  // namespace tg::nn

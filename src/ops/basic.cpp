@@ -106,15 +106,12 @@ Tensor mean(const Tensor& x) {
   return scale(sum(x), 1.0 / double(x.numel()));
 }
 
-namespace {
-// The backward of a conversion x → out returns out's gradient as it is, in out's dtype: the
-// engine converts it for a non-leaf x, and a leaf's sink folds it into the leaf's gradient (a
-// bf16 gradient added into an fp32 parameter's in one pass, the small ones batched; see
-// src/autograd/grad_sink.h), so a parameter's compute copy costs no converted gradient copy.
-void record_cast(Tensor& out, const Tensor& x) {
-  record(out, "cast", {x}, [](const Tensor& g) { return std::vector<Tensor>{g}; });
-}
-}  // namespace
+// The backward of a conversion x → out returns out's gradient as it is, in out's dtype
+// (record_cast): the engine converts it for a non-leaf x, and a leaf's sink folds it into the
+// leaf's gradient (a bf16 gradient added into an fp32 parameter's in one pass, the small ones
+// batched; see src/autograd/grad_sink.h), unless the consumer added it into that fp32 gradient
+// itself (GradHandOver::accumulator). So a parameter's compute copy costs no converted gradient
+// copy.
 
 Tensor cast(const Tensor& x, DType dtype) {
   check_defined("cast", x, "x");

@@ -107,10 +107,14 @@ void check_linear(const char* op, const Tensor& x, const Tensor& weight, const T
 // The two GEMMs of a linear layer's backward: dx (rows, K) = g (rows, N) · W (N, K) when x needs
 // it, dW (N, K) = gᵀ (N, rows) · x (rows, K). The bias gradient is a column-sum kernel of its own:
 // cuBLASLt's BGRADB epilogue (the bias gradient out of dW's GEMM) made the GPT-2 step slower
-// (docs/performance.md "Where a step's time goes").
+// (docs/performance.md "Where a step's time goes"). When the weight is a bf16 compute copy of an
+// fp32 parameter on the GPU (w_acc: GradHandOver::accumulator), dW is added straight into the
+// parameter's fp32 gradient by the GEMM (beta = 1) and no dW is returned: no bf16 dW is written,
+// and no pass folds it into fp32 (docs/performance.md, table of changes).
 std::pair<Tensor, Tensor> linear_backward_gemms(const Tensor& g, const Tensor& x, const Tensor& w, bool need_x,
-                                                int64_t rows, int64_t N, int64_t K) {
-  Tensor gx, gw = Tensor::empty({N, K}, g.dtype(), g.device());
+                                                int64_t rows, int64_t N, int64_t K, const Tensor& w_acc) {
+  const bool into_acc = w_acc.defined() && g.device().is_cuda() && g.dtype() == DType::bf16;
+  Tensor gx, gw = into_acc ? Tensor() : Tensor::empty({N, K}, g.dtype(), g.device());
   if (need_x) gx = Tensor::empty(x.shape(), g.dtype(), g.device());
   dispatch("linear backward", g,
            [&]<typename T>() {
@@ -120,6 +124,14 @@ std::pair<Tensor, Tensor> linear_backward_gemms(const Tensor& g, const Tensor& x
            [&]<typename T>() {
              if (need_x)
                cuda_gemm<T>(false, false, rows, K, N, g.data<T>(), N, w.data<T>(), K, gx.data<T>(), K, 1, 0, 0, 0);
+             if constexpr (std::is_same_v<T, bf16>) {
+               if (into_acc) {
+                 TG_ASSERT(w_acc.shape() == (Shape{N, K}));
+                 cuda::gemm_accumulate_f32(true, false, N, K, rows, 1.0f, g.data<T>(), N, x.data<T>(), K, 1.0f,
+                                           w_acc.data<float>(), K, cuda_stream());
+                 return;
+               }
+             }
              cuda_gemm<T>(true, false, N, K, rows, g.data<T>(), N, x.data<T>(), K, gw.data<T>(), K, 1, 0, 0, 0);
            });
   return {gx, gw};
@@ -156,8 +168,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Tensor out = linear_forward(x, weight, bias);
   record(out, "linear", {x, weight, bias},
          [x = x.detach(), w = weight.detach(), has_bias = bias.defined(), rows, N, K,
-          need_x = x.requires_grad()](const Tensor& g) {
-           auto [gx, gw] = linear_backward_gemms(g, x, w, need_x, rows, N, K);
+          need_x = x.requires_grad()](const Tensor& g, GradHandOver& hand_over) {
+           auto [gx, gw] = linear_backward_gemms(g, x, w, need_x, rows, N, K, hand_over.accumulator(1));
            Tensor gb;
            if (has_bias) {
              gb = Tensor::empty({N}, g.dtype(), g.device());
@@ -184,7 +196,7 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
            [&]<typename T>() { cuda::gelu_forward(pre.data<T>(), out.data<T>(), pre.numel(), cuda_stream()); });
   record(out, "linear_gelu", {x, weight, bias},
          [x = x.detach(), w = weight.detach(), pre, has_bias = bias.defined(), rows, N, K,
-          need_x = x.requires_grad()](const Tensor& g) {
+          need_x = x.requires_grad()](const Tensor& g, GradHandOver& hand_over) {
            // d(pre) = gelu'(pre)·g, and the bias gradient Σ_rows d(pre) in the same pass on the GPU.
            Tensor dpre = empty_like(pre), gb;
            if (has_bias) gb = Tensor::empty({N}, g.dtype(), g.device());
@@ -202,7 +214,7 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                         cuda::gelu_backward(pre.data<T>(), g.data<T>(), dpre.data<T>(), g.numel(), cuda_stream());
                       }
                     });
-           auto [gx, gw] = linear_backward_gemms(dpre, x, w, need_x, rows, N, K);
+           auto [gx, gw] = linear_backward_gemms(dpre, x, w, need_x, rows, N, K, hand_over.accumulator(1));
            return std::vector<Tensor>{gx, gw, gb};
          });
   return out;
@@ -456,8 +468,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets_in, int32_t ign
 
 // The LM head and its loss a chunk of rows at a time. Per chunk: logits = x_c·Wᵀ, the rows'
 // log-sum-exp and losses, and — when a backward will follow — dlogits = (softmax − onehot)/count
-// from the same logits, then dx_c = dlogits·W and dW += dlogitsᵀ·x_c. Only the chunk's logits and
-// dlogits are ever held (2·chunk·V elements instead of the whole (N, V) twice); the gradients
+// written over the logits, then dx_c = dlogits·W and dW += dlogitsᵀ·x_c. Only one chunk's logits
+// are ever held (chunk·V elements, not the (N, V) logits and their gradient as well); the gradients
 // are complete when the forward returns, so the backward only rescales them by the upstream
 // gradient (as cross_entropy's GPU path does). count is over the whole batch, so every chunk's
 // dlogits is already the mean's gradient. On the GPU with bf16 and several chunks, dW is summed
@@ -480,7 +492,7 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
   Tensor lse = Tensor::empty({N}, stats, x.device()), row_loss = Tensor::empty({N}, stats, x.device());
   Tensor out = Tensor::empty({1}, stats, x.device());
   Tensor logits = Tensor::empty({chunk, V}, x.dtype(), x.device());
-  Tensor dlogits = grad ? Tensor::empty({chunk, V}, x.dtype(), x.device()) : Tensor();
+  Tensor dlogits = grad ? logits : Tensor();  // the gradient overwrites the logits it is made from
   Tensor dx = need_x ? Tensor::empty({N, C}, x.dtype(), x.device()) : Tensor();
   // dW is summed over the chunks (zeros first: N may be 0); under bf16 on the GPU, in fp32 when
   // there is more than one chunk to add.

@@ -56,9 +56,9 @@ Footprint estimate_footprint(const Config& c, bool training, int world_size) {
   const int64_t per_block = mul(mul(tokens, C), 18 * elem);
   int64_t act = training && t.recompute ? add(mul(mul(mul(tokens, C), elem), L), per_block) : mul(per_block, L);
   if (m.attention == "naive") act = add(act, mul(mul(mul(mul(mul(B, H), T), T), 2 * elem), training ? L : 1));
-  // Logits and their gradient: all rows at once, or lm_head_chunk rows at a time.
+  // The logits (their gradient is written over them): all rows at once, or lm_head_chunk rows at a time.
   const int64_t rows = t.lm_head_chunk > 0 ? std::min<int64_t>(tokens, t.lm_head_chunk) : tokens;
-  act = add(act, mul(mul(rows, V), training ? 2 * elem : elem));
+  act = add(act, mul(mul(rows, V), elem));
   f.activation_bytes = act;
   if (training) {
     f.grad_bytes = mul(f.params, 4);

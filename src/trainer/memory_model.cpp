@@ -174,27 +174,20 @@ MemoryPrediction predict_memory(const Config& c, const std::string& device_kind,
   // In the backward: the loss (one element) and the backward's seed gradient of it.
   const int64_t loss_scalars = mul(2, s);
 
-  // The LM head. Chunked (linear_cross_entropy): per chunk of c rows the logits and dlogits
-  // (c × V each), over all rows the log-sum-exp and row losses (N each, statistics dtype), dx
-  // (one unit) and dW (V × C; under bf16 with more than one chunk summed in fp32 and then rounded
-  // to bf16 while the fp32 sum is still held). Unchunked: the (N, V) logits; on the CPU
-  // cross_entropy's backward allocates their gradient while they are held, on the GPU the
-  // gradient is written in the forward.
-  int64_t head = 0;
-  const int64_t NV = mul(mul(N, V), e);
-  if (t.lm_head_chunk > 0) {
-    const int64_t rows = std::min<int64_t>(t.lm_head_chunk, std::max<int64_t>(N, 1));
-    const bool f32_sum = gpu && bf16 && N > rows;
-    const int64_t dw = f32_sum ? mul(mul(V, C), 4 + 2) : mul(mul(V, C), e);
-    head = add({mul(mul(mul(rows, V), e), 2), u, dw, mul(N, 2 * s), s, gpu ? 4 : 0});
-  } else {
-    head = gpu ? add({NV, NV, mul(N, 8), 8}) : add({NV, NV, mul(N, e), e, e});  // CPU: + the backward's seed
-  }
+  // The LM head (linear_cross_entropy), a chunk of c rows at a time (c = N unchunked): the chunk's
+  // logits (c × V, overwritten by their gradient), over all rows the log-sum-exp and row losses
+  // (N each, statistics dtype), dx (one unit) and dW (V × C; under bf16 with more than one chunk
+  // summed in fp32 and then rounded to bf16 while the fp32 sum is still held).
+  const int64_t rows = t.lm_head_chunk > 0 ? std::min<int64_t>(t.lm_head_chunk, std::max<int64_t>(N, 1))
+                                           : std::max<int64_t>(N, 1);
+  const bool f32_sum = gpu && bf16 && N > rows;
+  const int64_t dw = f32_sum ? mul(mul(V, C), 4 + 2) : mul(mul(V, C), e);
+  const int64_t head = add({mul(mul(rows, V), e), u, dw, mul(N, 2 * s), s, gpu ? 4 : 0});
   // What the forward keeps when the head runs: every block's saved tensors (or only the block
   // inputs under recompute), block 0's input and the final LayerNorm's output and statistics.
   const int64_t blocks_fwd = t.recompute ? mul(L + 1, u) : add({u, mul(L, p.saved_per_block)});
   const int64_t ln_f = add({u, ln_stats});
-  p.phases.push_back({t.lm_head_chunk > 0 ? "head forward (chunked)" : "head (logits and their gradient)",
+  p.phases.push_back({t.lm_head_chunk > 0 ? "head forward (chunked)" : "head forward",
                       add({common, blocks_fwd, ln_f, head}), 0});
 
   // The backward of the last block (the first one the backward reaches; the later ones hold
