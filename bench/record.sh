@@ -24,6 +24,8 @@ for what in $RECORD; do
       $tg bench train configs/gpt2-124m.yaml --steps 30 --warmup 5 > "$OUT/record_train.jsonl" 2>&1
       $tg bench train configs/gpt2-124m.yaml --steps 30 --warmup 5 --set train.lm_head_chunk=4096 \
         > "$OUT/record_train_chunked.jsonl" 2>&1
+      $tg bench train configs/gpt2-124m.yaml --steps 30 --warmup 5 --set train.lm_head_chunk=8192 \
+        > "$OUT/record_train_chunked8192.jsonl" 2>&1
       $tg bench train configs/gpt2-124m.yaml --steps 30 --warmup 5 --set train.cuda_graph=false \
         > "$OUT/record_train_launched.jsonl" 2>&1
       timeout 600 python3 bench/reference/torch_gpt.py throughput --vocab 50304 > "$OUT/record_torch_train.jsonl" 2>&1 ;;

@@ -44,6 +44,7 @@ def times(ratios):
 def train_table(d):
     tg = [r for r in rows(d, "record_train.jsonl") if r.get("bench") == "train"]
     chunked = [r for r in rows(d, "record_train_chunked.jsonl") if r.get("bench") == "train"]
+    chunked8192 = [r for r in rows(d, "record_train_chunked8192.jsonl") if r.get("bench") == "train"]
     launched = [r for r in rows(d, "record_train_launched.jsonl") if r.get("bench") == "train"]
     torch = {r.get("variant"): r for r in rows(d, "record_torch_train.jsonl") if r.get("bench") == "torch_train"}
     if not tg:
@@ -57,7 +58,8 @@ def train_table(d):
             lines.append(f"| {label} | {r['tokens_per_s']:,.0f} | {r['peak_gib']:.2f} GiB | "
                          f"{t['tokens_per_s'] / r['tokens_per_s']:.3f}× |")
     compiled = torch.get("compile")
-    for extra, label in ((chunked, "tilegrad, `train.lm_head_chunk=4096`"),
+    for extra, label in ((chunked8192, "tilegrad, `train.lm_head_chunk=8192`"),
+                         (chunked, "tilegrad, `train.lm_head_chunk=4096`"),
                          (launched, "tilegrad, kernels launched one by one (`train.cuda_graph=false`)")):
         if extra:
             c = extra[0]

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include <cub/device/device_radix_sort.cuh>
+
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/copy_rows.cuh"
@@ -124,6 +126,64 @@ __global__ void __launch_bounds__(kMaxChunkCols)
   }
 }
 
+// The backward added into an fp32 table, touching only the rows of ids that occur. The ids come
+// sorted (stably, with their token positions): block i starts at sorted position i if a run of
+// equal ids starts there, and sums the run's dout rows. Its warps take the run's tokens in turn
+// (warp w the w-th, w+8-th, …), so a frequent id's thousands of tokens are summed by eight
+// warps, not one; the warps' partial sums are added in warp order, so the result is the same
+// on every run. Lane l holds channels [c0 + l·V, c0 + l·V + V) of a 32·V-channel chunk.
+constexpr int kAccWarps = 8;
+
+__global__ void iota_kernel(int32_t* __restrict__ out, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = int32_t(i);
+}
+
+template <int V, typename T>
+__global__ void __launch_bounds__(kAccWarps * 32)
+    embedding_backward_accumulate_kernel(const T* __restrict__ dout, const int32_t* __restrict__ sorted_ids,
+                                         const int32_t* __restrict__ sorted_tokens, float* __restrict__ dweight,
+                                         int64_t N, int64_t V_rows, int64_t C) {
+  __shared__ float partial[kAccWarps][32 * V];
+  const int64_t start = blockIdx.x;
+  const int32_t id = sorted_ids[start];
+  if ((start > 0 && sorted_ids[start - 1] == id) || id < 0 || id >= V_rows) return;  // not a run's start
+  const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
+  for (int64_t c0 = 0; c0 < C; c0 += 32 * V) {
+    const int64_t c = c0 + int64_t(lane) * V;
+    float acc[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) acc[k] = 0.0f;
+    if (c < C)
+      for (int64_t pos = start + warp; pos < N && sorted_ids[pos] == id; pos += kAccWarps) {
+        float f[V];
+        load_vec<V>(dout + int64_t(sorted_tokens[pos]) * C + c, f);
+#pragma unroll
+        for (int k = 0; k < V; ++k) acc[k] += f[k];
+      }
+#pragma unroll
+    for (int k = 0; k < V; ++k) partial[warp][lane * V + k] = acc[k];
+    __syncthreads();
+    for (int j = int(threadIdx.x); j < 32 * V && c0 + j < C; j += kAccWarps * 32) {
+      float sum = partial[0][j];
+#pragma unroll
+      for (int w = 1; w < kAccWarps; ++w) sum += partial[w][j];
+      dweight[int64_t(id) * C + c0 + j] += sum;
+    }
+    __syncthreads();  // partial is rewritten by the next chunk
+  }
+}
+
+// The scratch of embedding_backward_accumulate: the sorted ids, the token positions before and
+// after sorting, then CUB's own temporary storage.
+size_t sort_temp_bytes(int64_t N) {
+  size_t bytes = 0;
+  TG_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const int32_t*>(nullptr),
+                                                static_cast<int32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
+                                                static_cast<int32_t*>(nullptr), N));
+  return bytes;
+}
+
 }  // namespace
 
 // ───────────────────────────── launchers ─────────────────────────────
@@ -152,10 +212,42 @@ void embedding_backward(const T* dout, const int32_t* ids, const T* dweight_add,
   TG_CUDA_CHECK(cudaGetLastError());
 }
 
+size_t embedding_backward_accumulate_scratch_bytes(int64_t N) {
+  require(N >= 0 && N <= INT32_MAX, "embedding_backward_accumulate", "token count outside [0, 2^31)");
+  return 3 * size_t(N) * sizeof(int32_t) + 256 + sort_temp_bytes(N);
+}
+
+template <typename T>
+void embedding_backward_accumulate(const T* dout, const int32_t* ids, float* dweight, int64_t N, int64_t V, int64_t C,
+                                   void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+  require(N >= 0 && V >= 0 && C >= 0, "embedding_backward_accumulate", "negative size");
+  require(scratch_bytes >= embedding_backward_accumulate_scratch_bytes(N), "embedding_backward_accumulate",
+          "scratch smaller than embedding_backward_accumulate_scratch_bytes(N)");
+  if (N == 0 || V == 0 || C == 0) return;
+  int32_t* sorted_ids = static_cast<int32_t*>(scratch);
+  int32_t* tokens = sorted_ids + N;
+  int32_t* sorted_tokens = tokens + N;
+  // CUB's storage after the three arrays, 256-byte aligned.
+  const uintptr_t temp_at = (reinterpret_cast<uintptr_t>(sorted_tokens + N) + 255) & ~uintptr_t(255);
+  size_t temp_bytes = sort_temp_bytes(N);
+  iota_kernel<<<grid_for(N, 256), 256, 0, stream>>>(tokens, N);
+  TG_CUDA_CHECK(cudaGetLastError());
+  // All 32 bits of the key: an id outside [0, V) sorts into a run of its own, which is skipped.
+  TG_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(reinterpret_cast<void*>(temp_at), temp_bytes, ids, sorted_ids, tokens,
+                                                sorted_tokens, N, 0, 32, stream));
+  constexpr int kV = kVec<T>;
+  const bool packed = C % kV == 0 && aligned16(dout);
+  auto kernel = packed ? embedding_backward_accumulate_kernel<kV, T> : embedding_backward_accumulate_kernel<1, T>;
+  kernel<<<unsigned(N), kAccWarps * 32, 0, stream>>>(dout, sorted_ids, sorted_tokens, dweight, N, V, C);
+  TG_CUDA_CHECK(cudaGetLastError());
+}
+
 #define TG_INSTANTIATE(T)                                                                            \
   template void embedding_forward<T>(const T*, const int32_t*, T*, int64_t, int64_t, cudaStream_t); \
   template void embedding_backward<T>(const T*, const int32_t*, const T*, T*, int64_t, int64_t, int64_t, \
-                                      cudaStream_t);
+                                      cudaStream_t);                                                   \
+  template void embedding_backward_accumulate<T>(const T*, const int32_t*, float*, int64_t, int64_t, int64_t, \
+                                                 void*, size_t, cudaStream_t);
 TG_INSTANTIATE(float)
 TG_INSTANTIATE(tg::bf16)
 #undef TG_INSTANTIATE

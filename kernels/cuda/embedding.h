@@ -24,4 +24,16 @@ template <typename T>
 void embedding_backward(const T* dout, const int32_t* ids, const T* dweight_add, T* dweight, int64_t N, int64_t V,
                         int64_t C, cudaStream_t stream);
 
+// dweight (V, C), fp32, += the sum of the dout (N, C) rows per id: a parameter's fp32 gradient
+// taking its bf16 compute copy's embedding gradient directly. Only the rows of ids that occur are
+// read and written (GPT-2, N = 16384: at most 16384 of 50,304 rows), so unlike embedding_backward
+// there is no pass over the whole table. The ids are sorted with their token positions
+// (cub::DeviceRadixSort) into scratch; each id's tokens are then summed in fp32 in a fixed order
+// (bitwise reproducible; not the CPU's order) and the sum added into its row. Ids outside [0, V)
+// are skipped. scratch: embedding_backward_accumulate_scratch_bytes(N) bytes of device memory.
+size_t embedding_backward_accumulate_scratch_bytes(int64_t N);
+template <typename T>
+void embedding_backward_accumulate(const T* dout, const int32_t* ids, float* dweight, int64_t N, int64_t V, int64_t C,
+                                   void* scratch, size_t scratch_bytes, cudaStream_t stream);
+
 }  // namespace tg::cuda

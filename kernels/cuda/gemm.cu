@@ -151,6 +151,7 @@ struct Plan {
 struct DeviceState {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
+  int cc = 0, sms = 0;  // compute capability (major·10 + minor) and multiprocessors: kTunedGemms' key
   std::unordered_map<PlanKey, std::unique_ptr<Plan>, PlanKeyHash> plans;
 };
 
@@ -165,6 +166,11 @@ DeviceState& device_state(int device) {  // caller holds g_mutex
   auto state = std::make_unique<DeviceState>();
   TG_CUBLAS_CHECK(cublasLtCreate(&state->handle));
   TG_CUDA_CHECK(cudaMalloc(&state->workspace, kWorkspaceBytes));
+  int major = 0, minor = 0;
+  TG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  TG_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  TG_CUDA_CHECK(cudaDeviceGetAttribute(&state->sms, cudaDevAttrMultiProcessorCount, device));
+  state->cc = major * 10 + minor;
   DeviceState* s = state.release();
   g_devices.emplace(device, s);
   return *s;
@@ -186,6 +192,49 @@ struct Problem {
   const void* bias;
 };
 
+// Problems where another of the heuristic's candidates than its first ran faster: GPT-2 small's
+// GEMMs (batch 16 × 1024) on the H200, measured by tools/gemm_sweep.cu in interleaved rounds
+// (docs/performance.md, "cuBLASLt's candidates"). The choice is a fixed index into the
+// heuristic's list for the problem, so a run takes the same algorithms — and its results the same
+// bits — every time. Another device, cuBLASLt version or problem takes the heuristic's first.
+struct TunedGemm {
+  int cc, sms;              // the device: compute capability (major·10 + minor), multiprocessors
+  size_t cublaslt_version;  // cublasLtGetVersion()
+  bool c_f32, trans_a, trans_b;
+  int64_t M, N, K;
+  bool bias;      // the fused bias epilogue
+  int candidate;  // index into the heuristic's results (at most kTunedCandidates)
+};
+constexpr int kTunedCandidates = 8;
+// {cc, sms, version, c_f32, trans_a, trans_b, M, N, K, bias, candidate}, with the best of 3
+// interleaved rounds of the heuristic's first candidate against the one chosen.
+constexpr TunedGemm kTunedGemms[] = {
+    {90, 132, 130100, false, false, true, 16384, 2304, 768, true, 1},  // forward qkv: 87.99 → 85.25 µs
+    {90, 132, 130100, false, false, true, 16384, 768, 768, true, 7},  // forward attn.proj: 32.54 → 30.44 µs
+    {90, 132, 130100, false, false, true, 16384, 768, 3072, true, 7},  // forward mlp.proj: 107.94 → 104.43 µs
+    {90, 132, 130100, false, false, true, 16384, 50304, 768, false, 6},  // forward LM head: 1929.85 → 1635.79 µs
+    {90, 132, 130100, false, false, false, 16384, 768, 768, false, 7},  // input gradient attn.proj: 34.12 → 30.87 µs
+    {90, 132, 130100, false, false, false, 16384, 768, 3072, false, 7},  // input gradient mlp.fc: 109.87 → 104.77 µs
+    {90, 132, 130100, false, false, false, 16384, 3072, 768, false, 6},  // input gradient mlp.proj: 122.97 → 104.17 µs
+    {90, 132, 130100, true, true, false, 768, 768, 16384, false, 1},  // weight gradient attn.proj into fp32: 39.43 → 37.55 µs
+    {90, 132, 130100, true, true, false, 3072, 768, 16384, false, 1},  // weight gradient mlp.fc into fp32: 109.43 → 105.62 µs
+    {90, 132, 130100, true, true, false, 768, 3072, 16384, false, 1},  // weight gradient mlp.proj into fp32: 116.59 → 106.50 µs
+};
+
+// The candidate index for a bf16 problem of one matrix on this device (0: the heuristic's first).
+int tuned_candidate(int cc, int sms, const Problem& p, bool fused) {
+  if (p.type != CUDA_R_16BF || p.batch != 1 || p.lda != (p.trans_a ? p.M : p.K) ||
+      p.ldb != (p.trans_b ? p.K : p.N) || p.ldc != p.N)
+    return 0;
+  static const size_t version = cublasLtGetVersion();
+  for (const TunedGemm& t : kTunedGemms)
+    if (t.cc == cc && t.sms == sms && t.cublaslt_version == version && t.c_f32 == (p.c_type == CUDA_R_32F) &&
+        t.trans_a == p.trans_a && t.trans_b == p.trans_b && t.M == p.M && t.N == p.N && t.K == p.K &&
+        t.bias == (fused && p.epilogue == Epilogue::bias) && (t.bias || p.epilogue == Epilogue::none))
+      return t.candidate;
+  return 0;
+}
+
 cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int64_t batch,
                                    int64_t stride) {
   cublasLtMatrixLayout_t layout = nullptr;
@@ -199,9 +248,11 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t co
   return layout;
 }
 
-// Builds the descriptors and asks the heuristic for its best algorithm; null when it has none
-// (with `fused`, that sends the caller to the unfused plan).
-std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const Problem& p, bool fused) {
+// Builds the descriptors and asks the heuristic for its best algorithm (or the kTunedGemms
+// candidate for the problem on this device); null when it has none (with `fused`, that sends the
+// caller to the unfused plan).
+std::unique_ptr<Plan> make_plan(const DeviceState& state, const Problem& p, bool fused) {
+  const cublasLtHandle_t handle = state.handle;
   auto plan = std::make_unique<Plan>();
   plan->fused = fused;
   // fp32 compute for both types: for fp32 inputs CUBLAS_COMPUTE_32F excludes TF32.
@@ -239,13 +290,15 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const Problem& p, bool 
   TG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
   TG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
 
-  cublasLtMatmulHeuristicResult_t result{};
+  const int want = tuned_candidate(state.cc, state.sms, p, fused);
+  std::array<cublasLtMatmulHeuristicResult_t, kTunedCandidates> results{};
   int count = 0;
-  cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->c, plan->c, pref, 1,
-                                                     &result, &count);
+  cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->c, plan->c, pref,
+                                                     want + 1, results.data(), &count);
   // NOT_SUPPORTED is how the heuristic says "nothing for this configuration".
   if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && count == 0)) return nullptr;
   TG_CUBLAS_CHECK(st);
+  const cublasLtMatmulHeuristicResult_t& result = results[size_t(want < count ? want : 0)];
   TG_CUBLAS_CHECK(result.state);
   plan->algo = result.algo;
   return plan;
@@ -262,14 +315,14 @@ std::string describe(const Problem& p) {
 // (batches only) a loop over single-matrix GEMMs. Alignments already hold for every matrix of the
 // batch, so the single-matrix problem keeps them. No algorithm even for one matrix is an
 // internal failure.
-std::unique_ptr<Plan> build_plan(cublasLtHandle_t handle, const Problem& p, bool allow_fused) {
+std::unique_ptr<Plan> build_plan(const DeviceState& state, const Problem& p, bool allow_fused) {
   if (allow_fused && p.epilogue != Epilogue::none && reinterpret_cast<uintptr_t>(p.bias) % kFusedBiasAlignment == 0)
-    if (auto plan = make_plan(handle, p, true)) return plan;
-  if (auto plan = make_plan(handle, p, false)) return plan;
+    if (auto plan = make_plan(state, p, true)) return plan;
+  if (auto plan = make_plan(state, p, false)) return plan;
   if (p.batch > 1) {
     Problem one = p;
     one.batch = 1, one.stride_a = one.stride_b = one.stride_c = 0;
-    auto plan = build_plan(handle, one, allow_fused);
+    auto plan = build_plan(state, one, allow_fused);
     plan->per_matrix = true;
     return plan;
   }
@@ -346,7 +399,7 @@ void gemm_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
   const PlanKey key{int64_t(p.type), int64_t(p.c_type), trans_a, trans_b, M, N, K, lda, ldb, ldc, batch, p.stride_a, p.stride_b,
                     p.stride_c, int64_t(epilogue), p.align_a, p.align_b, p.align_c, align_bias};
   auto it = state.plans.find(key);
-  if (it == state.plans.end()) it = state.plans.emplace(key, build_plan(state.handle, p, true)).first;
+  if (it == state.plans.end()) it = state.plans.emplace(key, build_plan(state, p, true)).first;
 
   for (;;) {
     Plan& plan = *it->second;
@@ -364,7 +417,7 @@ void gemm_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
       // A fused algorithm the heuristic offered but the call refuses (it refuses before launching,
       // and every call of a loop has the same configuration, so nothing ran): keep the unfused
       // plan for this key so the refusal is paid once, and run it.
-      it->second = build_plan(state.handle, p, false);
+      it->second = build_plan(state, p, false);
       continue;
     }
     TG_CUBLAS_CHECK(st);

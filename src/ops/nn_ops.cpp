@@ -60,6 +60,18 @@ Tensor embedding(const Tensor& weight, const Tensor& ids_in) {
              cuda::embedding_forward(weight.data<T>(), ids.data<int32_t>(), out.data<T>(), N, C, cuda_stream());
            });
   record(out, "embedding", {weight}, [ids, V, C, N](const Tensor& g, GradHandOver& hand_over) {
+    // The bf16 compute copy of an fp32 table on the GPU: its tokens' rows are added straight into
+    // the table's fp32 gradient, only the rows that occur (the tied LM head's gradient, not taken
+    // here, is folded in by the table's conversion node as any other).
+    if (const Tensor acc = hand_over.accumulator(0); acc.defined() && g.device().is_cuda() && g.dtype() == DType::bf16) {
+#ifdef TILEGRAD_HAVE_CUDA
+      const size_t bytes = cuda::embedding_backward_accumulate_scratch_bytes(N);
+      Tensor scratch = detail::workspace_floats((bytes + sizeof(float) - 1) / sizeof(float), g.device());
+      cuda::embedding_backward_accumulate(g.data<bf16>(), ids.data<int32_t>(), acc.data<float>(), N, V, C,
+                                          scratch.raw(), bytes, cuda_stream());
+#endif
+      return std::vector<Tensor>{Tensor()};
+    }
     Tensor gw = Tensor::empty({V, C}, g.dtype(), g.device());
     // A table with another consumer (GPT-2's tied LM head) already has its gradient: it is added
     // as the table's gradient is written instead of in a pass of its own over (V, C).
