@@ -183,6 +183,9 @@ size_t sort_temp_bytes(int64_t N) {
                                                 static_cast<int32_t*>(nullptr), N));
   return bytes;
 }
+size_t accumulate_scratch_bytes(int64_t N, size_t sort_bytes) {
+  return 3 * size_t(N) * sizeof(int32_t) + 256 + sort_bytes;  // 256: aligning CUB's part
+}
 
 }  // namespace
 
@@ -214,14 +217,16 @@ void embedding_backward(const T* dout, const int32_t* ids, const T* dweight_add,
 
 size_t embedding_backward_accumulate_scratch_bytes(int64_t N) {
   require(N >= 0 && N <= INT32_MAX, "embedding_backward_accumulate", "token count outside [0, 2^31)");
-  return 3 * size_t(N) * sizeof(int32_t) + 256 + sort_temp_bytes(N);
+  return accumulate_scratch_bytes(N, sort_temp_bytes(N));
 }
 
 template <typename T>
 void embedding_backward_accumulate(const T* dout, const int32_t* ids, float* dweight, int64_t N, int64_t V, int64_t C,
                                    void* scratch, size_t scratch_bytes, cudaStream_t stream) {
-  require(N >= 0 && V >= 0 && C >= 0, "embedding_backward_accumulate", "negative size");
-  require(scratch_bytes >= embedding_backward_accumulate_scratch_bytes(N), "embedding_backward_accumulate",
+  require(N >= 0 && N <= INT32_MAX && V >= 0 && C >= 0, "embedding_backward_accumulate",
+          "negative size, or more than 2^31 tokens");
+  size_t temp_bytes = sort_temp_bytes(N);
+  require(scratch_bytes >= accumulate_scratch_bytes(N, temp_bytes), "embedding_backward_accumulate",
           "scratch smaller than embedding_backward_accumulate_scratch_bytes(N)");
   if (N == 0 || V == 0 || C == 0) return;
   int32_t* sorted_ids = static_cast<int32_t*>(scratch);
@@ -229,7 +234,6 @@ void embedding_backward_accumulate(const T* dout, const int32_t* ids, float* dwe
   int32_t* sorted_tokens = tokens + N;
   // CUB's storage after the three arrays, 256-byte aligned.
   const uintptr_t temp_at = (reinterpret_cast<uintptr_t>(sorted_tokens + N) + 255) & ~uintptr_t(255);
-  size_t temp_bytes = sort_temp_bytes(N);
   iota_kernel<<<grid_for(N, 256), 256, 0, stream>>>(tokens, N);
   TG_CUDA_CHECK(cudaGetLastError());
   // All 32 bits of the key: an id outside [0, V) sorts into a run of its own, which is skipped.

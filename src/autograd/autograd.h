@@ -23,7 +23,7 @@ namespace tg {
 // kernel (LayerNorm's backward adds the residual gradient as it writes dx: one pass over the
 // tensor fewer).
 //
-// accumulator(): for an input that is a parameter's compute copy (a cast of a leaf, Node::cast_of)
+// accumulator(): for an input that is a parameter's compute copy (a cast of a leaf, Node::passes_to_leaf)
 // whose leaf keeps an fp32 gradient on the GPU, that gradient buffer. A closure may add its
 // gradient for the input into it itself — a weight-gradient GEMM with an fp32 output and beta = 1
 // — and then returns no gradient (undefined) for that input: no bf16 gradient is written, and

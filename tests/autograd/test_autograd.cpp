@@ -158,6 +158,25 @@ TEST(Autograd, ClosureTakesThePendingGradientFromItsArgument) {
   EXPECT_EQ(x.grad().to_double_vector(), (std::vector<double>{8.0, 8.0}));
 }
 
+// A closure that takes the pending gradient and returns none has added both itself (into an
+// accumulator, GradHandOver::accumulator): the engine drops what was pending instead of passing
+// it on a second time. Here the closure adds nothing, so x gets no gradient from h at all.
+TEST(Autograd, ClosureThatTakesAndReturnsNoGradientLeavesNothingPending) {
+  Tensor x = Tensor::from_vector({1.0, 2.0}, {2}, DType::f64);
+  x.set_requires_grad(true);
+  Tensor h = ops::scale(x, 1.0);  // a non-leaf used twice
+  Tensor mine = ops::scale(h, 1.0).detach();
+  bool took = false;
+  record(mine, "takes and keeps", {h}, [&took](const Tensor&, GradHandOver& hand_over) {
+    took = hand_over.take(0).defined();
+    return std::vector<Tensor>{Tensor()};
+  });
+  Tensor y = ops::scale(x, 7.0);  // a path to x that does not go through h
+  ops::sum(ops::add(ops::add(mine, ops::scale(h, 5.0)), y)).backward();
+  EXPECT_TRUE(took);
+  EXPECT_EQ(x.grad().to_double_vector(), (std::vector<double>{7.0, 7.0}));
+}
+
 // A cast's backward returns its gradient as it is; the leaf's sink folds it into the leaf's
 // gradient of another dtype (here f32 into f64), the small folds batched until the backward ends.
 // The ready hook hears of the leaf once, after its fold is added, and a later gradient of the
