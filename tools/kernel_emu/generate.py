@@ -31,6 +31,8 @@ PRIMITIVES = {"smem_addr", "cp_async_16", "cp_async_4", "cp_async_commit", "cp_a
               "named_barrier_sync", "named_barrier_arrive", "setmaxnreg_dec", "setmaxnreg_inc",
               "claim_item", "release_items", "launch_dependents", "wait_previous_grid"}
 DEFINITION = re.compile(r"^__device__ __forceinline__ \S+ (\w+)\(")
+# A primitive brought in from another header (kernels/cuda/bulk_copy.cuh's barriers): emu.h's stands in.
+USING = re.compile(r"^using ::tg::cuda::(\w+);$")
 LAUNCHERS = "// ───────────────────────────── launchers"
 
 
@@ -41,6 +43,10 @@ def strip_primitives(lines):
         nxt = lines[i + 1] if i + 1 < len(lines) else ""
         if line.startswith("template <") and DEFINITION.match(nxt) and DEFINITION.match(nxt).group(1) in PRIMITIVES:
             i += 1  # the template line of a primitive: dropped with it
+            continue
+        u = USING.match(line)
+        if u and u.group(1) in PRIMITIVES:
+            i += 1
             continue
         m = DEFINITION.match(line)
         if m and m.group(1) in PRIMITIVES:

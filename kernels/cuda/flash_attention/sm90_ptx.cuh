@@ -26,6 +26,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/bulk_copy.cuh"  // mbarrier_init, mbarrier_arrive_expect_tx, mbarrier_wait
 #include "kernels/cuda/flash_attention/tile.cuh"  // smem_addr
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -114,15 +115,11 @@ __device__ __forceinline__ void bulk_wait() {
 // memory that counts bytes; consumers wait on the barrier's phase (one phase per use: the parity
 // of the use count), and hand the buffer back through a second barrier the producer waits on.
 // Verified on the H200 by tests/cuda/test_tma.cpp (tensor map, swizzle, zero fill, two phases).
-
-// count arrivals (plus, per phase, the bytes announced with mbarrier_arrive_expect_tx) complete
-// a phase. One thread initialises; fence_barrier_init and a block barrier publish it.
-__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void fence_barrier_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
+// The barriers' set-up, expect_tx and wait are the bulk copy's (kernels/cuda/bulk_copy.cuh).
+using ::tg::cuda::fence_barrier_init;
+using ::tg::cuda::mbarrier_arrive_expect_tx;
+using ::tg::cuda::mbarrier_init;
+using ::tg::cuda::mbarrier_wait;
 __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
@@ -131,22 +128,6 @@ __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
 __device__ __forceinline__ void mbarrier_arrive_warp(uint64_t* bar) {
   __syncwarp();
   if ((threadIdx.x & 31) == 0) mbarrier_arrive(bar);
-}
-// One arrival that also announces `bytes` more to come from the copy engine in this phase.
-__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
-               "r"(bytes)
-               : "memory");
-}
-// Returns once the phase of parity `parity` has completed (a fresh barrier is in phase 0, so
-// waiting for parity 1 returns at once).
-__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nwait_%=:\n"
-      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait_%=;\n}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
 }
 // dst (shared, 1024-byte aligned for the 128-byte swizzle) ← the box of `map` at coordinates
 // (c0, c1, c2, c3), innermost first (tma.h's maps: column, head, row, sequence); completes
