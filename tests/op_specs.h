@@ -228,6 +228,27 @@ inline std::vector<OpSpec> op_specs() {
   t.emplace_back(OpSpec{"linear_gelu_nobias", {{6, 4}, {5, 4}}, [](auto& x) { return ops::linear_gelu(x[0], x[1], Tensor()); },
                [gelu_ref](auto& x) { return gelu_ref(ref_matmul(x[0], x[1], 1, 6, 5, 4, false, true)); }}).on_gpu({{"linear_gelu_nobias", {{9, 40}, {24, 40}}, [](auto& x) { return ops::linear_gelu(x[0], x[1], Tensor()); }}},
                   {"gelu"});
+  // x (2, 3, 4) → pre, h (6 rows, 5) → out (6 rows, 3).
+  auto mlp_ref = [gelu_ref](auto& x, bool bias) {
+    Vec pre = ref_matmul(x[0], x[1], 1, 6, 5, 4, false, true);
+    if (bias)
+      for (size_t i = 0; i < pre.size(); ++i) pre[i] += x[2][i % 5];
+    Vec y = ref_matmul(gelu_ref(pre), x[bias ? 3 : 2], 1, 6, 3, 5, false, true);
+    if (bias)
+      for (size_t i = 0; i < y.size(); ++i) y[i] += x[4][i % 3];
+    return y;
+  };
+  t.emplace_back(OpSpec{"mlp", {{2, 3, 4}, {5, 4}, {5}, {3, 5}, {3}}, [](auto& x) { return ops::mlp(x[0], x[1], x[2], x[3], x[4]); },
+               [mlp_ref](auto& x) { return mlp_ref(x, true); }}).on_gpu({
+                   // 4C = 256 (a multiple of 8): bf16 takes cuBLASLt's DGELU_BGRAD epilogue; 4C = 44: the
+                   // plain GEMM and the GELU-backward + bias-sum kernel (one pass at 14 rows).
+                   {"mlp", {{4, 96, 64}, {256, 64}, {256}, {64, 256}, {64}}, [](auto& x) { return ops::mlp(x[0], x[1], x[2], x[3], x[4]); }},
+                   {"mlp_fallback", {{2, 7, 64}, {44, 64}, {44}, {48, 44}, {48}}, [](auto& x) { return ops::mlp(x[0], x[1], x[2], x[3], x[4]); }}},
+                  {"gelu", "gelu_sum_rows", "sum_rows"});
+  t.emplace_back(OpSpec{"mlp_nobias", {{6, 4}, {5, 4}, {3, 5}}, [](auto& x) { return ops::mlp(x[0], x[1], Tensor(), x[2], Tensor()); },
+               [mlp_ref](auto& x) { return mlp_ref(x, false); }}).on_gpu({  // 4C = 24: bf16 takes DGELU without the bias gradient
+                   {"mlp_nobias", {{9, 40}, {24, 40}, {40, 24}}, [](auto& x) { return ops::mlp(x[0], x[1], Tensor(), x[2], Tensor()); }}},
+                  {"gelu"});
   for (int ta = 0; ta < 2; ++ta)
     for (int tb = 0; tb < 2; ++tb) {
       Shape sa = ta ? Shape{2, 4, 3} : Shape{2, 3, 4}, sb = tb ? Shape{2, 5, 4} : Shape{2, 4, 5};
@@ -284,6 +305,27 @@ inline std::vector<OpSpec> op_specs() {
                               return ops::add(ops::scale(r.sum, 0.5), r.normed);
                             }}},
                   {"add_layernorm_forward", "layernorm", "add_forward", "scale"});
+  // With the bias of b added in the op (a projection's): its gradient is the column sums of the
+  // sum's whole gradient. The GPU rows read the sum in both orders: where the LayerNorm's backward
+  // runs last among the sum's readers it forms those sums itself, otherwise the add's backward does.
+  auto add_layernorm_bias = [](bool sum_first) {
+    return [sum_first](auto& x) {
+      ops::AddLayerNorm r = ops::add_layernorm(x[0], x[1], x[2], x[3], 1e-5, x[4]);
+      Tensor half = ops::scale(r.sum, 0.5);
+      return sum_first ? ops::add(half, r.normed) : ops::add(r.normed, half);
+    };
+  };
+  t.emplace_back(OpSpec{"add_layernorm_bias", {{4, 6}, {4, 6}, {6}, {6}, {6}}, add_layernorm_bias(true),
+               [](auto& x) {
+                 Vec s(x[0]);
+                 for (size_t i = 0; i < s.size(); ++i) s[i] += x[1][i] + x[4][i % 6];
+                 Vec y = ref_layernorm(s, x[2], &x[3], 4, 6);
+                 for (size_t i = 0; i < y.size(); ++i) y[i] += 0.5 * s[i];
+                 return y;
+               }}).on_gpu({{"add_layernorm_bias_sum_first", {{6, 96}, {6, 96}, {96}, {96}, {96}}, add_layernorm_bias(true)},
+                           {"add_layernorm_bias_normed_first", {{6, 96}, {6, 96}, {96}, {96}, {96}},
+                            add_layernorm_bias(false)}},
+                          {"add_layernorm_forward", "layernorm", "add_forward", "scale", "sum_rows"});
   t.emplace_back(OpSpec{"softmax", {{4, 7}}, [](auto& x) { return ops::softmax(x[0]); },
                [](auto& x) { return ref_softmax_rows(x[0], 4, 7); }}).on_gpu({{"softmax", {{6, 77}}, [](auto& x) { return ops::softmax(x[0]); }}}, {"softmax"});
   t.emplace_back(OpSpec{"causal_mask+softmax", {{2, 4, 4}}, [](auto& x) { return ops::softmax(ops::causal_mask(x[0])); },

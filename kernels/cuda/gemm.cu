@@ -14,6 +14,15 @@
 // element alignment: their actual alignment (capped at 256 bytes, and including the batch stride)
 // is passed to the heuristic as MIN_ALIGNMENT_*, so it never picks a kernel that needs more. If no
 // strided-batch algorithm exists for a layout, the batch runs as a loop of single-matrix calls.
+//
+// gemm_dgelu (an MLP's backward): cuBLASLt's DGELU epilogue multiplies the product by GELU's
+// derivative at an auxiliary input (the saved pre-activation) laid out like D, i.e. column-major
+// (N, M) with ld N in cuBLASLt's terms; DGELU_BGRAD also writes the bias gradient, a vector along
+// cuBLASLt's m (our N) summed over its n (our rows). There is no unfused path inside gemm.cu for
+// it: where cuBLASLt has no algorithm (or refuses the call) gemm_dgelu says so and the caller
+// runs a plain GEMM and its own GELU-backward kernel. cublasLt.h does not say which GELU its
+// epilogues compute; CudaGemm.DgeluIsTheTanhFormsDerivative checks that DGELU's derivative is the
+// tanh form's (GPT-2's, gelu_tanh below), at inputs where bf16 tells it apart from the erf form's.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -49,8 +58,12 @@ static_assert(sizeof(tg::bf16) == sizeof(__nv_bfloat16), "tg::bf16 must be layou
 
 // Hopper's cuBLASLt kernels want ≥ 32 MiB for their split-K / stream-K reductions.
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;
-// The fused bias epilogue is only requested for a bias at least this aligned (see top of file).
+// The fused bias epilogue is only requested for a bias at least this aligned (see top of file);
+// gemm_dgelu asks the same of its bias gradient and of the pre-activation it reads.
 constexpr uintptr_t kFusedBiasAlignment = 16;
+// cuBLASLt's rule for the GELU epilogues' auxiliary matrix: its leading dimension (elements) is a
+// multiple of 8 (cublasLt.h, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD).
+constexpr int64_t kAuxLdMultiple = 8;
 
 // ---------------------------------------------------------------------------------------------
 // Kernels
@@ -107,10 +120,26 @@ void launch_bias_act(T* C, int64_t ldc, int64_t stride_c, int64_t M, int64_t N, 
   TG_CUDA_CHECK(cudaGetLastError());
 }
 
+// The epilogue a plan is built for: gemm()'s three (Epilogue), and gemm_dgelu's GELU derivative
+// without and with the bias gradient.
+enum class PlanEpilogue { none, bias, gelu_bias, dgelu, dgelu_bgrad };
+
+PlanEpilogue plan_epilogue(Epilogue e) {
+  switch (e) {
+    case Epilogue::none: return PlanEpilogue::none;
+    case Epilogue::bias: return PlanEpilogue::bias;
+    case Epilogue::gelu_bias: return PlanEpilogue::gelu_bias;
+  }
+  return PlanEpilogue::none;
+}
+
+bool is_dgelu(PlanEpilogue e) { return e == PlanEpilogue::dgelu || e == PlanEpilogue::dgelu_bgrad; }
+
 // Everything that decides the heuristic's choice: dtypes (inputs and C), transposes, sizes, leading dimensions,
 // batch and strides (0 when batch == 1), epilogue, and the pointer alignments (in bytes, capped at
-// 256) that the algorithm may rely on.
-using PlanKey = std::array<int64_t, 19>;
+// 256) that the algorithm may rely on: A, B, C, the bias (or bias gradient) and the DGELU
+// epilogue's auxiliary input (0 where there is none).
+using PlanKey = std::array<int64_t, 20>;
 
 struct PlanKeyHash {
   size_t operator()(const PlanKey& k) const {
@@ -124,7 +153,8 @@ struct PlanKeyHash {
 };
 
 // One cached matmul: descriptors plus the algorithm the heuristic chose for them. `fused` says
-// whether the epilogue runs inside cuBLASLt; if not, bias_act_kernel applies it afterwards.
+// whether the epilogue runs inside cuBLASLt; if not, bias_act_kernel applies it afterwards
+// (gemm_dgelu's plans are always fused).
 // `per_matrix` says the descriptors describe one matrix of the batch and the batch is a loop of
 // calls (only when cuBLASLt offers no strided-batch algorithm for the layout).
 struct Plan {
@@ -152,11 +182,12 @@ struct DeviceState {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   int cc = 0, sms = 0;  // compute capability (major·10 + minor) and multiprocessors: kTunedGemms' key
+  // Null only for a gemm_dgelu key: cuBLASLt has no algorithm for it, or refused it at run time.
   std::unordered_map<PlanKey, std::unique_ptr<Plan>, PlanKeyHash> plans;
 };
 
-// Guards the device map and the plan caches (the bias pointer is set on a cached descriptor per
-// call). Uncontended in training, so its cost is a few tens of nanoseconds per GEMM.
+// Guards the device map and the plan caches (the bias and aux pointers are set on a cached
+// descriptor per call). Uncontended in training, so its cost is a few tens of nanoseconds per GEMM.
 std::mutex g_mutex;
 std::unordered_map<int, DeviceState*> g_devices;
 
@@ -187,9 +218,11 @@ struct Problem {
   cudaDataType_t c_type;  // C: the same as type, or fp32 under bf16 inputs (gemm_accumulate_f32)
   bool trans_a, trans_b;
   int64_t M, N, K, lda, ldb, ldc, batch, stride_a, stride_b, stride_c;
-  Epilogue epilogue;
+  PlanEpilogue epilogue;
   uint32_t align_a, align_b, align_c;
-  const void* bias;
+  const void* bias;  // the bias, or DGELU_BGRAD's bias gradient (written)
+  const void* aux;   // DGELU's pre-activation, (M, N) row-major with ld aux_ld
+  int64_t aux_ld;
 };
 
 // Problems where another of the heuristic's candidates than its first ran faster: GPT-2 small's
@@ -222,7 +255,9 @@ constexpr TunedGemm kTunedGemms[] = {
 };
 
 // The candidate index for a bf16 problem of one matrix on this device (0: the heuristic's first).
+// The table holds plain and bias GEMMs only: any other epilogue takes the heuristic's first.
 int tuned_candidate(int cc, int sms, const Problem& p, bool fused) {
+  if (p.epilogue != PlanEpilogue::none && p.epilogue != PlanEpilogue::bias) return 0;
   if (p.type != CUDA_R_16BF || p.batch != 1 || p.lda != (p.trans_a ? p.M : p.K) ||
       p.ldb != (p.trans_b ? p.K : p.N) || p.ldc != p.N)
     return 0;
@@ -230,7 +265,7 @@ int tuned_candidate(int cc, int sms, const Problem& p, bool fused) {
   for (const TunedGemm& t : kTunedGemms)
     if (t.cc == cc && t.sms == sms && t.cublaslt_version == version && t.c_f32 == (p.c_type == CUDA_R_32F) &&
         t.trans_a == p.trans_a && t.trans_b == p.trans_b && t.M == p.M && t.N == p.N && t.K == p.K &&
-        t.bias == (fused && p.epilogue == Epilogue::bias) && (t.bias || p.epilogue == Epilogue::none))
+        t.bias == (fused && p.epilogue == PlanEpilogue::bias) && (t.bias || p.epilogue == PlanEpilogue::none))
       return t.candidate;
   return 0;
 }
@@ -262,15 +297,34 @@ std::unique_ptr<Plan> make_plan(const DeviceState& state, const Problem& p, bool
   TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
   TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
   if (fused) {
-    uint32_t epi = p.epilogue == Epilogue::gelu_bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
-    int32_t bias_type = p.type;
+    uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
+    switch (p.epilogue) {
+      case PlanEpilogue::none:  // never fused
+      case PlanEpilogue::bias: epi = CUBLASLT_EPILOGUE_BIAS; break;
+      case PlanEpilogue::gelu_bias: epi = CUBLASLT_EPILOGUE_GELU_BIAS; break;
+      case PlanEpilogue::dgelu: epi = CUBLASLT_EPILOGUE_DGELU; break;
+      case PlanEpilogue::dgelu_bgrad: epi = CUBLASLT_EPILOGUE_DGELU_BGRAD; break;
+    }
     TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-    TG_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
-    // The heuristic reads the bias pointer's value for its alignment (cublasLt.h); BIAS_BATCH_STRIDE
-    // stays 0, so every matrix of a batch gets the same bias.
-    TG_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)));
+    if (p.epilogue != PlanEpilogue::dgelu) {  // a bias, or DGELU_BGRAD's bias gradient (C's type)
+      int32_t bias_type = p.type;
+      TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                                     sizeof(bias_type)));
+      // The heuristic reads the bias pointer's value for its alignment (cublasLt.h); BIAS_BATCH_STRIDE
+      // stays 0, so every matrix of a batch gets the same bias.
+      TG_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)));
+    }
+    if (is_dgelu(p.epilogue)) {
+      // The pre-activation, laid out like D. Its type is left unset: it then defaults to D's
+      // (bf16), and setting it is an error for some type combinations (cublasLt.h,
+      // CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE). Its pointer's value, like the bias's,
+      // tells the heuristic its alignment.
+      TG_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &p.aux, sizeof(p.aux)));
+      TG_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &p.aux_ld, sizeof(p.aux_ld)));
+    }
   }
   // Stored shapes seen column-major: our B (K, N) row-major is (N, K) column-major, etc.
   plan->a = make_layout(p.type, p.trans_b ? p.K : p.N, p.trans_b ? p.N : p.K, p.ldb, p.batch, p.stride_b);
@@ -316,7 +370,7 @@ std::string describe(const Problem& p) {
 // batch, so the single-matrix problem keeps them. No algorithm even for one matrix is an
 // internal failure.
 std::unique_ptr<Plan> build_plan(const DeviceState& state, const Problem& p, bool allow_fused) {
-  if (allow_fused && p.epilogue != Epilogue::none && reinterpret_cast<uintptr_t>(p.bias) % kFusedBiasAlignment == 0)
+  if (allow_fused && p.epilogue != PlanEpilogue::none && reinterpret_cast<uintptr_t>(p.bias) % kFusedBiasAlignment == 0)
     if (auto plan = make_plan(state, p, true)) return plan;
   if (auto plan = make_plan(state, p, false)) return plan;
   if (p.batch > 1) {
@@ -389,7 +443,7 @@ void gemm_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
   p.trans_a = trans_a, p.trans_b = trans_b;
   p.M = M, p.N = N, p.K = K, p.lda = lda, p.ldb = ldb, p.ldc = ldc, p.batch = batch;
   p.stride_a = batched ? stride_a : 0, p.stride_b = batched ? stride_b : 0, p.stride_c = batched ? stride_c : 0;
-  p.epilogue = epilogue;
+  p.epilogue = plan_epilogue(epilogue);
   p.align_a = alignment_bytes(A, p.stride_a * int64_t(sizeof(T)));
   p.align_b = alignment_bytes(B, p.stride_b * int64_t(sizeof(T)));
   p.align_c = alignment_bytes(C, p.stride_c * int64_t(sizeof(TC)));
@@ -397,7 +451,7 @@ void gemm_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
   const uint32_t align_bias = epi_bias ? alignment_bytes(epi_bias, 0) : 0;
 
   const PlanKey key{int64_t(p.type), int64_t(p.c_type), trans_a, trans_b, M, N, K, lda, ldb, ldc, batch, p.stride_a, p.stride_b,
-                    p.stride_c, int64_t(epilogue), p.align_a, p.align_b, p.align_c, align_bias};
+                    p.stride_c, int64_t(p.epilogue), p.align_a, p.align_b, p.align_c, align_bias, 0};
   auto it = state.plans.find(key);
   if (it == state.plans.end()) it = state.plans.emplace(key, build_plan(state, p, true)).first;
 
@@ -442,6 +496,54 @@ void gemm_accumulate_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64
                          cudaStream_t stream) {
   gemm_impl<tg::bf16, float>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0,
                              Epilogue::none, nullptr, stream);
+}
+
+bool gemm_dgelu(int64_t M, int64_t N, int64_t K, const tg::bf16* A, int64_t lda, const tg::bf16* B, int64_t ldb,
+                const tg::bf16* pre, tg::bf16* C, tg::bf16* dbias, cudaStream_t stream) {
+  TG_CHECK(M >= 0 && N >= 0 && K >= 0, "cuda::gemm_dgelu: negative size M=", M, " N=", N, " K=", K);
+  TG_CHECK(lda >= K && lda >= 1, "cuda::gemm_dgelu: lda=", lda, " is less than the row length K=", K, " of A");
+  TG_CHECK(ldb >= N && ldb >= 1, "cuda::gemm_dgelu: ldb=", ldb, " is less than the row length N=", N, " of B");
+  TG_CHECK(pre != nullptr && C != nullptr, "cuda::gemm_dgelu: needs the pre-activation and C");
+  // An empty product, or operands outside cuBLASLt's rules for the epilogue: the caller's path.
+  if (M == 0 || N == 0 || K == 0) return false;
+  if (N % kAuxLdMultiple != 0 || reinterpret_cast<uintptr_t>(pre) % kFusedBiasAlignment != 0 ||
+      reinterpret_cast<uintptr_t>(dbias) % kFusedBiasAlignment != 0)
+    return false;
+
+  int device = 0;
+  TG_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(g_mutex);
+  DeviceState& state = device_state(device);
+  Problem p{};
+  p.type = p.c_type = CUDA_R_16BF;
+  p.trans_a = p.trans_b = false;
+  p.M = M, p.N = N, p.K = K, p.lda = lda, p.ldb = ldb, p.ldc = N, p.batch = 1;
+  p.epilogue = dbias ? PlanEpilogue::dgelu_bgrad : PlanEpilogue::dgelu;
+  p.align_a = alignment_bytes(A, 0), p.align_b = alignment_bytes(B, 0), p.align_c = alignment_bytes(C, 0);
+  p.bias = dbias;
+  p.aux = pre;
+  p.aux_ld = N;
+  const PlanKey key{int64_t(p.type), int64_t(p.c_type), false, false, M, N, K, lda, ldb, N, 1, 0, 0, 0,
+                    int64_t(p.epilogue), p.align_a, p.align_b, p.align_c, dbias ? alignment_bytes(dbias, 0) : 0,
+                    alignment_bytes(pre, 0)};
+  auto it = state.plans.find(key);
+  // A null plan (no algorithm) is kept too, so the heuristic is asked once per key.
+  if (it == state.plans.end()) it = state.plans.emplace(key, make_plan(state, p, true)).first;
+  if (!it->second) return false;
+  Plan& plan = *it->second;
+  if (dbias)
+    TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dbias, sizeof(dbias)));
+  TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &pre, sizeof(pre)));
+  const float alpha = 1.f, beta = 0.f;  // beta = 0: C is not read
+  // Operands swapped for the row-major mapping (top of file).
+  const cublasStatus_t st = cublasLtMatmul(state.handle, plan.desc, &alpha, B, plan.a, A, plan.b, &beta, C, plan.c, C,
+                                           plan.c, &plan.algo, state.workspace, kWorkspaceBytes, stream);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED) {  // refused before launching: nothing ran
+    it->second.reset();
+    return false;
+  }
+  TG_CUBLAS_CHECK(st);
+  return true;
 }
 
 

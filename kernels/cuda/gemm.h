@@ -1,4 +1,5 @@
-// GEMM on the GPU through cuBLASLt: row-major, batched, fp32 or bf16 with fp32 accumulation, optional bias/GELU epilogue.
+// GEMM on the GPU through cuBLASLt: row-major, batched, fp32 or bf16 with fp32 accumulation, optional bias/GELU
+// epilogue; and the GELU-derivative GEMM of an MLP's backward (gemm_dgelu).
 #pragma once
 #include "kernels/cuda/stream.h"
 
@@ -43,6 +44,19 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
 void gemm_accumulate_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const tg::bf16* A,
                          int64_t lda, const tg::bf16* B, int64_t ldb, float beta, float* C, int64_t ldc,
                          cudaStream_t stream);
+
+// C (M, N) = gelu'(pre) ⊙ (A (M, K) · B (K, N)), all row-major bf16, fp32 accumulation, through
+// cuBLASLt's DGELU epilogue (pre (M, N) the saved pre-activation, ld N), and with dbias != null
+// dbias (N) = Σ_rows C through DGELU_BGRAD. Returns false, having run nothing, when cuBLASLt has
+// no algorithm for it (the caller then runs a plain GEMM and its own kernel).
+//   lda ≥ K, ldb ≥ N; C is packed (ld N), written without being read, and must not overlap pre.
+//   It also returns false, without asking cuBLASLt, for an empty product (M, N or K zero) and
+//   where cuBLASLt's rules for the epilogue's operands do not hold: N a multiple of 8 (pre's
+//   leading dimension), pre and dbias 16-byte aligned. A refusal is cached with the plan, so a
+//   shape pays for it once. gelu' is GELU's tanh form's derivative (see gemm.cu). Bitwise
+//   deterministic for a given shape, alignment and device; the same threading rules as gemm.
+bool gemm_dgelu(int64_t M, int64_t N, int64_t K, const tg::bf16* A, int64_t lda, const tg::bf16* B, int64_t ldb,
+                const tg::bf16* pre, tg::bf16* C, tg::bf16* dbias, cudaStream_t stream);
 
 // Bytes of cuBLASLt workspace each device holds once it has run a GEMM (allocated on first use and
 // kept for the life of the process), for the caller's memory accounting.

@@ -75,12 +75,14 @@ __global__ void __launch_bounds__(kLnRowsPerBlock * 32)
 // With kAdd the row is first formed as x + x2 (a residual add), rounded to T and stored to sum:
 // the add and the LayerNorm after it in one pass (reads x and x2, writes sum and out), the
 // statistics taken from the rounded sum exactly as a LayerNorm reading the stored sum would.
+// x2_bias (C), when not null, is added to x2 first (rounded to T, as add_forward would): the bias
+// of the projection whose output x2 is.
 constexpr int kLnMaxPacksPerLane = 4;
 
 template <int V, int P, bool kAdd, typename T>
 __global__ void __launch_bounds__(kLnRowsPerBlock * 32)
-    layernorm_forward_regs_kernel(const T* __restrict__ x, const T* __restrict__ x2, T* __restrict__ sum,
-                                  const T* __restrict__ w, const T* __restrict__ b,
+    layernorm_forward_regs_kernel(const T* __restrict__ x, const T* __restrict__ x2, const T* __restrict__ x2_bias,
+                                  T* __restrict__ sum, const T* __restrict__ w, const T* __restrict__ b,
                                   T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd, int64_t N,
                                   int64_t C, float eps) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -98,6 +100,13 @@ __global__ void __launch_bounds__(kLnRowsPerBlock * 32)
         if constexpr (kAdd) {
           float g[V];
           load_vec<V>(x2 + row * C + p * V, g);
+          if (x2_bias) {
+            float gb[V];
+            load_vec<V>(x2_bias + p * V, gb);
+#pragma unroll
+            for (int k = 0; k < V; ++k) g[k] += gb[k];
+            round_vec_fast<V, T>(g);
+          }
 #pragma unroll
           for (int k = 0; k < V; ++k) f[i][k] += g[k];
           round_vec_fast<V, T>(f[i]);
@@ -160,18 +169,20 @@ constexpr int64_t kLnBwdMaxC = 7168;      // 2 · 4 warps · C floats must fit i
 int64_t ln_bwd_blocks(int64_t N) { return std::clamp<int64_t>((N + 15) / 16, 1, kLnBwdMaxBlocks); }
 
 // The end of both LayerNorm backward kernels: the block's per-warp sums acc ([warps][C] for
-// dweight, then [warps][C] for dbias) folded in warp order into this block's partial rows.
-__device__ __forceinline__ void fold_warp_partials(const float* acc, int64_t C, float* __restrict__ partial_dw,
-                                                   float* __restrict__ partial_db) {
+// dweight, then [warps][C] for dbias, then with kSumDx [warps][C] for Σ dx) folded in warp order
+// into this block's partial rows (partial + s·G·C for sum s).
+template <bool kSumDx>
+__device__ __forceinline__ void fold_warp_partials(const float* acc, int64_t C, float* __restrict__ partial) {
+  constexpr int kSums = kSumDx ? 3 : 2;
+  const int64_t GC = int64_t(gridDim.x) * C;
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    float sw = 0.0f, sb = 0.0f;
 #pragma unroll
-    for (int k = 0; k < kLnBwdWarps; ++k) {
-      sw += acc[k * C + c];
-      sb += acc[(kLnBwdWarps + k) * C + c];
+    for (int s = 0; s < kSums; ++s) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kLnBwdWarps; ++k) sum += acc[(s * kLnBwdWarps + k) * C + c];
+      partial[s * GC + int64_t(blockIdx.x) * C + c] = sum;
     }
-    partial_dw[int64_t(blockIdx.x) * C + c] = sw;
-    partial_db[int64_t(blockIdx.x) * C + c] = sb;
   }
 }
 
@@ -184,19 +195,20 @@ __device__ __forceinline__ void add_row_vec(const T* p, float (&g)[V]) {
   for (int k = 0; k < V; ++k) g[k] += r[k];
 }
 
-template <int V, typename T>
+template <int V, bool kSumDx, typename T>
 __global__ void __launch_bounds__(kLnBwdWarps * 32)
     layernorm_backward_kernel(const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ mean,
                               const float* __restrict__ rstd, const T* __restrict__ dout,
                               const T* __restrict__ dx_add, T* __restrict__ dx,
-                              int64_t N, int64_t C, int64_t rows_per_block, float* __restrict__ partial_dw,
-                              float* __restrict__ partial_db) {
-  extern __shared__ float acc[];  // [kLnBwdWarps][C] for dweight, then [kLnBwdWarps][C] for dbias
+                              int64_t N, int64_t C, int64_t rows_per_block, float* __restrict__ partial) {
+  // [kLnBwdWarps][C] for dweight, then [kLnBwdWarps][C] for dbias (then for Σ dx)
+  extern __shared__ float acc[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int64_t i = threadIdx.x; i < 2 * kLnBwdWarps * C; i += blockDim.x) acc[i] = 0.0f;
+  for (int64_t i = threadIdx.x; i < (kSumDx ? 3 : 2) * kLnBwdWarps * C; i += blockDim.x) acc[i] = 0.0f;
   __syncthreads();
   float* adw = acc + warp * C;
   float* adb = acc + (kLnBwdWarps + warp) * C;
+  float* adx = acc + (2 * kLnBwdWarps + warp) * C;
   const int64_t packs = C / V;
   const int64_t r0 = int64_t(blockIdx.x) * rows_per_block;
   const int64_t r1 = r0 + rows_per_block < N ? r0 + rows_per_block : N;
@@ -233,11 +245,15 @@ __global__ void __launch_bounds__(kLnBwdWarps * 32)
         adb[p * V + k] += fd[k];
       }
       if (dx_add) add_row_vec<V>(dx_add + row * C + p * V, g);
+      if constexpr (kSumDx) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) adx[p * V + k] += g[k];
+      }
       store_vec<V>(dxr + p * V, g);
     }
   }
   __syncthreads();
-  fold_warp_partials(acc, C, partial_dw, partial_db);
+  fold_warp_partials<kSumDx>(acc, C, partial);
 }
 
 // The same backward with everything a lane touches in registers, for rows of at most 32·V·P
@@ -253,23 +269,23 @@ __global__ void __launch_bounds__(kLnBwdWarps * 32)
 // the end, into one partial row per block.
 constexpr int kLnBwdMaxPacksPerLane = 4;
 
-template <int V, int P, typename T>
+template <int V, int P, bool kSumDx, typename T>
 __global__ void __launch_bounds__(kLnBwdWarps * 32)
     layernorm_backward_regs_kernel(const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ mean,
                                    const float* __restrict__ rstd, const T* __restrict__ dout,
                                    const T* __restrict__ dx_add, T* __restrict__ dx,
-                                   int64_t N, int64_t C, int64_t rows_per_block, float* __restrict__ partial_dw,
-                                   float* __restrict__ partial_db) {
+                                   int64_t N, int64_t C, int64_t rows_per_block, float* __restrict__ partial) {
   static_assert(V * int(sizeof(T)) == 16, "rows in 16-byte packs");
-  extern __shared__ float acc[];  // [kLnBwdWarps][C] for dweight, then [kLnBwdWarps][C] for dbias
+  // [kLnBwdWarps][C] for dweight, then [kLnBwdWarps][C] for dbias (then for Σ dx)
+  extern __shared__ float acc[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t packs = C / V;
-  float fw[P][V], adw[P][V], adb[P][V];
+  float fw[P][V], adw[P][V], adb[P][V], adx[kSumDx ? P : 1][V];
 #pragma unroll
   for (int i = 0; i < P; ++i) {
     const int64_t p = lane + 32 * i;
 #pragma unroll
-    for (int k = 0; k < V; ++k) fw[i][k] = adw[i][k] = adb[i][k] = 0.0f;
+    for (int k = 0; k < V; ++k) fw[i][k] = adw[i][k] = adb[i][k] = adx[kSumDx ? i : 0][k] = 0.0f;
     if (p < packs) load_vec<V>(w + p * V, fw[i]);
   }
   const int64_t r0 = int64_t(blockIdx.x) * rows_per_block;
@@ -335,6 +351,10 @@ __global__ void __launch_bounds__(kLnBwdWarps * 32)
 #pragma unroll
         for (int k = 0; k < V; ++k) g[k] += r[k];
       }
+      if constexpr (kSumDx) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) adx[i][k] += g[k];
+      }
       store_vec_fast<V>(dxr + p * V, g);
     }
   }
@@ -346,22 +366,24 @@ __global__ void __launch_bounds__(kLnBwdWarps * 32)
     for (int k = 0; k < V; ++k) {
       acc[warp * C + p * V + k] = adw[i][k];
       acc[(kLnBwdWarps + warp) * C + p * V + k] = adb[i][k];
+      if constexpr (kSumDx) acc[(2 * kLnBwdWarps + warp) * C + p * V + k] = adx[i][k];
     }
   }
   __syncthreads();
-  fold_warp_partials(acc, C, partial_dw, partial_db);
+  fold_warp_partials<kSumDx>(acc, C, partial);
 }
 
-// dweight and dbias from the blocks' partial rows in one launch: blockIdx.y = 0 sums partial_dw,
-// 1 sums partial_db, each in column_sum_kernel's fixed order.
+// dweight, dbias and Σ dx from the blocks' partial rows in one launch: blockIdx.y = s sums the
+// partial rows of sum s (partial + s·G·C) into out[s], in column_sum_kernel's fixed order.
 template <typename T>
-__global__ void layernorm_param_grads_kernel(const float* __restrict__ partial_dw, const float* __restrict__ partial_db,
-                                             T* __restrict__ dweight, T* __restrict__ dbias, int64_t G, int64_t C) {
-  if (blockIdx.y == 0) {
-    column_sum_block(partial_dw, dweight, G, C, blockIdx.x);
-  } else {
-    column_sum_block(partial_db, dbias, G, C, blockIdx.x);
-  }
+struct LnParamGradOutputs {
+  T* out[3];
+};
+template <typename T>
+__global__ void layernorm_param_grads_kernel(const float* __restrict__ partial, LnParamGradOutputs<T> outputs,
+                                             int64_t G, int64_t C) {
+  T* out = outputs.out[blockIdx.y];
+  if (out) column_sum_block(partial + int64_t(blockIdx.y) * G * C, out, G, C, blockIdx.x);
 }
 
 }  // namespace
@@ -372,18 +394,21 @@ __global__ void layernorm_param_grads_kernel(const float* __restrict__ partial_d
 
 namespace {
 
-// The forward of LayerNorm (x2 == nullptr) or of the residual add and LayerNorm (sum = x + x2).
+// The forward of LayerNorm (x2 == nullptr) or of the residual add and LayerNorm (sum = x + (x2 +
+// x2_bias)).
 template <typename T>
-void launch_layernorm_forward(const T* x, const T* x2, T* sum, const T* weight, const T* bias, T* out, float* mean,
-                              float* rstd, int64_t N, int64_t C, float eps, cudaStream_t stream) {
+void launch_layernorm_forward(const T* x, const T* x2, const T* x2_bias, T* sum, const T* weight, const T* bias,
+                              T* out, float* mean, float* rstd, int64_t N, int64_t C, float eps,
+                              cudaStream_t stream) {
   constexpr int V = kVec<T>;
   const unsigned grid = grid_for(N, kLnRowsPerBlock);
   const bool vec = C % V == 0 && aligned16(x) && aligned16(weight) && aligned16(out) && (!bias || aligned16(bias)) &&
-                   (!x2 || (aligned16(x2) && aligned16(sum)));
+                   (!x2 || (aligned16(x2) && aligned16(sum))) && (!x2_bias || aligned16(x2_bias));
   const int64_t packs_per_lane = (C / V + 31) / 32;
   if (vec && packs_per_lane <= kLnMaxPacksPerLane) {
     auto launch = [&](auto kernel) {
-      kernel<<<grid, kLnRowsPerBlock * 32, 0, stream>>>(x, x2, sum, weight, bias, out, mean, rstd, N, C, eps);
+      kernel<<<grid, kLnRowsPerBlock * 32, 0, stream>>>(x, x2, x2_bias, sum, weight, bias, out, mean, rstd, N, C,
+                                                        eps);
     };
     auto pick = [&]<bool kAdd>() {
       switch (packs_per_lane) {
@@ -396,7 +421,11 @@ void launch_layernorm_forward(const T* x, const T* x2, T* sum, const T* weight, 
     if (x2) pick.template operator()<true>();
     else pick.template operator()<false>();
   } else {
-    if (x2) {  // rows too long for registers, or not in 16-byte packs: the add, then the LayerNorm
+    if (x2) {  // rows too long for registers, or not in 16-byte packs: the adds, then the LayerNorm
+      if (x2_bias) {
+        add_forward(x2, x2_bias, sum, N, C, stream);
+        x2 = sum;
+      }
       add_forward(x, x2, sum, 1, N * C, stream);
       x = sum;
     }
@@ -416,34 +445,33 @@ void layernorm_forward(const T* x, const T* weight, const T* bias, T* out, float
                        int64_t C, float eps, cudaStream_t stream) {
   require(N >= 0 && C > 0, "layernorm_forward", "need N ≥ 0 and C > 0");
   if (N == 0) return;
-  launch_layernorm_forward<T>(x, nullptr, nullptr, weight, bias, out, mean, rstd, N, C, eps, stream);
+  launch_layernorm_forward<T>(x, nullptr, nullptr, nullptr, weight, bias, out, mean, rstd, N, C, eps, stream);
 }
 
 template <typename T>
-void add_layernorm_forward(const T* a, const T* b, T* sum, const T* weight, const T* bias, T* out, float* mean,
-                           float* rstd, int64_t N, int64_t C, float eps, cudaStream_t stream) {
+void add_layernorm_forward(const T* a, const T* b, const T* b_bias, T* sum, const T* weight, const T* bias, T* out,
+                           float* mean, float* rstd, int64_t N, int64_t C, float eps, cudaStream_t stream) {
   require(N >= 0 && C > 0, "add_layernorm_forward", "need N ≥ 0 and C > 0");
   require(a && b && sum, "add_layernorm_forward", "a, b and sum must be given");
   if (N == 0) return;
-  launch_layernorm_forward<T>(a, b, sum, weight, bias, out, mean, rstd, N, C, eps, stream);
+  launch_layernorm_forward<T>(a, b, b_bias, sum, weight, bias, out, mean, rstd, N, C, eps, stream);
 }
 
 size_t layernorm_backward_scratch_floats(int64_t N, int64_t C) {
-  return size_t(2 * ln_bwd_blocks(N) * C);
+  return size_t(3 * ln_bwd_blocks(N) * C);
 }
 
 template <typename T>
 void layernorm_backward(const T* x, const T* weight, const float* mean, const float* rstd, const T* dout,
-                        const T* dx_add, T* dx, T* dweight, T* dbias, int64_t N, int64_t C, float* scratch,
-                        cudaStream_t stream) {
+                        const T* dx_add, T* dx, T* dweight, T* dbias, T* dx_colsum, int64_t N, int64_t C,
+                        float* scratch, cudaStream_t stream) {
   require(N >= 0 && C > 0, "layernorm_backward", "need N ≥ 0 and C > 0");
   require(C <= kLnBwdMaxC, "layernorm_backward", "C > 7168 does not fit the shared-memory accumulators");
   require(scratch != nullptr, "layernorm_backward", "scratch is null");
   const int64_t G = ln_bwd_blocks(N);
   const int64_t rows_per_block = (N + G - 1) / G;
-  float* partial_dw = scratch;
-  float* partial_db = scratch + G * C;
-  const size_t smem = size_t(2 * kLnBwdWarps * C) * sizeof(float);
+  const bool sum_dx = dx_colsum != nullptr;
+  const size_t smem = size_t((sum_dx ? 3 : 2) * kLnBwdWarps * C) * sizeof(float);
   constexpr int V = kVec<T>;
   const bool vec = C % V == 0 && aligned16(x) && aligned16(weight) && aligned16(dout) && aligned16(dx) &&
                    (!dx_add || aligned16(dx_add));
@@ -452,35 +480,41 @@ void layernorm_backward(const T* x, const T* weight, const float* mean, const fl
       TG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     // With N = 0 the blocks still run and write zero partials, so dweight/dbias come out zero.
     kernel<<<unsigned(G), kLnBwdWarps * 32, smem, stream>>>(x, weight, mean, rstd, dout, dx_add, dx, N, C,
-                                                           rows_per_block, partial_dw, partial_db);
+                                                           rows_per_block, scratch);
     TG_CUDA_CHECK(cudaGetLastError());
   };
-  const int64_t packs_per_lane = (C / V + 31) / 32;
-  if (vec && packs_per_lane == 1) {
-    launch(layernorm_backward_regs_kernel<V, 1, T>);
-  } else if (vec && packs_per_lane == 2) {
-    launch(layernorm_backward_regs_kernel<V, 2, T>);
-  } else if (vec && packs_per_lane == 3) {
-    launch(layernorm_backward_regs_kernel<V, 3, T>);
-  } else if (vec && packs_per_lane == kLnBwdMaxPacksPerLane) {
-    launch(layernorm_backward_regs_kernel<V, kLnBwdMaxPacksPerLane, T>);
-  } else if (vec) {
-    launch(layernorm_backward_kernel<V, T>);
-  } else {
-    launch(layernorm_backward_kernel<1, T>);
-  }
-  const dim3 col_grid(unsigned((C + 31) / 32), dbias ? 2u : 1u);
-  layernorm_param_grads_kernel<<<col_grid, dim3(32, 32), 0, stream>>>(partial_dw, partial_db, dweight, dbias, G, C);
+  auto pick = [&]<bool kSumDx>() {
+    const int64_t packs_per_lane = (C / V + 31) / 32;
+    if (vec && packs_per_lane == 1) {
+      launch(layernorm_backward_regs_kernel<V, 1, kSumDx, T>);
+    } else if (vec && packs_per_lane == 2) {
+      launch(layernorm_backward_regs_kernel<V, 2, kSumDx, T>);
+    } else if (vec && packs_per_lane == 3) {
+      launch(layernorm_backward_regs_kernel<V, 3, kSumDx, T>);
+    } else if (vec && packs_per_lane == kLnBwdMaxPacksPerLane) {
+      launch(layernorm_backward_regs_kernel<V, kLnBwdMaxPacksPerLane, kSumDx, T>);
+    } else if (vec) {
+      launch(layernorm_backward_kernel<V, kSumDx, T>);
+    } else {
+      launch(layernorm_backward_kernel<1, kSumDx, T>);
+    }
+  };
+  if (sum_dx) pick.template operator()<true>();
+  else pick.template operator()<false>();
+  // The sums wanted, in the partials' order: dweight, dbias (its partials are always written), Σ dx.
+  const LnParamGradOutputs<T> outputs{{dweight, dbias, dx_colsum}};
+  const dim3 col_grid(unsigned((C + 31) / 32), sum_dx ? 3u : dbias ? 2u : 1u);
+  layernorm_param_grads_kernel<<<col_grid, dim3(32, 32), 0, stream>>>(scratch, outputs, G, C);
   TG_CUDA_CHECK(cudaGetLastError());
 }
 
 #define TG_INSTANTIATE(T)                                                                                       \
   template void layernorm_forward<T>(const T*, const T*, const T*, T*, float*, float*, int64_t, int64_t, float, \
                                      cudaStream_t);                                                             \
-  template void add_layernorm_forward<T>(const T*, const T*, T*, const T*, const T*, T*, float*, float*, int64_t, \
-                                         int64_t, float, cudaStream_t);                                           \
+  template void add_layernorm_forward<T>(const T*, const T*, const T*, T*, const T*, const T*, T*, float*, float*, \
+                                         int64_t, int64_t, float, cudaStream_t);                                  \
   template void layernorm_backward<T>(const T*, const T*, const float*, const float*, const T*, const T*, T*,  \
-                                      T*, T*, int64_t, int64_t, float*, cudaStream_t);
+                                      T*, T*, T*, int64_t, int64_t, float*, cudaStream_t);
 TG_INSTANTIATE(float)
 TG_INSTANTIATE(tg::bf16)
 #undef TG_INSTANTIATE

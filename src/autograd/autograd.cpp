@@ -1,6 +1,7 @@
 // Reverse-mode automatic differentiation over the recorded tape.
 #include "src/autograd/autograd.h"
 
+#include <algorithm>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -67,8 +68,12 @@ class SinksUsed {
 };
 }  // namespace
 
-GradHandOver::GradHandOver(std::vector<Tensor> available, std::vector<Tensor> accumulators)
-    : available_(std::move(available)), taken_(available_.size(), false), accumulators_(std::move(accumulators)) {}
+GradHandOver::GradHandOver(std::vector<Tensor> available, std::vector<Tensor> accumulators,
+                           std::vector<bool> complete)
+    : available_(std::move(available)),
+      taken_(available_.size(), false),
+      accumulators_(std::move(accumulators)),
+      complete_(std::move(complete)) {}
 
 Tensor GradHandOver::take(size_t input) {
   if (input >= available_.size() || taken_[input]) return Tensor();
@@ -168,6 +173,21 @@ void backward(const Tensor& root, const Tensor& seed) {
       if (reported(in) && --leaf_readers[in.impl()] == 0) sinks.of(in).leaf_final(in);
   };
 
+  // For each node's output: how many nodes still to walk read it (GradHandOver::complete).
+  std::unordered_map<Node*, int> readers;
+  auto read_nodes = [](Node* node) {  // the distinct nodes whose outputs `node` reads
+    std::vector<Node*> read;
+    for (const Tensor& in : node->inputs)
+      if (in.defined() && in.grad_fn() && std::find(read.begin(), read.end(), in.grad_fn().get()) == read.end())
+        read.push_back(in.grad_fn().get());
+    return read;
+  };
+  for (Node* node : order)
+    for (Node* r : read_nodes(node)) ++readers[r];
+  auto unread = [&](Node* node) {
+    for (Node* r : read_nodes(node)) --readers[r];
+  };
+
   std::unordered_map<Node*, Tensor> pending;  // gradient of each node's output
   pending[root.grad_fn().get()] = seed;
   // Keep nodes alive while we walk even if tensors holding them are released mid-walk.
@@ -178,6 +198,7 @@ void backward(const Tensor& root, const Tensor& seed) {
     auto found = pending.find(node);
     if (found == pending.end()) {  // no gradient flows here
       walked(node);
+      unread(node);
       continue;
     }
     Tensor grad_out = found->second;
@@ -204,7 +225,14 @@ void backward(const Tensor& root, const Tensor& seed) {
       const Tensor& leaf = in.grad_fn()->inputs.front();
       if (leaf.defined() && leaf.requires_grad()) accumulators[i] = sinks.of(leaf).accumulator(leaf);
     }
-    GradHandOver hand_over(std::move(available), std::move(accumulators));
+    // Which inputs this node is the last reader of.
+    std::vector<bool> complete(node->inputs.size(), false);
+    for (size_t i = 0; i < node->inputs.size(); ++i) {
+      const Tensor& in = node->inputs[i];
+      complete[i] = in.defined() && in.grad_fn() && readers[in.grad_fn().get()] == 1;
+    }
+    unread(node);
+    GradHandOver hand_over(std::move(available), std::move(accumulators), std::move(complete));
     std::vector<Tensor> grads = node->backward(grad_out, hand_over);
     TG_ASSERT(grads.size() == node->inputs.size());
     for (size_t i = 0; i < grads.size(); ++i) {

@@ -29,10 +29,15 @@ namespace tg {
 // — and then returns no gradient (undefined) for that input: no bf16 gradient is written, and
 // no pass folds it into fp32 afterwards. Every input offered one belongs to the same backward, so
 // the additions keep the engine's order and the result its bits from run to run.
+//
+// complete(): whether no node still to run reads input `input`: the gradient this closure returns
+// for it (with what it took) is then that input's whole gradient. A closure may derive another
+// input's gradient from it in its own pass (the residual add's bias summed as the LayerNorm after
+// it writes the sum's gradient: ops::add_layernorm).
 class GradHandOver {
  public:
   GradHandOver() = default;
-  GradHandOver(std::vector<Tensor> available, std::vector<Tensor> accumulators);
+  GradHandOver(std::vector<Tensor> available, std::vector<Tensor> accumulators, std::vector<bool> complete = {});
   // The gradient accumulated so far for input `input`, handed over (undefined when there is none,
   // or when it was taken already).
   Tensor take(size_t input);
@@ -41,11 +46,13 @@ class GradHandOver {
   Tensor accumulator(size_t input) const {
     return input < accumulators_.size() ? accumulators_[input] : Tensor();
   }
+  bool complete(size_t input) const { return input < complete_.size() && complete_[input]; }
 
  private:
   std::vector<Tensor> available_;
   std::vector<bool> taken_;
   std::vector<Tensor> accumulators_;
+  std::vector<bool> complete_;
 };
 
 struct Node {

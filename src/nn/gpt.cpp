@@ -9,6 +9,8 @@
 namespace tg::nn {
 
 namespace {
+constexpr double kLayerNormEps = 1e-5;  // GPT-2's, ops::layernorm's default
+
 std::string layer_name(int64_t i, const std::string& rest) {
   return "transformer.h." + std::to_string(i) + "." + rest;
 }
@@ -120,12 +122,13 @@ Tensor GPT::cached_attention(const Tensor& qkv, int64_t i, KVCache& cache) {
 
 Tensor GPT::block(const Tensor& x, int64_t i) {
   if (recompute_rows_ > 0) return block_in_pieces(x, i);
-  auto [x1, mlp] = block_branches(x, ops::layernorm(x, p(layer_name(i, "ln_1.weight")), maybe(layer_name(i, "ln_1.bias"))),
-                                  i, nullptr);
+  auto [x1, mlp, mlp_bias] = block_branches(
+      x, ops::layernorm(x, p(layer_name(i, "ln_1.weight")), maybe(layer_name(i, "ln_1.bias"))), i, nullptr, false);
   return ops::add(x1, mlp);
 }
 
-std::pair<Tensor, Tensor> GPT::block_branches(const Tensor& x, const Tensor& h1, int64_t i, KVCache* cache) {
+GPT::Branches GPT::block_branches(const Tensor& x, const Tensor& h1, int64_t i, KVCache* cache,
+                                  bool biases_at_residual) {
   const int64_t H = config_.n_head;
   auto w = [&](const std::string& rest) { return p(layer_name(i, rest)); };
   auto b = [&](const std::string& rest) { return maybe(layer_name(i, rest)); };
@@ -135,14 +138,16 @@ std::pair<Tensor, Tensor> GPT::block_branches(const Tensor& x, const Tensor& h1,
   const double rope_base = config_.pos_embedding == PosEmbedding::rope ? config_.rope_base : 0.0;
   Tensor y = cache ? cached_attention(qkv, i, *cache)
                    : ops::self_attention(qkv, H, config_.attention, rope_base, mask_);  // (B, T, C)
-  y = ops::linear(y, w("attn.c_proj.weight"), b("attn.c_proj.bias"));
+  const Tensor attn_bias = b("attn.c_proj.bias"), mlp_bias = b("mlp.c_proj.bias");
+  y = ops::linear(y, w("attn.c_proj.weight"), biases_at_residual ? Tensor() : attn_bias);
   // The residual add and LayerNorm 2 in one pass.
-  auto [x1, h] = ops::add_layernorm(x, dropout(y, uint64_t(2 * i)), w("ln_2.weight"), b("ln_2.bias"));
+  auto [x1, h] = ops::add_layernorm(x, dropout(y, uint64_t(2 * i)), w("ln_2.weight"), b("ln_2.bias"), 1e-5,
+                                    biases_at_residual ? attn_bias : Tensor());
 
-  // MLP.
-  h = ops::linear_gelu(h, w("mlp.c_fc.weight"), b("mlp.c_fc.bias"));  // (B, T, 4C)
-  h = ops::linear(h, w("mlp.c_proj.weight"), b("mlp.c_proj.bias"));
-  return {x1, dropout(h, uint64_t(2 * i + 1))};
+  // MLP, one op: (B, T, C) → (B, T, 4C) → (B, T, C).
+  h = ops::mlp(h, w("mlp.c_fc.weight"), b("mlp.c_fc.bias"), w("mlp.c_proj.weight"),
+               biases_at_residual ? Tensor() : mlp_bias);
+  return {x1, dropout(h, uint64_t(2 * i + 1)), biases_at_residual ? mlp_bias : Tensor()};
 }
 
 Tensor GPT::block_in_pieces(const Tensor& x, int64_t i) {
@@ -273,13 +278,17 @@ std::pair<Tensor, Tensor> GPT::features(const Tensor& ids, KVCache* cache) {
   if (!recomputed && config_.n_layer > 0) {
     // Each block's output residual add and the LayerNorm after it (the next block's first, or the
     // final one) in one pass: the blocks hand each other the sum and its normalisation.
+    // On the GPU the projections' biases go with the residual adds when no dropout stands between
+    // (ops::add_layernorm's b_bias): the LayerNorm backward sums their gradients as it writes the
+    // residual's, and their column-sum passes are gone (docs/performance.md, table of changes).
+    const bool biases_at_residual = device_.is_cuda() && (!training_ || config_.dropout == 0.0);
     Tensor h = ops::layernorm(x, p(layer_name(0, "ln_1.weight")), maybe(layer_name(0, "ln_1.bias")));
     for (int64_t i = 0; i < config_.n_layer; ++i) {
-      auto [x1, mlp] = block_branches(x, h, i, cache);
+      auto [x1, mlp, mlp_bias] = block_branches(x, h, i, cache, biases_at_residual);
       const bool last = i + 1 == config_.n_layer;
       ops::AddLayerNorm next = ops::add_layernorm(
           x1, mlp, p(last ? "transformer.ln_f.weight" : layer_name(i + 1, "ln_1.weight")),
-          maybe(last ? "transformer.ln_f.bias" : layer_name(i + 1, "ln_1.bias")));
+          maybe(last ? "transformer.ln_f.bias" : layer_name(i + 1, "ln_1.bias")), kLayerNormEps, mlp_bias);
       x = next.sum, h = next.normed;
     }
     normed = h;

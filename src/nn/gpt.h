@@ -102,8 +102,15 @@ class GPT {
   std::pair<Tensor, Tensor> features(const Tensor& ids, KVCache* cache = nullptr);
   Tensor block(const Tensor& x, int64_t layer);  // a whole block (what recomputation runs again)
   // A block's two residual branches from its input x and LayerNorm 1's output h1: the attention
-  // branch already added (x1 = x + attention) and the MLP's output; the block's output is their sum.
-  std::pair<Tensor, Tensor> block_branches(const Tensor& x, const Tensor& h1, int64_t layer, KVCache* cache);
+  // branch already added (x1 = x + attention) and the MLP's output; the block's output is
+  // x1 + mlp + mlp_bias. With biases_at_residual (no dropout between a projection and its residual
+  // add), the two output projections' biases are added with the residual (ops::add_layernorm's
+  // b_bias) instead of in their GEMMs, and mlp_bias is the MLP's, for the caller's add; otherwise
+  // mlp_bias is undefined.
+  struct Branches {
+    Tensor x1, mlp, mlp_bias;
+  };
+  Branches block_branches(const Tensor& x, const Tensor& h1, int64_t layer, KVCache* cache, bool biases_at_residual);
   // Causal self-attention of a block with the cache: stores the new keys and values, attends.
   Tensor cached_attention(const Tensor& qkv, int64_t layer, KVCache& cache);
   Tensor recomputed_block(const Tensor& x, int64_t layer);  // block() under tg::checkpoint

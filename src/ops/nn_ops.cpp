@@ -2,6 +2,7 @@
 // dropout, RoPE and the causal mask of the materialised attention.
 #include <algorithm>
 #include <limits>
+#include <memory>
 #include <type_traits>
 
 #include "kernels/cpu/dropout.h"
@@ -232,6 +233,85 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   return out;
 }
 
+Tensor mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj, const Tensor& b_proj) {
+  check_linear("mlp", x, w_fc, b_fc);
+  check_defined("mlp", w_proj, "w_proj");
+  check_same("mlp", x, w_proj);
+  TG_CHECK(w_proj.dim() == 2 && w_proj.size(1) == w_fc.size(0), "mlp: w_proj ", w_proj.desc(),
+           " must be (out, ", w_fc.size(0), "): its input is the output of w_fc ", w_fc.desc());
+  if (b_proj.defined()) {
+    check_same("mlp", x, b_proj);
+    TG_CHECK(b_proj.dim() == 1 && b_proj.size(0) == w_proj.size(0), "mlp: b_proj ", b_proj.desc(),
+             " does not match w_proj ", w_proj.desc(), " (expected [", w_proj.size(0), "])");
+  }
+  // On the CPU the two ops it stands for (the reference of the GPU's node, and the same graph, so
+  // the same memory, as a model built from them).
+  if (x.device().is_cpu()) return linear(linear_gelu(x, w_fc, b_fc), w_proj, b_proj);
+  // Layer 1 (x → pre → h) is (rows, K1) → (rows, N1), layer 2 (h → out) (rows, K2 = N1) → (rows, N2).
+  const int64_t K1 = w_fc.size(1), N1 = w_fc.size(0), K2 = N1, N2 = w_proj.size(0), rows = x.numel() / K1;
+  // The calls of linear_gelu and then linear, so the output is theirs bit for bit.
+  Tensor pre = linear_forward(x, w_fc, b_fc);
+  Tensor h = empty_like(pre);
+  dispatch("mlp", pre, [&]<typename T>() { TG_ASSERT(false); },
+           [&]<typename T>() { cuda::gelu_forward(pre.data<T>(), h.data<T>(), pre.numel(), cuda_stream()); });
+  Tensor out = linear_forward(h, w_proj, b_proj);
+  record(out, "mlp", {x, w_fc, b_fc, w_proj, b_proj},
+         [x = x.detach(), w_fc = w_fc.detach(), w_proj = w_proj.detach(), pre, h, has_b_fc = b_fc.defined(),
+          has_b_proj = b_proj.defined(), rows, N1, K1, N2, K2,
+          need_x = x.requires_grad()](const Tensor& g, GradHandOver& hand_over) mutable {
+           // The down-projection's weight and bias gradients, as linear's backward forms them; h is
+           // let go before dpre is made, as the down-projection's own node would have been.
+           Tensor gw_proj = linear_backward_gemms(g, h, w_proj, /*need_x=*/false, rows, N2, K2,
+                                                  hand_over.accumulator(3)).second;
+           h = Tensor();
+           Tensor gb_proj;
+           if (has_b_proj) {
+             gb_proj = Tensor::empty({N2}, g.dtype(), g.device());
+             dispatch("mlp backward", g, [&]<typename T>() { TG_ASSERT(false); },
+                      [&]<typename T>() {
+                        Tensor scratch = detail::workspace_floats(cuda::sum_rows_scratch_floats(rows, N2), g.device());
+                        cuda::sum_rows(g.data<T>(), gb_proj.data<T>(), rows, N2, scratch.data<float>(), cuda_stream());
+                      });
+           }
+           // dpre = gelu'(pre) ⊙ (g · w_proj) and the up-projection's bias gradient Σ_rows dpre: in
+           // bf16 dpre from cuBLASLt's DGELU epilogue, so g · w_proj (rows, N1) is never written,
+           // and the bias gradient from a column-sum kernel (cuBLASLt's DGELU_BGRAD, which forms
+           // both, made GPT-2's step 8 % slower: docs/performance.md, table of changes); otherwise
+           // (fp32, or a shape cuBLASLt has no DGELU algorithm for) that product, then
+           // linear_gelu's backward kernel.
+           Tensor dpre = empty_like(pre), gb_fc;
+           if (has_b_fc) gb_fc = Tensor::empty({N1}, g.dtype(), g.device());
+           dispatch("mlp backward", g, [&]<typename T>() { TG_ASSERT(false); },
+                    [&]<typename T>() {
+                      if constexpr (std::is_same_v<T, bf16>) {
+                        if (cuda::gemm_dgelu(rows, K2, N2, g.data<T>(), N2, w_proj.data<T>(), K2, pre.data<T>(),
+                                             dpre.data<T>(), nullptr, cuda_stream())) {
+                          if (has_b_fc) {
+                            Tensor scratch =
+                                detail::workspace_floats(cuda::sum_rows_scratch_floats(rows, N1), g.device());
+                            cuda::sum_rows(dpre.data<T>(), gb_fc.data<T>(), rows, N1, scratch.data<float>(),
+                                           cuda_stream());
+                          }
+                          return;
+                        }
+                      }
+                      Tensor gh = empty_like(pre);
+                      cuda_gemm<T>(false, false, rows, K2, N2, g.data<T>(), N2, w_proj.data<T>(), K2, gh.data<T>(), K2,
+                                   1, 0, 0, 0);
+                      if (has_b_fc) {
+                        Tensor scratch = detail::workspace_floats(cuda::sum_rows_scratch_floats(rows, N1), g.device());
+                        cuda::gelu_backward_sum_rows(pre.data<T>(), gh.data<T>(), dpre.data<T>(), gb_fc.data<T>(), rows,
+                                                     N1, scratch.data<float>(), cuda_stream());
+                      } else {
+                        cuda::gelu_backward(pre.data<T>(), gh.data<T>(), dpre.data<T>(), gh.numel(), cuda_stream());
+                      }
+                    });
+           auto [gx, gw_fc] = linear_backward_gemms(dpre, x, w_fc, need_x, rows, N1, K1, hand_over.accumulator(1));
+           return std::vector<Tensor>{gx, gw_fc, gb_fc, gw_proj, gb_proj};
+         });
+  return out;
+}
+
 Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   check_defined("matmul", a, "a");
   check_defined("matmul", b, "b");
@@ -310,19 +390,34 @@ void check_layernorm(const char* op, const Tensor& x, const Tensor& weight, cons
   }
 }
 
-// LayerNorm's node on out = LayerNorm(x) with the forward's statistics.
+// Set by a LayerNorm node that summed its input's whole gradient over the rows for the bias added
+// into that input (add_layernorm's b_bias): the add node then leaves that bias alone.
+struct SumBiasGiven {
+  bool given = false;
+};
+
+// LayerNorm's node on out = LayerNorm(x) with the forward's statistics. With sum_bias (x = a + b +
+// sum_bias, add_layernorm's), the node also reads sum_bias, and gives it Σ_rows dx when dx is x's
+// whole gradient (GradHandOver::complete) and the GPU kernel forms the sum as it writes dx.
 void record_layernorm(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& mean,
-                      const Tensor& rstd) {
+                      const Tensor& rstd, const Tensor& sum_bias = {},
+                      std::shared_ptr<SumBiasGiven> sum_bias_given = nullptr) {
   const int64_t C = x.size(-1), N = x.numel() / C;
-  record(out, "layernorm", {x, weight, bias},
-         [x = x.detach(), w = weight.detach(), mean, rstd, has_bias = bias.defined(), N, C](const Tensor& g,
-                                                                                           GradHandOver& hand_over) {
-           Tensor gx = empty_like(x), gw = empty_like(w), gb;
+  std::vector<Tensor> inputs{x, weight, bias};
+  if (sum_bias.defined()) inputs.push_back(sum_bias);
+  record(out, "layernorm", std::move(inputs),
+         [x = x.detach(), w = weight.detach(), mean, rstd, has_bias = bias.defined(), N, C,
+          sum_bias_given](const Tensor& g, GradHandOver& hand_over) {
+           Tensor gx = empty_like(x), gw = empty_like(w), gb, gsum_bias;
            if (has_bias) gb = empty_like(w);
            // x is usually also the residual stream: the gradient its other consumer already sent
            // is added as dx is written instead of in a pass of its own.
            Tensor resid = hand_over.take(0);
            TG_ASSERT(!resid.defined() || (resid.shape() == x.shape() && resid.dtype() == x.dtype()));
+           if (sum_bias_given && g.device().is_cuda() && hand_over.complete(0)) {
+             gsum_bias = empty_like(w);
+             sum_bias_given->given = true;
+           }
            dispatch("layernorm backward", g,
                     [&]<typename T>() {
                       cpu::layernorm_backward(x.data<T>(), w.data<T>(), mean.data<T>(), rstd.data<T>(), g.data<T>(),
@@ -338,11 +433,13 @@ void record_layernorm(Tensor& out, const Tensor& x, const Tensor& weight, const 
                       }
                       cuda::layernorm_backward(x.data<T>(), w.data<T>(), mean.data<float>(), rstd.data<float>(),
                                                g.data<T>(), resid.defined() ? resid.data<T>() : nullptr, gx.data<T>(),
-                                               gw.data<T>(),
-                                               has_bias ? gb.data<T>() : nullptr, N, C, scratch.data<float>(),
-                                               cuda_stream());
+                                               gw.data<T>(), has_bias ? gb.data<T>() : nullptr,
+                                               gsum_bias.defined() ? gsum_bias.data<T>() : nullptr, N, C,
+                                               scratch.data<float>(), cuda_stream());
                     });
-           return std::vector<Tensor>{gx, gw, gb};
+           std::vector<Tensor> grads{gx, gw, gb};
+           if (sum_bias_given) grads.push_back(gsum_bias);
+           return grads;
          });
 }
 
@@ -369,13 +466,19 @@ Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, doub
   return out;
 }
 
-AddLayerNorm add_layernorm(const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias, double eps) {
+AddLayerNorm add_layernorm(const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias, double eps,
+                           const Tensor& b_bias) {
   check_defined("add_layernorm", a, "a");
   check_defined("add_layernorm", b, "b");
   check_same("add_layernorm", a, b);
   TG_CHECK(a.shape() == b.shape(), "add_layernorm: shapes differ: ", a.desc(), " vs ", b.desc());
-  if (a.device().is_cpu()) {  // the two ops: the reference the GPU's single pass is equal to
-    Tensor sum = add(a, b);
+  if (b_bias.defined()) {
+    check_same("add_layernorm", a, b_bias);
+    TG_CHECK(b_bias.shape() == Shape{a.size(-1)}, "add_layernorm: b_bias ", b_bias.desc(),
+             " does not match the last dimension of ", a.desc());
+  }
+  if (a.device().is_cpu()) {  // the ops it stands for: the reference of the GPU's single pass
+    Tensor sum = add(a, b_bias.defined() ? add(b, b_bias) : b);
     return {sum, layernorm(sum, weight, bias, eps)};
   }
   check_layernorm("add_layernorm", a, weight, bias);
@@ -384,13 +487,34 @@ AddLayerNorm add_layernorm(const Tensor& a, const Tensor& b, const Tensor& weigh
   Tensor mean = Tensor::empty({N}, DType::f32, a.device()), rstd = Tensor::empty({N}, DType::f32, a.device());
   dispatch("add_layernorm", a, [&]<typename T>() { TG_ASSERT(false); },
            [&]<typename T>() {
-             cuda::add_layernorm_forward(a.data<T>(), b.data<T>(), sum.data<T>(), weight.data<T>(),
-                                         bias.defined() ? bias.data<T>() : nullptr, out.data<T>(), mean.data<float>(),
-                                         rstd.data<float>(), N, C, float(eps), cuda_stream());
+             cuda::add_layernorm_forward(a.data<T>(), b.data<T>(), b_bias.defined() ? b_bias.data<T>() : nullptr,
+                                         sum.data<T>(), weight.data<T>(), bias.defined() ? bias.data<T>() : nullptr,
+                                         out.data<T>(), mean.data<float>(), rstd.data<float>(), N, C, float(eps),
+                                         cuda_stream());
            });
-  // The graph add() and layernorm() would record: the sum's gradient goes to both addends.
-  record(sum, "add", {a, b}, [](const Tensor& g) { return std::vector<Tensor>{g, g}; });
-  record_layernorm(out, sum, weight, bias, mean, rstd);
+  if (!b_bias.defined()) {
+    // The graph add() and layernorm() would record: the sum's gradient goes to both addends.
+    record(sum, "add", {a, b}, [](const Tensor& g) { return std::vector<Tensor>{g, g}; });
+    record_layernorm(out, sum, weight, bias, mean, rstd);
+    return {sum, out};
+  }
+  // b_bias's gradient is the column sums of the sum's whole gradient. The LayerNorm's backward runs
+  // before the add's (it reads the sum) and, when it holds that whole gradient, forms the column
+  // sums as it writes it; otherwise the add's backward sums its gradient in a pass of its own.
+  auto given = std::make_shared<SumBiasGiven>();
+  record(sum, "add", {a, b, b_bias}, [given, N, C](const Tensor& g) {
+    Tensor gbias;
+    if (!given->given) {
+      gbias = Tensor::empty({C}, g.dtype(), g.device());
+      dispatch("add_layernorm backward", g, [&]<typename T>() { TG_ASSERT(false); },
+               [&]<typename T>() {
+                 Tensor scratch = detail::workspace_floats(cuda::sum_rows_scratch_floats(N, C), g.device());
+                 cuda::sum_rows(g.data<T>(), gbias.data<T>(), N, C, scratch.data<float>(), cuda_stream());
+               });
+    }
+    return std::vector<Tensor>{g, g, gbias};
+  });
+  record_layernorm(out, sum, weight, bias, mean, rstd, b_bias, given);
   return {sum, out};
 }
 

@@ -33,18 +33,27 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 // gelu(linear(x, weight, bias)) as one op (GPT's MLP up-projection): the same values and
 // gradients; on the GPU its backward forms GELU's derivative and the bias gradient in one pass.
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// linear(linear_gelu(x, w_fc, b_fc), w_proj, b_proj) as one op (GPT's MLP): the same values and
+// gradients (on the CPU it is those two ops); on the GPU one node, whose backward in bf16 forms
+// GELU's derivative inside the input-gradient GEMM of the down-projection (cuBLASLt's DGELU
+// epilogue), so the (rows, 4C) gradient of the GELU's output is never written. b_fc and b_proj may
+// be undefined.
+Tensor mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj, const Tensor& b_proj);
 // Batched a (..., M, K) · b (..., K, N), with optional transposes of the last two dims.
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 Tensor gelu(const Tensor& x);  // tanh form
 Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
 // sum = a + b (equal shapes) and normed = layernorm(sum, weight, bias): the same values and the
 // same graph as add() followed by layernorm(), the forward in one pass over the rows on the GPU
-// (a residual add and the LayerNorm that reads it: the sum is not read back).
+// (a residual add and the LayerNorm that reads it: the sum is not read back). With b_bias (the
+// last dimension), sum = a + add(b, b_bias): a projection's bias added here rather than in its
+// GEMM, so that on the GPU its gradient — the column sums of the sum's gradient — is formed by the
+// LayerNorm's backward as it writes that gradient, not in a pass of its own.
 struct AddLayerNorm {
   Tensor sum, normed;
 };
 AddLayerNorm add_layernorm(const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias,
-                           double eps = 1e-5);
+                           double eps = 1e-5, const Tensor& b_bias = {});
 Tensor softmax(const Tensor& x);  // over the last dimension
 // Mean over counted rows of −log softmax(logits)[target]; logits (N, V), targets (N) i32.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index = -1);

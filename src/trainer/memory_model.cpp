@@ -199,8 +199,13 @@ MemoryPrediction predict_memory(const Config& c, const std::string& device_kind,
   // the block is run again first, so its tensors exist once more, and the second run's output
   // stays held until its backward returns (1 unit); the earlier blocks keep only their inputs.
   // With dropout the mlp branch's dropout output is freed too, and its backward's output takes
-  // the place of the residual gradient as c_proj's incoming gradient: one unit less.
-  const int64_t working = add({block_no_output, mul(dropout ? 4 : 5, u), param_grad_temp});
+  // the place of the residual gradient as c_proj's incoming gradient: one unit less. In bf16 on the
+  // GPU the MLP's backward forms the pre-activation's gradient inside its GEMM (ops::mlp) and the
+  // GELU output's gradient (4) is never made: that peak is 4 units lower, and the block's backward
+  // holds its largest working set elsewhere, within a small fraction of a unit of that figure
+  // (MemoryModelGpu measures it).
+  const int64_t mlp_output_grad = gpu && bf16 ? 0 : 4;
+  const int64_t working = add({block_no_output, mul((dropout ? 0 : 1) + mlp_output_grad, u), param_grad_temp});
   const int64_t before = t.recompute ? add({mul(L, u), u}) : add({u, mul(L - 1, p.saved_per_block)});
   p.phases.push_back({t.recompute ? "recomputed block backward" : "last block backward",
                       add({common, before, working, head_dw_pending, loss_scalars}), 0});

@@ -177,6 +177,31 @@ TEST(Autograd, ClosureThatTakesAndReturnsNoGradientLeavesNothingPending) {
   EXPECT_EQ(x.grad().to_double_vector(), (std::vector<double>{7.0, 7.0}));
 }
 
+// complete(i) tells a closure whether it is the last node to read input i: h below is read by two
+// recorded nodes, and whichever the walk reaches first sees it incomplete, the second complete.
+// A leaf input is never reported complete (its gradient goes to its sink, not to a node).
+TEST(Autograd, HandOverSaysWhichReaderOfAnInputIsTheLast) {
+  Tensor x = Tensor::from_vector({1.0, 2.0}, {2}, DType::f64);
+  x.set_requires_grad(true);
+  Tensor h = ops::scale(x, 1.0);  // a non-leaf read twice
+  std::vector<std::pair<std::string, bool>> seen;  // (reader, h complete), in the walk's order
+  auto reader = [&seen](const std::string& name, const Tensor& in, const Tensor& leaf) {
+    Tensor out = ops::scale(in, 1.0).detach();
+    record(out, name, {in, leaf}, [&seen, name](const Tensor& g, GradHandOver& hand_over) {
+      seen.emplace_back(name, hand_over.complete(0));
+      EXPECT_FALSE(hand_over.complete(1)) << "a leaf input";
+      return std::vector<Tensor>{g, Tensor()};
+    });
+    return out;
+  };
+  Tensor first = reader("a", h, x), second = reader("b", h, x);
+  ops::sum(ops::add(first, ops::scale(second, 3.0))).backward();
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_FALSE(seen[0].second) << seen[0].first << " ran first, so h had another reader still to run";
+  EXPECT_TRUE(seen[1].second) << seen[1].first << " ran last";
+  EXPECT_EQ(x.grad().to_double_vector(), (std::vector<double>{4.0, 4.0}));
+}
+
 // A cast's backward returns its gradient as it is; the leaf's sink folds it into the leaf's
 // gradient of another dtype (here f32 into f64), the small folds batched until the backward ends.
 // The ready hook hears of the leaf once, after its fold is added, and a later gradient of the

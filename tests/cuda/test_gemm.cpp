@@ -1,4 +1,5 @@
-// Parity of cuda::gemm (cuBLASLt) with a double-precision CPU reference: transposes, batches, strides, epilogues, fp32/bf16, determinism.
+// Parity of cuda::gemm (cuBLASLt) with a double-precision CPU reference: transposes, batches, strides, epilogues, fp32/bf16, determinism;
+// and of cuda::gemm_dgelu (the DGELU epilogues).
 #include <gtest/gtest.h>
 
 #include "tests/cuda/cuda_test_util.h"
@@ -8,8 +9,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
@@ -351,6 +354,165 @@ TEST(CudaGemm, AccumulatesBf16ProductsInFp32) {
 TEST(CudaGemm, WorkspaceIsAtLeast32MiB) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
   EXPECT_GE(tg::cuda::gemm_workspace_bytes(), size_t(32) << 20);
+}
+
+// --- gemm_dgelu: C = gelu'(pre) ⊙ (A·B), dbias = Σ_rows C (cuBLASLt's DGELU / DGELU_BGRAD) ---
+
+double gelu_tanh_grad(double x) {
+  const double k = 0.7978845608028654, t = std::tanh(k * (x + 0.044715 * x * x * x));
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x);
+}
+double gelu_erf_grad(double x) {
+  return 0.5 * (1.0 + std::erf(x / std::sqrt(2.0))) + x * std::exp(-0.5 * x * x) / std::sqrt(2.0 * M_PI);
+}
+
+std::vector<tg::bf16> bf16_values(size_t n, uint64_t seed, float lo, float hi) {
+  Rng rng{seed};
+  std::vector<tg::bf16> v(n);
+  for (auto& x : v) x = tg::float_to_bf16(lo + (hi - lo) * 0.5f * (rng.next() + 1.f));
+  return v;
+}
+
+struct DgeluResult {
+  bool ran = false;
+  std::vector<tg::bf16> c, dbias;
+};
+
+// One gemm_dgelu call on packed (M, K)·(K, N) operands, pre shifted by pre_offset elements from its
+// allocation; C and dbias start as NaN bytes, so what the call leaves unwritten shows.
+DgeluResult run_dgelu(int64_t M, int64_t N, int64_t K, const std::vector<tg::bf16>& a, const std::vector<tg::bf16>& b,
+                      const std::vector<tg::bf16>& pre, bool with_dbias, int64_t pre_offset = 0) {
+  const size_t nc = size_t(M * N);
+  DeviceBuffer<tg::bf16> da(a.size()), db(b.size()), dpre(pre.size() + size_t(pre_offset)), dc(nc), dbias{size_t(N)};
+  CHECK_CUDA(cudaMemcpy(da.p, a.data(), a.size() * sizeof(tg::bf16), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(db.p, b.data(), b.size() * sizeof(tg::bf16), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dpre.p + pre_offset, pre.data(), pre.size() * sizeof(tg::bf16), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemset(dc.p, 0xff, nc * sizeof(tg::bf16)));
+  CHECK_CUDA(cudaMemset(dbias.p, 0xff, size_t(N) * sizeof(tg::bf16)));
+  DgeluResult r;
+  r.ran = tg::cuda::gemm_dgelu(M, N, K, da.p, std::max<int64_t>(K, 1), db.p, N, dpre.p + pre_offset, dc.p,
+                               with_dbias ? dbias.p : nullptr, nullptr);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  r.c.resize(nc);
+  r.dbias.resize(size_t(N));
+  CHECK_CUDA(cudaMemcpy(r.c.data(), dc.p, nc * sizeof(tg::bf16), cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(r.dbias.data(), dbias.p, size_t(N) * sizeof(tg::bf16), cudaMemcpyDeviceToHost));
+  return r;
+}
+
+std::vector<double> to_doubles(const std::vector<tg::bf16>& v) {
+  std::vector<double> d(v.size());
+  for (size_t i = 0; i < v.size(); ++i) d[i] = tg::bf16_to_float(v[i]);
+  return d;
+}
+
+// Checks gemm_dgelu on one shape against the double computation from the bf16 values it reads,
+// with and without the bias gradient, and two runs for equal bits. Returns whether it ran
+// (false: cuBLASLt had no algorithm, and nothing was written).
+bool check_dgelu(int64_t M, int64_t N, int64_t K, uint64_t seed) {
+  SCOPED_TRACE("gemm_dgelu M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K));
+  const std::vector<tg::bf16> a = bf16_values(size_t(M * K), seed, -1.f, 1.f),
+                              b = bf16_values(size_t(K * N), seed + 1, -1.f, 1.f),
+                              pre = bf16_values(size_t(M * N), seed + 2, -4.f, 4.f);  // GELU's curve, both tails
+  std::vector<double> want(size_t(M * N), 0.0), want_bias(size_t(N), 0.0);
+  const std::vector<double> ad = to_doubles(a), bd = to_doubles(b);
+  for (int64_t i = 0; i < M; ++i) {
+    double* row = &want[size_t(i * N)];
+    for (int64_t k = 0; k < K; ++k) {
+      const double x = ad[size_t(i * K + k)];
+      const double* brow = &bd[size_t(k * N)];
+      for (int64_t j = 0; j < N; ++j) row[j] += x * brow[j];
+    }
+    for (int64_t j = 0; j < N; ++j) {
+      row[j] *= gelu_tanh_grad(tg::bf16_to_float(pre[size_t(i * N + j)]));
+      want_bias[size_t(j)] += row[j];
+    }
+  }
+  bool ran = false;
+  for (bool with_dbias : {false, true}) {
+    SCOPED_TRACE(with_dbias ? "DGELU_BGRAD" : "DGELU");
+    const DgeluResult first = run_dgelu(M, N, K, a, b, pre, with_dbias), second = run_dgelu(M, N, K, a, b, pre, with_dbias);
+    EXPECT_EQ(first.ran, second.ran);
+    if (!first.ran) {
+      for (tg::bf16 v : first.c) EXPECT_TRUE(std::isnan(tg::bf16_to_float(v))) << "a declined call wrote C";
+      continue;
+    }
+    ran = true;
+    EXPECT_EQ(std::memcmp(first.c.data(), second.c.data(), first.c.size() * sizeof(tg::bf16)), 0)
+        << "two runs differ bitwise in C";
+    const double err = rel_norm_error(to_doubles(first.c), want);
+    EXPECT_LE(err, 1e-2) << "C's relative-norm error " << err;  // NaN fails this too
+    if (with_dbias) {
+      EXPECT_EQ(std::memcmp(first.dbias.data(), second.dbias.data(), first.dbias.size() * sizeof(tg::bf16)), 0)
+          << "two runs differ bitwise in dbias";
+      const double err_bias = rel_norm_error(to_doubles(first.dbias), want_bias);
+      EXPECT_LE(err_bias, 1e-2) << "dbias's relative-norm error " << err_bias;
+    }
+  }
+  return ran;
+}
+
+// GPT-2 small's MLP backward at 512 rows: cuBLASLt has a DGELU(_BGRAD) algorithm for this shape
+// on the GPUs tilegrad runs on (sm_80, sm_90), so declining here fails rather than skips; at
+// 16384 rows (the GPT-2 step) the shape only grows along M.
+TEST(CudaGemm, DgeluEpilogueGpt2Shape) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
+  EXPECT_TRUE(check_dgelu(512, 3072, 768, 401)) << "cuBLASLt has no DGELU algorithm for M=512 N=3072 K=768";
+}
+
+// Sizes no tile divides (N a multiple of 8, as the epilogue requires): either correct, or
+// declined with nothing written; which one is reported.
+TEST(CudaGemm, DgeluEpilogueOddSizes) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
+  for (auto [M, N, K] : {std::array<int64_t, 3>{37, 40, 29}, std::array<int64_t, 3>{9, 24, 40}}) {
+    const bool ran = check_dgelu(M, N, K, 500 + uint64_t(M));
+    std::printf("gemm_dgelu M=%lld N=%lld K=%lld: %s\n", (long long)M, (long long)N, (long long)K,
+                ran ? "cuBLASLt's epilogue" : "declined (no algorithm)");
+  }
+}
+
+// cublasLt.h does not say which GELU the epilogue differentiates. With A·B = 1 exactly, C is
+// gelu'(pre) rounded to bf16; at pre ∈ [-4, -1] the tanh form's derivative and the erf form's
+// differ by 3e-4 to 9e-4, several times bf16's rounding of values below 0.13 there, so the
+// squared errors against the two say which form it is.
+TEST(CudaGemm, DgeluIsTheTanhFormsDerivative) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
+  const int64_t M = 64, N = 64, K = 8;
+  std::vector<tg::bf16> a(size_t(M * K), tg::float_to_bf16(0.f)), b(size_t(K * N), tg::float_to_bf16(0.f));
+  for (int64_t i = 0; i < M; ++i) a[size_t(i * K)] = tg::float_to_bf16(1.f);
+  for (int64_t j = 0; j < N; ++j) b[size_t(j)] = tg::float_to_bf16(1.f);
+  const std::vector<tg::bf16> pre = bf16_values(size_t(M * N), 601, -4.f, -1.f);
+  const DgeluResult r = run_dgelu(M, N, K, a, b, pre, false);
+  ASSERT_TRUE(r.ran) << "cuBLASLt has no DGELU algorithm for M=64 N=64 K=8";
+  double sq_tanh = 0, sq_erf = 0;
+  for (size_t i = 0; i < r.c.size(); ++i) {
+    const double x = tg::bf16_to_float(pre[i]), c = tg::bf16_to_float(r.c[i]);
+    sq_tanh += (c - gelu_tanh_grad(x)) * (c - gelu_tanh_grad(x));
+    sq_erf += (c - gelu_erf_grad(x)) * (c - gelu_erf_grad(x));
+  }
+  const double rms_tanh = std::sqrt(sq_tanh / double(r.c.size())), rms_erf = std::sqrt(sq_erf / double(r.c.size()));
+  std::printf("gemm_dgelu against gelu' at pre in [-4, -1]: rms error %.3g (tanh form), %.3g (erf form)\n", rms_tanh,
+              rms_erf);
+  EXPECT_LT(rms_tanh, 0.5 * rms_erf) << "the epilogue's derivative is not clearly the tanh form's";
+  EXPECT_LT(rms_tanh, 3e-4);
+}
+
+// Declined, with nothing run or written: N not a multiple of 8 (the epilogue's leading-dimension
+// rule), a pre-activation not 16-byte aligned, an empty product.
+TEST(CudaGemm, DgeluDeclinesWhatTheEpilogueCannotTake) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine";
+  auto declined = [](int64_t M, int64_t N, int64_t K, int64_t pre_offset) {
+    const DgeluResult r = run_dgelu(M, N, K, bf16_values(size_t(M * K), 1, -1.f, 1.f),
+                                    bf16_values(size_t(K * N), 2, -1.f, 1.f), bf16_values(size_t(M * N), 3, -4.f, 4.f),
+                                    true, pre_offset);
+    bool untouched = true;
+    for (tg::bf16 v : r.c) untouched = untouched && std::isnan(tg::bf16_to_float(v));
+    for (tg::bf16 v : r.dbias) untouched = untouched && std::isnan(tg::bf16_to_float(v));
+    return !r.ran && untouched;
+  };
+  EXPECT_TRUE(declined(64, 44, 32, 0)) << "N = 44";
+  EXPECT_TRUE(declined(64, 64, 32, 1)) << "pre 2-byte aligned";
+  EXPECT_TRUE(declined(64, 64, 0, 0)) << "K = 0";
 }
 
 }  // namespace

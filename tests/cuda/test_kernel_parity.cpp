@@ -516,10 +516,10 @@ void case_layernorm(double tol, int64_t N, int64_t C, bool with_bias, size_t off
   // The backward takes the CPU's statistics so it is checked on its own.
   DevBuf<float> cmean(N), crstd(N);
   cmean.upload_raw(mean), crstd.upload_raw(rstd);
-  auto run_backward = [&](const T* dx_add) {
+  auto run_backward = [&](const T* dx_add, T* dx_colsum = nullptr) {
     gdx.poison(), gdw.poison(), gdb.poison(), scratch.poison();
     tg::cuda::layernorm_backward(gx.p, gw.p, cmean.p, crstd.p, gd.p, dx_add, gdx.p, gdw.p, with_bias ? gdb.p : nullptr,
-                                 N, C, scratch.p, kStream);
+                                 dx_colsum, N, C, scratch.p, kStream);
   };
   run_backward(nullptr);
   EXPECT_PARITY(gdx.download(), quantize<T>(dx), tol);
@@ -540,6 +540,22 @@ void case_layernorm(double tol, int64_t N, int64_t C, bool with_bias, size_t off
   EXPECT_PARITY(gdx.download(), quantize<T>(dx_total), tol);
   EXPECT_TRUE(same_bytes(dw1, gdw.download_raw()) && (!with_bias || same_bytes(db1, gdb.download_raw())))
       << "dx_add changed dweight or dbias";
+  // With dx's column sums (a bias added into x gets them as its gradient): the sums against the
+  // CPU's dx summed in double, dx as before (the compiler may contract its arithmetic differently
+  // in the kernel that also sums it: in fp32 its last bits may move), dweight and dbias the bits of
+  // the run without them.
+  std::vector<double> colsum(C, 0.0);
+  for (int64_t i = 0; i < N * C; ++i) colsum[size_t(i % C)] += dx_total[size_t(i)];
+  DevBuf<T> gcs(C, off);
+  gcs.poison();
+  run_backward(gr.p, gcs.p);
+  EXPECT_PARITY(gcs.download(), quantize<T>(std::vector<float>(colsum.begin(), colsum.end())), tol);
+  EXPECT_PARITY(gdx.download(), quantize<T>(dx_total), tol);
+  EXPECT_TRUE(same_bytes(dw1, gdw.download_raw()) && (!with_bias || same_bytes(db1, gdb.download_raw())))
+      << "the column sums changed dweight or dbias";
+  const auto cs1 = gcs.download_raw();
+  run_backward(gr.p, gcs.p);
+  EXPECT_TRUE(same_bytes(cs1, gcs.download_raw())) << "layernorm_backward's column sums are not bitwise reproducible";
 }
 
 // The residual add and the LayerNorm after it in one pass: the sum is the rounded a + b exactly,
@@ -556,7 +572,8 @@ void case_add_layernorm(double tol, int64_t N, int64_t C, size_t off) {
   DevBuf<float> gmean(N), grstd(N);
   ga.upload(a), gb.upload(b), gw.upload(w), gbias.upload(bias);
   gsum.poison(), gout.poison();
-  tg::cuda::add_layernorm_forward(ga.p, gb.p, gsum.p, gw.p, gbias.p, gout.p, gmean.p, grstd.p, N, C, 1e-5f, kStream);
+  tg::cuda::add_layernorm_forward<T>(ga.p, gb.p, nullptr, gsum.p, gw.p, gbias.p, gout.p, gmean.p, grstd.p, N, C, 1e-5f,
+                                  kStream);
   EXPECT_EQ(rel_err(gsum.download(), sum), 0.0) << "add_layernorm_forward's sum";
   EXPECT_PARITY(gout.download(), quantize<T>(out), tol);
   EXPECT_PARITY(gmean.download(), mean, 1e-5);
@@ -570,6 +587,28 @@ void case_add_layernorm(double tol, int64_t N, int64_t C, size_t off) {
               same_bytes(gmean.download_raw(), gmean2.download_raw()) &&
               same_bytes(grstd.download_raw(), grstd2.download_raw()))
       << "add_layernorm_forward differs from add_forward then layernorm_forward";
+  // With b's bias (a projection's, added here rather than in its GEMM): a + (b + b_bias rounded),
+  // bitwise the two adds then the LayerNorm.
+  auto bb = quantize<T>(uniform(C, 31));
+  std::vector<float> b_biased(N * C);
+  for (int64_t i = 0; i < N * C; ++i) b_biased[size_t(i)] = b[size_t(i)] + bb[size_t(i % C)];
+  b_biased = quantize<T>(b_biased);
+  for (int64_t i = 0; i < N * C; ++i) sum[size_t(i)] = a[size_t(i)] + b_biased[size_t(i)];
+  sum = quantize<T>(sum);
+  tg::cpu::layernorm_forward(sum.data(), w.data(), bias.data(), out.data(), mean.data(), rstd.data(), N, C, 1e-5f);
+  DevBuf<T> gbb(C, off), gtmp(N * C, off);
+  gbb.upload(bb);
+  gsum.poison(), gout.poison();
+  tg::cuda::add_layernorm_forward(ga.p, gb.p, gbb.p, gsum.p, gw.p, gbias.p, gout.p, gmean.p, grstd.p, N, C, 1e-5f,
+                                  kStream);
+  EXPECT_EQ(rel_err(gsum.download(), sum), 0.0) << "add_layernorm_forward's sum with b_bias";
+  EXPECT_PARITY(gout.download(), quantize<T>(out), tol);
+  tg::cuda::add_forward(gb.p, gbb.p, gtmp.p, N, C, kStream);
+  tg::cuda::add_forward(ga.p, gtmp.p, gsum2.p, 1, N * C, kStream);
+  tg::cuda::layernorm_forward(gsum2.p, gw.p, gbias.p, gout2.p, gmean2.p, grstd2.p, N, C, 1e-5f, kStream);
+  EXPECT_TRUE(same_bytes(gsum.download_raw(), gsum2.download_raw()) &&
+              same_bytes(gout.download_raw(), gout2.download_raw()))
+      << "add_layernorm_forward with b_bias differs from the two adds then layernorm_forward";
 }
 
 // Some rows fully masked (all −inf → zeros), some with a masked tail (−inf entries). The CPU
@@ -796,6 +835,10 @@ std::vector<Case> parity_table() {
       TG_CASE("softmax_8x4099", kF32Reduce, kBf16, case_softmax<T>(tol, 8, 4099, 0)),
       TG_CASE("softmax_64x1024_misaligned", kF32Reduce, kBf16, case_softmax<T>(tol, 64, 1024, 1)),
       TG_CASE("cross_entropy_64x50304", kF32Reduce, kBf16, case_cross_entropy<T>(tol, 64, 50304, false, 0)),
+      // More rows than multiprocessors: on Hopper a block takes several rows, its two buffers in turn
+      // (bf16 at GPT-2's vocabulary; in f32 two such rows do not fit in shared memory).
+      TG_CASE("cross_entropy_600x50304", kF32Reduce, kBf16, case_cross_entropy<T>(tol, 600, 50304, false, 0)),
+      TG_CASE("cross_entropy_1000x4000", kF32Reduce, kBf16, case_cross_entropy<T>(tol, 1000, 4000, false, 0)),
       TG_CASE("cross_entropy_7x1001", kF32Reduce, kBf16, case_cross_entropy<T>(tol, 7, 1001, false, 0)),
       TG_CASE("cross_entropy_9x64_all_ignored", kF32Reduce, kBf16, case_cross_entropy<T>(tol, 9, 64, true, 0)),
       TG_CASE("cross_entropy_33x5000_misaligned", kF32Reduce, kBf16, case_cross_entropy<T>(tol, 33, 5000, false, 1)),

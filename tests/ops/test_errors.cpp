@@ -30,6 +30,13 @@ TEST(BadInput, ShapeMismatches) {
   expect_error([&] { ops::mul(a, b); }, {"mul", "[2, 3]", "[3, 2]"});
   expect_error([&] { ops::linear(a, random_tensor({4, 5}, 3), Tensor()); }, {"linear", "[2, 3]", "[4, 5]"});
   expect_error([&] { ops::linear(a, random_tensor({4, 3}, 3), random_tensor({5}, 4)); }, {"linear", "bias", "[5]"});
+  Tensor w_fc = random_tensor({4, 3}, 3), b_fc = random_tensor({4}, 4);
+  expect_error([&] { ops::mlp(a, random_tensor({4, 5}, 3), b_fc, random_tensor({3, 4}, 5), Tensor()); },
+               {"mlp", "[2, 3]", "[4, 5]"});
+  expect_error([&] { ops::mlp(a, w_fc, b_fc, random_tensor({3, 5}, 5), Tensor()); }, {"mlp", "w_proj", "[3, 5]", "[4, 3]"});
+  expect_error([&] { ops::mlp(a, w_fc, b_fc, random_tensor({3, 4}, 5), random_tensor({4}, 6)); },
+               {"mlp", "b_proj", "[4]", "[3, 4]"});
+  expect_error([&] { ops::mlp(a, w_fc, b_fc, Tensor(), Tensor()); }, {"mlp", "w_proj", "undefined"});
   expect_error([&] { ops::matmul(random_tensor({2, 3, 4}, 1), random_tensor({2, 5, 6}, 2)); }, {"matmul", "4 vs 5"});
   expect_error([&] { ops::layernorm(a, random_tensor({4}, 5), Tensor()); }, {"layernorm", "[4]", "[2, 3]"});
   expect_error([&] { ops::transpose12(a); }, {"transpose12", "4-D", "[2, 3]"});
