@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/elementwise.h"
@@ -410,7 +411,8 @@ void launch_layernorm_forward(const T* x, const T* x2, const T* x2_bias, T* sum,
       kernel<<<grid, kLnRowsPerBlock * 32, 0, stream>>>(x, x2, x2_bias, sum, weight, bias, out, mean, rstd, N, C,
                                                         eps);
     };
-    auto pick = [&]<bool kAdd>() {
+    auto pick = [&](auto add) {  // add: std::bool_constant (the CUDA sources are C++17)
+      constexpr bool kAdd = decltype(add)::value;
       switch (packs_per_lane) {
         case 1: return launch(layernorm_forward_regs_kernel<V, 1, kAdd, T>);
         case 2: return launch(layernorm_forward_regs_kernel<V, 2, kAdd, T>);
@@ -418,8 +420,8 @@ void launch_layernorm_forward(const T* x, const T* x2, const T* x2_bias, T* sum,
         default: return launch(layernorm_forward_regs_kernel<V, kLnMaxPacksPerLane, kAdd, T>);
       }
     };
-    if (x2) pick.template operator()<true>();
-    else pick.template operator()<false>();
+    if (x2) pick(std::true_type{});
+    else pick(std::false_type{});
   } else {
     if (x2) {  // rows too long for registers, or not in 16-byte packs: the adds, then the LayerNorm
       if (x2_bias) {
@@ -483,7 +485,8 @@ void layernorm_backward(const T* x, const T* weight, const float* mean, const fl
                                                            rows_per_block, scratch);
     TG_CUDA_CHECK(cudaGetLastError());
   };
-  auto pick = [&]<bool kSumDx>() {
+  auto pick = [&](auto sum_dx_constant) {
+    constexpr bool kSumDx = decltype(sum_dx_constant)::value;
     const int64_t packs_per_lane = (C / V + 31) / 32;
     if (vec && packs_per_lane == 1) {
       launch(layernorm_backward_regs_kernel<V, 1, kSumDx, T>);
@@ -499,8 +502,8 @@ void layernorm_backward(const T* x, const T* weight, const float* mean, const fl
       launch(layernorm_backward_kernel<1, kSumDx, T>);
     }
   };
-  if (sum_dx) pick.template operator()<true>();
-  else pick.template operator()<false>();
+  if (sum_dx) pick(std::true_type{});
+  else pick(std::false_type{});
   // The sums wanted, in the partials' order: dweight, dbias (its partials are always written), Σ dx.
   const LnParamGradOutputs<T> outputs{{dweight, dbias, dx_colsum}};
   const dim3 col_grid(unsigned((C + 31) / 32), sum_dx ? 3u : dbias ? 2u : 1u);
