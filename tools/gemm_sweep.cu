@@ -137,7 +137,7 @@ enum class Role { fwd_dx, dw_bf16, dw_f32, extra };
 
 // Row-major C (M, N) = op(A) (M, K) · op(B) (K, N), gemm.h's convention, with bf16 A and B.
 // Leading dimensions are the stored row lengths: lda = trans_a ? M : K, ldb = trans_b ? K : N,
-// ldc = N (what src/ops/nn_ops.cpp passes for contiguous tensors).
+// ldc = N (what src/ops/linear.cpp passes for contiguous tensors).
 struct Shape {
   std::string name;
   bool trans_a, trans_b;

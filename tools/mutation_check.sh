@@ -177,7 +177,7 @@ embedding_handover_dropped() {
 mutation add_layernorm_of_an_addend "add_layernorm normalises its first addend instead of the sum" \
   "test_ops:Ops/OpTable.*/add_layernorm"
 add_layernorm_of_an_addend() {
-  edit src/ops/nn_ops.cpp \
+  edit src/ops/normalization.cpp \
     '    return {sum, layernorm(sum, weight, bias, eps)};' \
     '    return {sum, layernorm(a, weight, bias, eps)};'
 }
