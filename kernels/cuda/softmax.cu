@@ -184,6 +184,63 @@ __device__ __forceinline__ MaxSum absorb_fast(MaxSum acc, const float (&f)[V]) {
   return {M, s};
 }
 
+// One row of the cross-entropy, by the whole block: the online (max, Σexp) over the row's logits
+// lr (global memory, or the row's copy in shared memory), lse and the row's loss; with kGrad also
+// dlogits = (softmax − onehot(target)) / count (zeros for an ignored row) into dr. Both rows
+// kernels run this, so they give the same bits.
+template <int V, bool kGrad, typename T>
+__device__ __forceinline__ void cross_entropy_row(const T* lr, T* dr, int64_t row, const int32_t* __restrict__ targets,
+                                                  float* __restrict__ lse, float* __restrict__ row_loss,
+                                                  float inv_count, int64_t Vocab, int32_t ignore_index,
+                                                  MaxSum* smem) {
+  const int64_t packs = Vocab / V;
+  MaxSum acc{-INFINITY, 0.0f};
+#pragma unroll 4
+  for (int64_t p = threadIdx.x; p < packs; p += kCeThreads) {
+    float f[V];
+    load_vec<V>(lr + p * V, f);
+    acc = absorb_fast(acc, f);
+  }
+  const int32_t tgt = targets[row];
+  const bool tgt_in_row = tgt >= 0 && tgt < Vocab && tgt != ignore_index;
+  const float tgt_logit = threadIdx.x == 0 && tgt_in_row ? to_float(lr[tgt]) : 0.0f;
+  acc = row_reduce<kCeThreads>(acc, smem);  // every thread gets the row's (max, sum)
+  const float l = acc.m + logf(acc.s);
+  if (threadIdx.x == 0) {
+    lse[row] = l;
+    if (tgt == ignore_index) {
+      row_loss[row] = 0.0f;
+    } else if (tgt_in_row) {
+      row_loss[row] = l - tgt_logit;
+    } else {
+      row_loss[row] = NAN;
+    }
+  }
+  if constexpr (kGrad) {
+    const bool ignored = tgt == ignore_index;
+    const float l2 = l * kLog2e;
+#pragma unroll 4
+    for (int64_t p = threadIdx.x; p < packs; p += kCeThreads) {
+      float f[V];
+      if (ignored) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) f[k] = 0.0f;
+      } else {
+        load_vec<V>(lr + p * V, f);
+#pragma unroll
+        for (int k = 0; k < V; ++k) f[k] = fast_exp2(fmaf(f[k], kLog2e, -l2)) * inv_count;
+        const int64_t at = int64_t(tgt) - p * V;  // the target's place in this pack, if it is here
+        if (at >= 0 && at < V) {
+#pragma unroll
+          for (int k = 0; k < V; ++k)
+            if (k == at) f[k] -= inv_count;
+        }
+      }
+      store_vec_fast<V>(dr + p * V, f);
+    }
+  }
+}
+
 // Per row: the online (max, Σexp) over the logits, lse and the row's loss; with kGrad also
 // dlogits = (softmax − onehot(target)) / count (zeros for an ignored row). dlogits may be logits
 // itself (the LM head overwrites its logits with their gradient): each element is read by the
@@ -195,7 +252,6 @@ __global__ void __launch_bounds__(kCeThreads)
                               float* __restrict__ row_loss, const int32_t* __restrict__ count, T* dlogits, int64_t N,
                               int64_t Vocab, int32_t ignore_index) {
   __shared__ MaxSum smem[kCeThreads / 32];
-  const int64_t packs = Vocab / V;
   float inv_count = 0.0f;
   if constexpr (kGrad) {
     const int32_t c = *count;
@@ -203,52 +259,8 @@ __global__ void __launch_bounds__(kCeThreads)
   }
   for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
     const T* lr = logits + row * Vocab;
-    MaxSum acc{-INFINITY, 0.0f};
-#pragma unroll 4
-    for (int64_t p = threadIdx.x; p < packs; p += kCeThreads) {
-      float f[V];
-      load_vec<V>(lr + p * V, f);
-      acc = absorb_fast(acc, f);
-    }
-    const int32_t tgt = targets[row];
-    const bool tgt_in_row = tgt >= 0 && tgt < Vocab && tgt != ignore_index;
-    const float tgt_logit = threadIdx.x == 0 && tgt_in_row ? to_float(lr[tgt]) : 0.0f;
-    acc = row_reduce<kCeThreads>(acc, smem);  // every thread gets the row's (max, sum)
-    const float l = acc.m + logf(acc.s);
-    if (threadIdx.x == 0) {
-      lse[row] = l;
-      if (tgt == ignore_index) {
-        row_loss[row] = 0.0f;
-      } else if (tgt_in_row) {
-        row_loss[row] = l - tgt_logit;
-      } else {
-        row_loss[row] = NAN;
-      }
-    }
-    if constexpr (kGrad) {
-      T* dr = dlogits + row * Vocab;
-      const bool ignored = tgt == ignore_index;
-      const float l2 = l * kLog2e;
-#pragma unroll 4
-      for (int64_t p = threadIdx.x; p < packs; p += kCeThreads) {
-        float f[V];
-        if (ignored) {
-#pragma unroll
-          for (int k = 0; k < V; ++k) f[k] = 0.0f;
-        } else {
-          load_vec<V>(lr + p * V, f);
-#pragma unroll
-          for (int k = 0; k < V; ++k) f[k] = fast_exp2(fmaf(f[k], kLog2e, -l2)) * inv_count;
-          const int64_t at = int64_t(tgt) - p * V;  // the target's place in this pack, if it is here
-          if (at >= 0 && at < V) {
-#pragma unroll
-            for (int k = 0; k < V; ++k)
-              if (k == at) f[k] -= inv_count;
-          }
-        }
-        store_vec_fast<V>(dr + p * V, f);
-      }
-    }
+    cross_entropy_row<V, kGrad>(lr, kGrad ? dlogits + row * Vocab : nullptr, row, targets, lse, row_loss, inv_count,
+                                Vocab, ignore_index, smem);
   }
 }
 
@@ -284,7 +296,6 @@ __global__ void __launch_bounds__(kCeThreads, 1)
     if (blockIdx.x < N) fetch(0, blockIdx.x);
   }
   __syncthreads();
-  const int64_t packs = Vocab / V;
   float inv_count = 0.0f;
   if constexpr (kGrad) {
     const int32_t c = *count;
@@ -298,52 +309,8 @@ __global__ void __launch_bounds__(kCeThreads, 1)
     if (threadIdx.x == 0 && row + gridDim.x < N) fetch(b ^ 1, row + gridDim.x);
     mbarrier_wait(&full[b], uint32_t(use >> 1) & 1u);
     const T* lr = buffer(b);
-    MaxSum acc{-INFINITY, 0.0f};
-#pragma unroll 4
-    for (int64_t p = threadIdx.x; p < packs; p += kCeThreads) {
-      float f[V];
-      load_vec<V>(lr + p * V, f);
-      acc = absorb_fast(acc, f);
-    }
-    const int32_t tgt = targets[row];
-    const bool tgt_in_row = tgt >= 0 && tgt < Vocab && tgt != ignore_index;
-    const float tgt_logit = threadIdx.x == 0 && tgt_in_row ? to_float(lr[tgt]) : 0.0f;
-    acc = row_reduce<kCeThreads>(acc, smem);  // every thread gets the row's (max, sum)
-    const float l = acc.m + logf(acc.s);
-    if (threadIdx.x == 0) {
-      lse[row] = l;
-      if (tgt == ignore_index) {
-        row_loss[row] = 0.0f;
-      } else if (tgt_in_row) {
-        row_loss[row] = l - tgt_logit;
-      } else {
-        row_loss[row] = NAN;
-      }
-    }
-    if constexpr (kGrad) {
-      T* dr = dlogits + row * Vocab;
-      const bool ignored = tgt == ignore_index;
-      const float l2 = l * kLog2e;
-#pragma unroll 4
-      for (int64_t p = threadIdx.x; p < packs; p += kCeThreads) {
-        float f[V];
-        if (ignored) {
-#pragma unroll
-          for (int k = 0; k < V; ++k) f[k] = 0.0f;
-        } else {
-          load_vec<V>(lr + p * V, f);
-#pragma unroll
-          for (int k = 0; k < V; ++k) f[k] = fast_exp2(fmaf(f[k], kLog2e, -l2)) * inv_count;
-          const int64_t at = int64_t(tgt) - p * V;  // the target's place in this pack, if it is here
-          if (at >= 0 && at < V) {
-#pragma unroll
-            for (int k = 0; k < V; ++k)
-              if (k == at) f[k] -= inv_count;
-          }
-        }
-        store_vec_fast<V>(dr + p * V, f);
-      }
-    }
+    cross_entropy_row<V, kGrad>(lr, kGrad ? dlogits + row * Vocab : nullptr, row, targets, lse, row_loss, inv_count,
+                                Vocab, ignore_index, smem);
     __syncthreads();  // this buffer is read: the next iteration's copy may refill it
   }
 #endif
