@@ -98,6 +98,17 @@ void record(Tensor& output, std::string op, std::vector<Tensor> inputs, Backward
   bool any = false;
   for (const Tensor& t : inputs) any = any || (t.defined() && t.requires_grad());
   if (!any) return;
+  // A node reads its inputs' shapes, dtypes, devices and producing nodes, never their values:
+  // the values a backward needs are what its closure captures. So a non-leaf input is held as an
+  // edge without memory, and a tensor no closure captured is freed when the forward drops it (a
+  // projection's output once the residual add has read it), not when the backward reaches it
+  // (docs/memory.md). Leaves that need a gradient stay whole: their sinks and fp32 gradients are
+  // found through them; the others (an additive mask, say) take no part in the backward.
+  for (Tensor& t : inputs) {
+    if (!t.defined()) continue;
+    if (t.grad_fn()) t = edge_only(t);
+    else if (!t.requires_grad()) t = Tensor();
+  }
   auto node = std::make_shared<Node>();
   node->op = std::move(op);
   node->inputs = std::move(inputs);

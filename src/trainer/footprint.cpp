@@ -50,10 +50,10 @@ Footprint estimate_footprint(const Config& c, bool training, int world_size) {
   const int64_t H = m.n_head, V = m.vocab_size;
   const int64_t elem = bf16 ? 2 : 4;
   const int64_t tokens = mul(B, T);
-  // A block keeps about 18·C values per token for the backward (LayerNorm inputs and outputs,
-  // q/k/v, the attention output, the MLP's 4C hidden before and after GELU, the residuals);
+  // A block keeps about 16·C values per token for the backward (the LayerNorms' outputs, q/k/v,
+  // the attention output, the MLP's 4C hidden before and after GELU, the residuals);
   // recomputed blocks keep their input only, plus one block's worth while it is recomputed.
-  const int64_t per_block = mul(mul(tokens, C), 18 * elem);
+  const int64_t per_block = mul(mul(tokens, C), 16 * elem);
   int64_t act = training && t.recompute ? add(mul(mul(mul(tokens, C), elem), L), per_block) : mul(per_block, L);
   if (m.attention == "naive") act = add(act, mul(mul(mul(mul(mul(B, H), T), T), 2 * elem), training ? L : 1));
   // The logits (their gradient is written over them): all rows at once, or lm_head_chunk rows at a time.

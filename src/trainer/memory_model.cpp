@@ -34,8 +34,8 @@ struct StepTerms {
 };
 
 // Blocks in pieces (train.recompute_rows, GPT::block_in_pieces): the token-wise parts of a block
-// keep only their inputs and run again piece by piece in the backward, so a block keeps qkv, the
-// attention output o, the residual x1 and its output. These phases replace the whole-block ones
+// keep only their inputs and run again piece by piece in the backward, so a block keeps the
+// attention's inputs, its output o, the residual x1 and the block's output. These phases replace the whole-block ones
 // (the head's phase stands; under offload_activations its blocks hold one unit).
 void add_piece_phases(MemoryPrediction& p, const TrainConfig& t, const StepTerms& k, const Sizes& sizes) {
   auto mul = [&](int64_t a, int64_t b) { return sizes.mul(a, b); };
@@ -46,20 +46,19 @@ void add_piece_phases(MemoryPrediction& p, const TrainConfig& t, const StepTerms
   const int64_t common = k.common, head_dw_pending = k.head_dw_pending, loss_scalars = k.loss_scalars;
   // One piece: `rows` positions of one sequence. Its recorded rerun and backward (the MLP's, the
   // largest) at its peak, in GELU's backward: of LayerNorm 2's output, the pre-activation and
-  // GELU output (1 + 4 + 4) and c_proj's output and the sum (1 + 1), and the gradients (1 + 4 +
-  // 4 + 1), about 16 piece units are held (measured on the CPU: docs/memory.md), with the
+  // GELU output (1 + 4 + 4), c_proj's output and the sum (1 + 1), and the gradients (1 + 4 + 4 +
+  // 1), about 16 piece units are held (measured on the CPU: docs/memory.md), with the
   // LayerNorm's statistics and c_fc's and c_proj's weight and bias gradients. The GPU holds about
   // 20 (the T = 32k–262k sweep of the long-context config, docs/memory.md "Measured against
   // predicted on a GPU").
   const int64_t r = std::min<int64_t>(t.recompute_rows, T), pu = mul(mul(r, C), e);
   const int64_t piece_units = gpu ? 20 : 16;
   const int64_t piece = add({mul(piece_units, pu), mul(mul(r, 2), s), mul(add({mul(mul(8, C), C), mul(5, C)}), e)});
-  // What a block keeps, its output included: qkv 3, o 1, x1 1, the output 1, and the attention's
-  // statistics; the CPU's fused attention adds its contiguous q, k, v (3); the materialised one
-  // its slices, transposes and P·V (8) and S and P.
-  int64_t keep_units = 6, keep_extra = lse;
-  if (!fused) keep_units += 8, keep_extra = mul(scores, 2);
-  else if (!gpu) keep_units += 3;
+  // What a block keeps, its output included: the attention's inputs 3 (the GPU's fused attention
+  // reads qkv in place; the CPU's its contiguous q, k, v copies; the materialised one the
+  // transposes of q, k and v, and its probabilities P), o 1, x1 1, the output 1, and the
+  // attention's statistics.
+  const int64_t keep_units = 6, keep_extra = fused ? lse : scores;
   const int64_t kept = add({mul(keep_units, u), keep_extra});
   p.saved_per_block = kept;
   const bool offload = gpu && t.recompute && t.offload_activations;
@@ -67,16 +66,16 @@ void add_piece_phases(MemoryPrediction& p, const TrainConfig& t, const StepTerms
   // offload only the restored one) and the second run's output; otherwise block 0's input and the
   // L − 1 earlier blocks' tensors.
   const int64_t before = t.recompute ? (offload ? mul(2, u) : mul(L + 1, u)) : add({u, mul(L - 1, kept)});
-  // The attention's backward: of the block's own tensors qkv, o and the statistics (x1 is freed
-  // once the MLP's pieces have run backward), with x's gradient from the residual, o's gradient
-  // and d(qkv) (1 + 1 + 3), and under recompute the block output's gradient, which the outer
-  // backward holds while the block's runs (1); the CPU's attention also holds its q, k, v and
-  // their gradients before joining them (6); the materialised one its S, P, dP and dS (4) with
-  // the slices and transposes, 12 units in all (measured on the CPU: docs/memory.md).
+  // The attention's backward: of the block's own tensors the attention's inputs, o and the
+  // statistics (x1 is freed once the MLP's pieces have run backward), with x's gradient from the
+  // residual, o's gradient and d(qkv) (1 + 1 + 3), and under recompute the block output's
+  // gradient, which the outer backward holds while the block's runs (1); the CPU's attention also
+  // holds q's, k's and v's gradients before joining them (3); the materialised one its P, dP and
+  // dS (3) with the transposes and the gradients (measured on the CPU: docs/memory.md).
   const int64_t held_grad = t.recompute ? 1 : 0;
   int64_t attn = add({mul(9 + held_grad, u), keep_extra});
-  if (!fused) attn = add({mul(11 + held_grad, u), mul(scores, 4)});
-  else if (!gpu) attn = add({attn, mul(6, u)});
+  if (!fused) attn = add({mul(6 + held_grad, u), mul(scores, 3)});
+  else if (!gpu) attn = add({attn, mul(3, u)});
   int64_t ws = 0;
   if (gpu && fused) ws = (mul(mul(B, H), T) * 4 + 255) / 256 * 256;
   const std::string kind = t.recompute ? "recomputed block" : "last block";
@@ -135,33 +134,31 @@ MemoryPrediction predict_memory(const Config& c, const std::string& device_kind,
   // closures and the parameter views in the graph hold it until the backward ends.
   p.compute_copy = bf16 ? mul(P, 2) : 0;
   p.tokens = mul(N, 8);  // ids and targets, int32
-  // Learned positions: the token rows (held by the add node) and the position rows and their
-  // int32 ids (held by the position embedding's backward); the add's output is block 0's input.
-  // With dropout the embedding's output is kept as the dropout node's input as well.
-  p.embedding = (rope ? 0 : add({u, mul(mul(T, C), e), mul(T, 4)})) + (dropout ? u : 0);
+  // Learned positions: the int32 position ids the position embedding's backward reads. The token
+  // and position rows, their sum and (with dropout) the dropout's input are read by no backward
+  // and freed as the forward goes on; block 0's input is counted with the blocks.
+  p.embedding = rope ? 0 : mul(T, 4);
 
-  // One recorded block, its output included, its input not (that is the previous block's output):
-  //   LayerNorm 1 output 1 unit, qkv 3, attention output o 1, c_proj output 1, the residual x1 1,
-  //   LayerNorm 2 output 1, linear_gelu's pre-activation 4 and output 4, mlp c_proj output 1,
-  //   the block output 1 = 18 units, plus
-  //   CPU fused attention: contiguous q, k, v copies (3 units; rotated in place of the copies
-  //     under RoPE), GPU fused attention: RoPE's rotated q and k (2 units), read from qkv otherwise;
-  //   materialised attention: the q, k, v slices 3, their (B, H, T, D) transposes 3, P·V 1,
-  //     its transpose back 1 (which is o), RoPE's rotated q and k 2, and the scores S and
-  //     probabilities P, (B, H, T, T) each;
-  //   dropout: each of the two dropout sites keeps its input and output (one more unit each);
+  // One recorded block, its output included, its input not (that is the previous block's output).
+  // A block keeps what its backward closures read (a node holds no input's memory: autograd.h);
+  // the projections' outputs, the residual branches after dropout and the slices are freed as the
+  // forward goes on. LayerNorm 1 output 1 unit (read by the qkv projection's backward), attention
+  // output o 1, the residual x1 1, LayerNorm 2 output 1, the MLP's pre-activation 4 and GELU
+  // output 4, the block output 1 = 13 units, plus the attention's inputs:
+  //   GPU fused attention: qkv 3 (read in place), and RoPE's rotated q and k 2;
+  //   CPU fused attention: its contiguous q, k, v copies 3 (rotated in place of the copies under
+  //     RoPE; qkv itself is freed);
+  //   materialised attention: the (B, H, T, D) transposes of q, k, v 3 and the probabilities P,
+  //     (B, H, T, T) (the scores S are freed once the softmax has run);
   //   statistics: both LayerNorms' mean and rstd, the fused attention's log-sum-exp (B, H, T).
-  int64_t units = 18;
+  int64_t units = 16;
   int64_t block_extra = add({ln_stats, ln_stats});
   if (fused) {
-    if (!gpu) units += 3;
-    else if (rope) units += 2;
+    if (gpu && rope) units += 2;
     block_extra = add({block_extra, lse});
   } else {
-    units += 3 + 3 + 1 + (rope ? 2 : 0);
-    block_extra = add({block_extra, mul(scores, 2)});
+    block_extra = add({block_extra, scores});
   }
-  if (dropout) units += 2;
   p.saved_per_block = add({mul(units, u), block_extra});
   const int64_t block_no_output = p.saved_per_block - u;
 
@@ -191,30 +188,32 @@ MemoryPrediction predict_memory(const Config& c, const std::string& device_kind,
                       add({common, blocks_fwd, ln_f, head}), 0});
 
   // The backward of the last block (the first one the backward reaches; the later ones hold
-  // less, since the earlier blocks' tensors are freed as the walk goes). Its peak is in
-  // linear_gelu's backward: of the block's own tensors, mlp c_proj's output and the GELU output
-  // are freed by then (5 units), and the residual's gradient (1), the GELU output's gradient (4),
-  // the pre-activation's gradient (4) and the LayerNorm 2 output's gradient (1) are held: the
-  // block without its output plus 5 units, and c_fc's weight and bias gradients. Under recompute
-  // the block is run again first, so its tensors exist once more, and the second run's output
-  // stays held until its backward returns (1 unit); the earlier blocks keep only their inputs.
-  // With dropout the mlp branch's dropout output is freed too, and its backward's output takes
-  // the place of the residual gradient as c_proj's incoming gradient: one unit less. In bf16 on the
-  // GPU the MLP's backward forms the pre-activation's gradient inside its GEMM (ops::mlp) and the
-  // GELU output's gradient (4) is never made: that peak is 4 units lower, and the block's backward
-  // holds its largest working set elsewhere, within a small fraction of a unit of that figure
-  // (MemoryModelGpu measures it).
-  const int64_t mlp_output_grad = gpu && bf16 ? 0 : 4;
-  const int64_t working = add({block_no_output, mul((dropout ? 0 : 1) + mlp_output_grad, u), param_grad_temp});
+  // less, since the earlier blocks' tensors are freed as the walk goes). Its peak is in the
+  // MLP's backward. With linear_gelu and linear (the CPU, and the reference): the GELU output
+  // (4 units) is freed with the down-projection's node, and the residual's gradient (1), the GELU
+  // output's gradient (4), the pre-activation's gradient (4) and the LayerNorm 2 output's gradient
+  // (1) are held: the block without its output plus 6 units, and c_fc's weight and bias
+  // gradients. With dropout the same: the dropout's backward output is freed with the
+  // down-projection's node. In bf16 on the GPU the MLP is one op (ops::mlp) that lets the GELU
+  // output go before it makes the pre-activation's gradient inside its GEMM: the residual's
+  // gradient (1; with dropout, and the dropout's backward output, 2), the pre-activation's
+  // gradient (4) and the LayerNorm 2 output's gradient (1) with the block less its GELU output
+  // and output: the block without its output plus 2 units (3 with dropout). In fp32 on the GPU
+  // the op's backward also writes the GELU output's gradient (4) before its GELU-backward pass
+  // and frees it before the last product: plus 5 units (6). Under recompute the block is run
+  // again first, so its tensors exist once more, and the second run's output stays held until
+  // its backward returns (1 unit); the earlier blocks keep only their inputs.
+  const int64_t mlp_working = !gpu ? 6 : (bf16 ? 2 : 5) + (dropout ? 1 : 0);
+  const int64_t working = add({block_no_output, mul(mlp_working, u), param_grad_temp});
   const int64_t before = t.recompute ? add({mul(L, u), u}) : add({u, mul(L - 1, p.saved_per_block)});
   p.phases.push_back({t.recompute ? "recomputed block backward" : "last block backward",
                       add({common, before, working, head_dw_pending, loss_scalars}), 0});
   if (!fused) {
-    // The materialised attention's backward: the softmax backward's dS allocated while dP, S
-    // and P are held: 4 score tensors, with the LayerNorm 1 output, qkv, the slices and the
-    // transposes (10 units, 12 with RoPE), the residual gradient and dV (2 units); under
-    // recompute the input's gradient copy (1 unit) too.
-    const int64_t attn = add({mul(12 + (rope ? 2 : 0) + (t.recompute ? 1 : 0), u), mul(scores, 4), ln_stats});
+    // The materialised attention's backward: the softmax backward's dS allocated while dP and P
+    // are held: 3 score tensors, with the LayerNorm 1 output and the transposes of q and k (3
+    // units), the residual gradient (1) and v's gradient placed into qkv's shape (3 units);
+    // under recompute the input's gradient copy (1 unit) too.
+    const int64_t attn = add({mul(7 + (t.recompute ? 1 : 0), u), mul(scores, 3), ln_stats});
     p.phases.push_back({"attention backward", add({common, before, attn, head_dw_pending, loss_scalars}), 0});
   }
   if (t.recompute) {
