@@ -163,7 +163,10 @@ MemoryPrediction predict_memory(const Config& c, const std::string& device_kind,
   const int64_t block_no_output = p.saved_per_block - u;
 
   // The weight gradients alive with the largest working set: c_fc's weight and bias (4C × C, 4C).
-  const int64_t param_grad_temp = mul(add({mul(mul(4, C), C), mul(4, C)}), e);
+  // On the GPU in bf16 the weight's gradient is added straight into its fp32 buffer by the GEMM
+  // (GradHandOver::accumulator): only the bias's is a tensor of its own.
+  const int64_t param_grad_temp =
+      gpu && bf16 ? mul(mul(4, C), e) : mul(add({mul(mul(4, C), C), mul(4, C)}), e);
   // The GPU tied head: its dW (bf16) waits for wte's conversion node, which the backward reaches
   // only after the embedding, i.e. through every block's backward.
   const int64_t head_dw_pending = gpu && bf16 ? mul(mul(V, C), e) : 0;
