@@ -264,10 +264,13 @@ void write_string_dataset(hid_t file, hid_t lcpl, const std::string& name, const
 }
 
 // The core driver's buffer, taken over when HDF5 closes the file instead of being freed: the
-// bytes are then final (HDF5 finishes the superblock at close), and no copy is made.
+// bytes are then final (HDF5 finishes the superblock at close), and no copy is made. The last
+// file closed is the one built: a file of the same name that the driver opened first (it reads an
+// existing file in, backing store or not) is closed before it, and its buffer is not the image.
 struct CapturedImage {
-  void* buf = nullptr;   // the buffer HDF5 released at close
-  size_t capacity = 0;   // the size of the driver's latest allocation
+  void* buf = nullptr;       // the buffer of the last file HDF5 closed
+  size_t buf_capacity = 0;   // that buffer's size
+  size_t capacity = 0;       // the size of the driver's latest allocation
   ~CapturedImage() { std::free(buf); }
 };
 
@@ -293,8 +296,10 @@ void* image_realloc(void* ptr, size_t size, H5FD_file_image_op_t, void* udata) {
 }
 herr_t image_free(void* ptr, H5FD_file_image_op_t op, void* udata) {
   auto* cap = static_cast<CapturedImage*>(udata);
-  if (op == H5FD_FILE_IMAGE_OP_FILE_CLOSE && cap && !cap->buf) {
+  if (op == H5FD_FILE_IMAGE_OP_FILE_CLOSE && cap) {
+    std::free(cap->buf);
     cap->buf = ptr;
+    cap->buf_capacity = cap->capacity;
     return 0;
   }
   std::free(ptr);
@@ -359,7 +364,7 @@ void build_image(const std::string& path, int64_t step, const CheckpointData& d,
   TG_CHECK(b, ctx, ": HDF5 returned no file image");
   uint64_t eof = 0;
   for (int i = 7; i >= 0; --i) eof = (eof << 8) | b[28 + i];
-  TG_CHECK(std::memcmp(b, "\x89HDF\r\n\x1a\n", 8) == 0 && b[8] == 3 && eof >= 48 && eof <= captured.capacity, ctx,
+  TG_CHECK(std::memcmp(b, "\x89HDF\r\n\x1a\n", 8) == 0 && b[8] == 3 && eof >= 48 && eof <= captured.buf_capacity, ctx,
            ": unexpected superblock in HDF5's file image");
   image.size = static_cast<size_t>(eof);
 }
@@ -717,6 +722,9 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const Checkpoi
     size_t size = 0;
     uint32_t crc = 0;
     {
+      // A temporary of this step left by a save that was killed: the image is built under its
+      // name, and nothing of it may be read in.
+      fs::remove(tmp_path, ec);
       FileImage image;
       build_image(tmp_path, step, data, image);
       size = image.size;

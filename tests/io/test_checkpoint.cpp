@@ -387,6 +387,25 @@ TEST(Checkpoint, FlippedByteAnywhereNeverGivesWrongData) {
   expect_equal(d, load_checkpoint(path));
 }
 
+// A save killed before its rename leaves its temporary behind; a resumed run that reaches the same
+// step saves it again. The new save must not take anything from the old temporary, whole or cut
+// short (the in-memory file is built under the temporary's name, where an HDF5 driver could read
+// an existing file in).
+TEST(Checkpoint, SaveIgnoresAStaleTemporaryOfTheSameStep) {
+  for (const bool whole : {true, false}) {
+    TempDir dir;
+    const int64_t big = 1 << 18;
+    const std::string old_path = save_checkpoint(dir.str(), 5, make_data(1005, big), 0);
+    const fs::path stale = dir.path / ".ckpt-5.h5.tmp";
+    fs::rename(old_path, stale);
+    fs::remove(old_path + ".sum");
+    if (!whole) fs::resize_file(stale, fs::file_size(stale) * 2 / 3);
+    const std::string path = save_checkpoint(dir.str(), 5, make_data(5, big), 0);
+    EXPECT_FALSE(fs::exists(stale)) << (whole ? "whole" : "cut") << " temporary left behind";
+    expect_equal(make_data(5, big), load_checkpoint(path));
+  }
+}
+
 // SIGKILL a child that saves in a loop at random moments; `latest` must always resolve to a
 // complete checkpoint without any fallback (a crash is not allowed to leave a dangling pointer).
 TEST(Checkpoint, SurvivesKillDuringSave) {
