@@ -35,8 +35,9 @@ struct StepTerms {
 
 // Blocks in pieces (train.recompute_rows, GPT::block_in_pieces): the token-wise parts of a block
 // keep only their inputs and run again piece by piece in the backward, so a block keeps the
-// attention's inputs, its output o, the residual x1 and the block's output. These phases replace the whole-block ones
-// (the head's phase stands; under offload_activations its blocks hold one unit).
+// attention's inputs, its output o, the residual x1 and the block's output. These phases replace
+// the whole-block ones (the head's phase stands; under offload_activations its blocks hold one
+// unit).
 void add_piece_phases(MemoryPrediction& p, const TrainConfig& t, const StepTerms& k, const Sizes& sizes) {
   auto mul = [&](int64_t a, int64_t b) { return sizes.mul(a, b); };
   auto add = [&](std::initializer_list<int64_t> xs) { return sizes.add(xs); };
