@@ -207,7 +207,7 @@ MemoryPrediction predict_memory(const Config& c, const std::string& device_kind,
   // and frees it before the last product: plus 5 units (6). Under recompute the block is run
   // again first, so its tensors exist once more, and the second run's output stays held until
   // its backward returns (1 unit); the earlier blocks keep only their inputs.
-  const int64_t mlp_working = !gpu ? 6 : (bf16 ? 2 : 5) + (dropout ? 1 : 0);
+  const int64_t mlp_working = !gpu ? 6 : ((bf16 ? 2 : 5) + (dropout ? 1 : 0));
   const int64_t working = add({block_no_output, mul(mlp_working, u), param_grad_temp});
   const int64_t before = t.recompute ? add({mul(L, u), u}) : add({u, mul(L - 1, p.saved_per_block)});
   p.phases.push_back({t.recompute ? "recomputed block backward" : "last block backward",
