@@ -51,7 +51,7 @@ StepFigures run_training_steps(const Config& cfg, Device device, int64_t warmup,
   // them: the buckets are reduced during the last one's backward.
   const int64_t k = cfg.train.grad_accum;
   auto forward_backward = [&] {
-    model.params().zero_grad();
+    model.params().zero_grad_at_first_write();  // as the trainer zeroes them
     record.zero();
     for (int64_t micro = 0; micro < k; ++micro) {
       Tensor l = model.loss(ids, tgt);

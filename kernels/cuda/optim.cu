@@ -31,10 +31,13 @@ struct AdamW {
   }
 };
 
-// One pass over the flat buffers; V = 4 uses float4 accesses, the remainder (< 4) is scalar.
+// One pass over the flat buffers; V = 4 uses float4 accesses, the remainder (< 4) is scalar. With
+// `compute` set, the updated values are also stored there in bf16, rounded as the forward's
+// conversion rounds them (store_vec, the CPU's bits): the compute copy written with the update.
 template <int V>
 __device__ __forceinline__ void adamw_pass(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
-                                           float* __restrict__ v, int64_t n, const AdamW& op) {
+                                           float* __restrict__ v, bf16* __restrict__ compute, int64_t n,
+                                           const AdamW& op) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t nv = n / V;
@@ -49,28 +52,33 @@ __device__ __forceinline__ void adamw_pass(float* __restrict__ p, const float* _
     store_vec<V>(p + j * V, fp);
     store_vec<V>(m + j * V, fm);
     store_vec<V>(v + j * V, fv);
+    if (compute) store_vec<V>(compute + j * V, fp);
   }
   const int64_t i = nv * V + tid;
-  if (V > 1 && i < n) op(p[i], g[i], m[i], v[i], i);
+  if (V > 1 && i < n) {
+    op(p[i], g[i], m[i], v[i], i);
+    if (compute) compute[i] = from_float<bf16>(p[i]);
+  }
 }
 
 template <int V>
 __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
-                             float* __restrict__ v, int64_t n, AdamW op) {
-  adamw_pass<V>(p, g, m, v, n, op);
+                             float* __restrict__ v, bf16* __restrict__ compute, int64_t n, AdamW op) {
+  adamw_pass<V>(p, g, m, v, compute, n, op);
 }
 
 // The same pass with the step's constants from the device-side decision (rounded to float as
-// AdamW::step rounds them), or nothing when the decision skips the step.
+// AdamW::step rounds them), or nothing when the decision skips the step (the values, and so the
+// compute copy of them, stay as they are).
 template <int V>
 __global__ void adamw_decided_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
-                                     float* __restrict__ v, int64_t n, AdamW op,
+                                     float* __restrict__ v, bf16* __restrict__ compute, int64_t n, AdamW op,
                                      const cpu::StepDecision* __restrict__ d) {
   if (d->skip) return;
   op.bc1 = float(d->bias_correction1);
   op.bc2 = float(d->bias_correction2);
   op.grad_scale = float(d->clip);
-  adamw_pass<V>(p, g, m, v, n, op);
+  adamw_pass<V>(p, g, m, v, compute, n, op);
 }
 
 __global__ void decide_step_kernel(const double* record, double max_norm, double beta1, double beta2,
@@ -159,17 +167,25 @@ __global__ void scale_kernel(float* __restrict__ x, float s, int64_t n) {
 
 // ───────────────────────────── launchers ─────────────────────────────
 
-void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, int64_t n_decay, float lr, float beta1,
-                  float beta2, float eps, float weight_decay, float bc1, float bc2, float grad_scale,
+namespace {
+// The float4 pass: the fp32 buffers in 16-byte packs, the compute copy (if any) in 8-byte ones.
+bool vectorised(const float* p, const float* g, const float* m, const float* v, const bf16* compute, int64_t n) {
+  return aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v) &&
+         (reinterpret_cast<uintptr_t>(compute) & 7u) == 0 && n >= 4;
+}
+}  // namespace
+
+void adamw_update(float* p, const float* g, float* m, float* v, bf16* compute, int64_t n, int64_t n_decay, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, float bc1, float bc2, float grad_scale,
                   cudaStream_t stream) {
   require(n >= 0 && n_decay >= 0 && n_decay <= n, "adamw_update", "need 0 ≤ n_decay ≤ n");
   require(bc1 > 0.0f && bc2 > 0.0f, "adamw_update", "bias corrections must be positive (step t ≥ 1)");
   if (n == 0) return;
   const AdamW op{lr, beta1, beta2, eps, weight_decay, bc1, bc2, grad_scale, n_decay};
-  if (aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v) && n >= 4) {
-    adamw_kernel<4><<<grid_for(n / 4, kThreads), kThreads, 0, stream>>>(p, g, m, v, n, op);
+  if (vectorised(p, g, m, v, compute, n)) {
+    adamw_kernel<4><<<grid_for(n / 4, kThreads), kThreads, 0, stream>>>(p, g, m, v, compute, n, op);
   } else {
-    adamw_kernel<1><<<grid_for(n, kThreads), kThreads, 0, stream>>>(p, g, m, v, n, op);
+    adamw_kernel<1><<<grid_for(n, kThreads), kThreads, 0, stream>>>(p, g, m, v, compute, n, op);
   }
   TG_CUDA_CHECK(cudaGetLastError());
 }
@@ -180,16 +196,16 @@ void decide_step(const double* record, double max_norm, double beta1, double bet
   TG_CUDA_CHECK(cudaGetLastError());
 }
 
-void adamw_update_decided(float* p, const float* g, float* m, float* v, int64_t n, int64_t n_decay, float lr,
-                          float beta1, float beta2, float eps, float weight_decay, const cpu::StepDecision* decision,
-                          cudaStream_t stream) {
+void adamw_update_decided(float* p, const float* g, float* m, float* v, bf16* compute, int64_t n, int64_t n_decay,
+                          float lr, float beta1, float beta2, float eps, float weight_decay,
+                          const cpu::StepDecision* decision, cudaStream_t stream) {
   require(n >= 0 && n_decay >= 0 && n_decay <= n, "adamw_update_decided", "need 0 ≤ n_decay ≤ n");
   if (n == 0) return;
   const AdamW op{lr, beta1, beta2, eps, weight_decay, 1.0f, 1.0f, 1.0f, n_decay};
-  if (aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v) && n >= 4) {
-    adamw_decided_kernel<4><<<grid_for(n / 4, kThreads), kThreads, 0, stream>>>(p, g, m, v, n, op, decision);
+  if (vectorised(p, g, m, v, compute, n)) {
+    adamw_decided_kernel<4><<<grid_for(n / 4, kThreads), kThreads, 0, stream>>>(p, g, m, v, compute, n, op, decision);
   } else {
-    adamw_decided_kernel<1><<<grid_for(n, kThreads), kThreads, 0, stream>>>(p, g, m, v, n, op, decision);
+    adamw_decided_kernel<1><<<grid_for(n, kThreads), kThreads, 0, stream>>>(p, g, m, v, compute, n, op, decision);
   }
   TG_CUDA_CHECK(cudaGetLastError());
 }

@@ -16,6 +16,11 @@ thread_local bool t_grad_enabled = true;
 // the same leaves and lets only the last one report.
 thread_local bool t_hold_leaf_reports = false;
 
+// How many backward() calls this thread is inside: the outermost one zeroes, as it ends, the
+// leaves still waiting for a first write (GradSink::zero_unwritten); nested ones (tg::checkpoint's)
+// leave them for it.
+thread_local int t_backward_depth = 0;
+
 struct HoldLeafReports {
   bool previous = t_hold_leaf_reports;
   explicit HoldLeafReports(bool hold) { t_hold_leaf_reports = hold; }
@@ -54,6 +59,8 @@ class SinksUsed {
   }
   void flush() {
     for (GradSink* s : used_) s->flush();
+    if (t_backward_depth == 1)
+      for (GradSink* s : used_) s->zero_unwritten();
     flushed_ = true;
   }
   ~SinksUsed() {
@@ -68,12 +75,19 @@ class SinksUsed {
 };
 }  // namespace
 
-GradHandOver::GradHandOver(std::vector<Tensor> available, std::vector<Tensor> accumulators,
-                           std::vector<bool> complete)
+GradHandOver::GradHandOver(std::vector<Tensor> available, std::vector<Tensor> accumulator_leaves,
+                           std::vector<GradSink*> accumulator_sinks, std::vector<bool> complete)
     : available_(std::move(available)),
       taken_(available_.size(), false),
-      accumulators_(std::move(accumulators)),
+      accumulator_leaves_(std::move(accumulator_leaves)),
+      accumulator_sinks_(std::move(accumulator_sinks)),
       complete_(std::move(complete)) {}
+
+Tensor GradHandOver::accumulator(size_t input, bool* first_write) {
+  if (first_write) *first_write = false;
+  if (input >= accumulator_leaves_.size() || !accumulator_leaves_[input].defined()) return Tensor();
+  return accumulator_sinks_[input]->accumulator(accumulator_leaves_[input], first_write);
+}
 
 Tensor GradHandOver::take(size_t input) {
   if (input >= available_.size() || taken_[input]) return Tensor();
@@ -141,6 +155,10 @@ void backward(const Tensor& root, const Tensor& seed) {
   TG_CHECK(root.requires_grad(), "backward() on a tensor that does not require grad (",
            root.desc(), "): no parameter it depends on has requires_grad set");
   NoGradGuard no_grad;  // backward closures never record
+  struct Depth {
+    Depth() { ++t_backward_depth; }
+    ~Depth() { --t_backward_depth; }
+  } depth;
   SinksUsed sinks;
 
   if (root.is_leaf()) {
@@ -228,13 +246,18 @@ void backward(const Tensor& root, const Tensor& seed) {
       auto p = pending.find(in.grad_fn().get());
       if (!repeated && p != pending.end()) available[i] = p->second;
     }
-    // What the closure may add into: the fp32 gradients of the leaves its inputs are casts of.
-    std::vector<Tensor> accumulators(node->inputs.size());
+    // What the closure may add into: the fp32 gradients of the leaves its inputs are casts of,
+    // asked of their sinks when the closure asks (GradHandOver::accumulator).
+    std::vector<Tensor> accumulator_leaves(node->inputs.size());
+    std::vector<GradSink*> accumulator_sinks(node->inputs.size(), nullptr);
     for (size_t i = 0; i < node->inputs.size(); ++i) {
       const Tensor& in = node->inputs[i];
       if (!in.defined() || !in.grad_fn() || !in.grad_fn()->passes_to_leaf) continue;
       const Tensor& leaf = in.grad_fn()->inputs.front();
-      if (leaf.defined() && leaf.requires_grad()) accumulators[i] = sinks.of(leaf).accumulator(leaf);
+      if (leaf.defined() && leaf.requires_grad()) {
+        accumulator_leaves[i] = leaf;
+        accumulator_sinks[i] = &sinks.of(leaf);
+      }
     }
     // Which inputs this node is the last reader of.
     std::vector<bool> complete(node->inputs.size(), false);
@@ -243,7 +266,8 @@ void backward(const Tensor& root, const Tensor& seed) {
       complete[i] = in.defined() && in.grad_fn() && readers[in.grad_fn().get()] == 1;
     }
     unread(node);
-    GradHandOver hand_over(std::move(available), std::move(accumulators), std::move(complete));
+    GradHandOver hand_over(std::move(available), std::move(accumulator_leaves), std::move(accumulator_sinks),
+                           std::move(complete));
     std::vector<Tensor> grads = node->backward(grad_out, hand_over);
     TG_ASSERT(grads.size() == node->inputs.size());
     for (size_t i = 0; i < grads.size(); ++i) {

@@ -27,7 +27,8 @@ namespace tg {
 // whose leaf keeps an fp32 gradient on the GPU, that gradient buffer. A closure may add its
 // gradient for the input into it itself — a weight-gradient GEMM with an fp32 output and beta = 1
 // — and then returns no gradient (undefined) for that input: no bf16 gradient is written, and
-// no pass folds it into fp32 afterwards. Every input offered one belongs to the same backward, so
+// no pass folds it into fp32 afterwards. Given first_write, it may also be told that the buffer
+// holds no gradient yet (GradSink's first writes): it then writes the buffer whole (beta = 0). Every input offered one belongs to the same backward, so
 // the additions keep the engine's order and the result its bits from run to run.
 //
 // complete(): whether no node still to run reads input `input`: the gradient this closure returns
@@ -37,21 +38,24 @@ namespace tg {
 class GradHandOver {
  public:
   GradHandOver() = default;
-  GradHandOver(std::vector<Tensor> available, std::vector<Tensor> accumulators, std::vector<bool> complete = {});
+  // accumulator_leaves: for each input, the leaf whose fp32 gradient it may add into (undefined
+  // when none), and that leaf's sink.
+  GradHandOver(std::vector<Tensor> available, std::vector<Tensor> accumulator_leaves,
+               std::vector<GradSink*> accumulator_sinks, std::vector<bool> complete = {});
   // The gradient accumulated so far for input `input`, handed over (undefined when there is none,
   // or when it was taken already).
   Tensor take(size_t input);
   bool taken(size_t input) const { return input < taken_.size() && taken_[input]; }
-  // The fp32 buffer that input `input`'s gradient may be added into (undefined when none).
-  Tensor accumulator(size_t input) const {
-    return input < accumulators_.size() ? accumulators_[input] : Tensor();
-  }
+  // The fp32 buffer that input `input`'s gradient may be added into (undefined when none); see
+  // GradSink::accumulator for first_write.
+  Tensor accumulator(size_t input, bool* first_write = nullptr);
   bool complete(size_t input) const { return input < complete_.size() && complete_[input]; }
 
  private:
   std::vector<Tensor> available_;
   std::vector<bool> taken_;
-  std::vector<Tensor> accumulators_;
+  std::vector<Tensor> accumulator_leaves_;
+  std::vector<GradSink*> accumulator_sinks_;
   std::vector<bool> complete_;
 };
 

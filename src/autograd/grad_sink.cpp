@@ -1,6 +1,7 @@
 // The leaf-gradient sink (see grad_sink.h).
 #include "src/autograd/grad_sink.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace tg {
@@ -27,6 +28,10 @@ void GradSink::add(const Tensor& leaf, const Tensor& grad) {
     leaf.impl()->grad = grad.to(leaf.dtype()).impl_ptr();
     return;
   }
+  if (take_first_write(leaf)) {  // nothing in the buffer, and no fold waits for it
+    dst.copy_from(grad);
+    return;
+  }
   // In order: and a batch never adds twice into one buffer.
   if (fold_waits_for(leaf)) flush();
   if (grad.dtype() != dst.dtype() && grad.numel() <= kDeferredFoldMaxNumel) {
@@ -37,14 +42,51 @@ void GradSink::add(const Tensor& leaf, const Tensor& grad) {
   add_into(dst, grad);
 }
 
-Tensor GradSink::accumulator(const Tensor& leaf) {
-  const Tensor g = leaf.grad();
+Tensor GradSink::accumulator(const Tensor& leaf, bool* first_write) {
+  Tensor g = leaf.grad();
   if (!g.defined() || g.dtype() != DType::f32 || !g.device().is_cuda() || g.shape() != leaf.shape()) return Tensor();
   if (fold_waits_for(leaf)) flush();
+  const bool first = take_first_write(leaf);
+  if (first_write) *first_write = first;
+  else if (first) g.zero();
   return g;
 }
 
+void GradSink::expect_first_writes(const std::vector<Tensor>& leaves) {
+  for (const Tensor& leaf : leaves) {
+    TG_CHECK(leaf.defined() && leaf.grad().defined(), "expect_first_writes: a leaf without a gradient buffer");
+    TG_CHECK(!fold_waits_for(leaf), "expect_first_writes: a fold into ", leaf.desc(), " still waits");
+    if (unwritten_.insert(leaf.impl()).second) unwritten_leaves_.push_back(leaf);
+  }
+}
+
+void GradSink::zero_unwritten() {
+  if (unwritten_.empty()) {
+    unwritten_leaves_.clear();
+    return;
+  }
+  std::vector<Tensor> grads;
+  for (const Tensor& leaf : unwritten_leaves_)
+    if (unwritten_.count(leaf.impl())) grads.push_back(leaf.grad());
+  unwritten_.clear();
+  unwritten_leaves_.clear();
+  // Runs of buffers adjacent in one allocation (a parameter store's flat gradient) in one pass.
+  auto begin = [](const Tensor& t) { return static_cast<const char*>(t.raw()); };
+  std::sort(grads.begin(), grads.end(), [&](const Tensor& a, const Tensor& b) { return begin(a) < begin(b); });
+  for (size_t i = 0; i < grads.size();) {
+    int64_t numel = grads[i].numel();
+    size_t j = i + 1;
+    while (j < grads.size() && grads[j].impl()->storage == grads[i].impl()->storage &&
+           grads[j].dtype() == grads[i].dtype() &&
+           begin(grads[j]) == begin(grads[i]) + size_t(numel) * dtype_size(grads[i].dtype()))
+      numel += grads[j++].numel();
+    Tensor::view_of(grads[i], 0, {numel}).zero();
+    i = j;
+  }
+}
+
 void GradSink::leaf_final(const Tensor& leaf) {
+  if (take_first_write(leaf)) leaf.grad().zero();  // final without a gradient: none comes
   if (!ready_) return;
   if (fold_waits_for(leaf)) ready_after_flush_.push_back(leaf);
   else ready_(leaf);
@@ -62,6 +104,7 @@ void GradSink::flush() {
 void GradSink::discard() {
   deferred_.clear();
   ready_after_flush_.clear();
+  // The leaves waiting for a first write keep waiting: a later backward writes or zeroes them.
 }
 
 GradSink::ReadyScope::ReadyScope(GradSink& sink, ReadyHook hook) : sink_(sink), previous_(std::move(sink.ready_)) {

@@ -16,10 +16,17 @@
 // are final (src/dist/grad_sync.h). The parameter store's parameters share one sink
 // (ParameterStore::grad_sink()); a leaf bound to none goes to a sink the backward makes for them.
 // A sink serves one backward at a time (nested ones, as tg::checkpoint runs, included).
+//
+// First writes: a step's gradients need not be zeroed before its backward. The leaves named by
+// expect_first_writes() hold no gradient yet, whatever their buffers contain: the first gradient
+// each gets is written over the buffer (a copy; a weight-gradient GEMM with beta = 0 through
+// accumulator()), later ones are added, and the outermost backward zeroes at its end those that
+// got none. ParameterStore::zero_grad_at_first_write() uses it for the 2-D weights.
 #pragma once
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <unordered_set>
 #include <vector>
 
 #include "src/tensor/accumulate.h"
@@ -53,8 +60,16 @@ class GradSink {
 
   // leaf's gradient buffer when it is fp32 on the GPU, for a node to add its gradient into
   // itself (GradHandOver::accumulator), with the leaf's waiting folds launched first so that the
-  // additions keep their order; undefined otherwise.
-  Tensor accumulator(const Tensor& leaf);
+  // additions keep their order; undefined otherwise. A leaf waiting for its first write is zeroed
+  // first, unless first_write is given: then *first_write says whether the buffer holds no
+  // gradient yet, and the caller writes the whole of it in that case (beta = 0) instead of adding.
+  Tensor accumulator(const Tensor& leaf, bool* first_write = nullptr);
+
+  // The leaves' buffers hold no gradient yet (see above); each leaf's buffer must be its own.
+  void expect_first_writes(const std::vector<Tensor>& leaves);
+  // Zeroes the buffers of the leaves still waiting for their first gradient, adjacent ones in one
+  // pass: the outermost backward calls it as it ends, as none will come.
+  void zero_unwritten();
 
   // Whether leaf_final reports go anywhere (the engine counts readers only then).
   bool wants_final() const { return static_cast<bool>(ready_); }
@@ -76,6 +91,11 @@ class GradSink {
  private:
   bool fold_waits_for(const Tensor& leaf) const;
 
+  // Marks leaf written; true when it was waiting for its first gradient.
+  bool take_first_write(const Tensor& leaf) { return !unwritten_.empty() && unwritten_.erase(leaf.impl()) > 0; }
+
+  std::unordered_set<const TensorImpl*> unwritten_;  // expect_first_writes' leaves not written yet
+  std::vector<Tensor> unwritten_leaves_;             // the same leaves, kept alive, for zero_unwritten
   std::vector<AddJob> deferred_;          // folds waiting for a batched launch
   std::vector<Tensor> ready_after_flush_;  // final leaves whose folds wait
   ReadyHook ready_;

@@ -177,6 +177,7 @@ void GradientSync::gather_parameters() {
   for (const Bucket& b : buckets_)
     if (b.split > 0) comm_.all_gather_async(Tensor::view_of(values, b.range.offset, {b.split}), "parameter bucket");
   comm_.wait();
+  params_.values_changed();
 }
 
 Tensor GradientSync::gather_full(const Tensor& compact, const char* what) {

@@ -451,6 +451,7 @@ std::string load_initial_parameters(nn::GPT& model, const ModelConfig& m, const 
     Tensor dst = p->value;
     dst.copy_from(host);
   }
+  model.params().values_changed();
   return what;
 }
 

@@ -63,6 +63,7 @@ GPT::GPT(const GPTConfig& c, uint64_t seed, DType dtype, Device device, std::opt
   }
   layernorm("transformer.ln_f");
   params_.allocate(seed, dtype, device);
+  params_.set_compute_dtype(compute_);
 }
 
 Tensor GPT::param_of(const Tensor& compute, const std::string& name) const {
@@ -258,14 +259,15 @@ std::pair<Tensor, Tensor> GPT::features(const Tensor& ids, KVCache* cache) {
     if (!device_.is_cpu()) mask_.doc_start_device = mask_.doc_start.to(device_);
   }
   // The compute copy of every parameter in one conversion of the flat buffer, not one per
-  // parameter (p() then hands out views of it); dropped when the pass returns.
+  // parameter (p() then hands out views of it), or the copy the optimizer wrote with its last
+  // update (ParameterStore::compute_values); the pass lets go of it when it returns.
   struct ComputeCopy {
     Tensor& slot;
     ~ComputeCopy() { slot = Tensor(); }
   } compute_copy{compute_values_};
   if (compute_ != params_.flat_values().dtype()) {
     NoGradGuard no_grad;
-    compute_values_ = params_.flat_values().to(compute_);
+    compute_values_ = params_.compute_values();
   }
   const Tensor wte = p("transformer.wte.weight");  // cast once, used by the embedding and the tied LM head
   Tensor x = ops::embedding(wte, ids);             // (B, T, C)

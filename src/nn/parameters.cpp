@@ -62,6 +62,9 @@ void ParameterStore::allocate(uint64_t seed, DType dtype, Device device) {
     MemoryCategoryScope scope(MemCategory::grads);
     grads_ = Tensor::zeros({total_}, values_.dtype(), device);
   }
+  compute_dtype_ = values_.dtype();
+  compute_copy_ = Tensor();
+  compute_copy_current_ = false;
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter& p = params_[i];
     p.value = Tensor::view_of(values_, p.offset, shapes_[i]);
@@ -82,5 +85,32 @@ const Tensor& ParameterStore::get(const std::string& name) const { return find(n
 bool ParameterStore::has(const std::string& name) const { return index_.count(name) != 0; }
 
 void ParameterStore::zero_grad() { grads_.zero(); }
+
+void ParameterStore::zero_grad_at_first_write() {
+  if (!grads_.device().is_cuda() || decay_total_ == 0) return zero_grad();
+  // The decayed parameters lead the flat layout (allocate()): the rest is one zeroing pass.
+  Tensor::view_of(grads_, decay_total_, {total_ - decay_total_}).zero();
+  std::vector<Tensor> weights;
+  for (const Parameter& p : params_)
+    if (p.decay) weights.push_back(p.value);
+  sink_->expect_first_writes(weights);
+}
+
+Tensor ParameterStore::compute_values() {
+  if (compute_dtype_ == values_.dtype()) return values_;
+  return compute_copy_.defined() ? compute_copy_buffer() : values_.to(compute_dtype_);
+}
+
+Tensor ParameterStore::compute_copy_buffer() {
+  if (compute_dtype_ == values_.dtype()) return Tensor();
+  if (!compute_copy_.defined()) {
+    MemoryCategoryScope scope(MemCategory::activations);  // where the forward's conversion is counted
+    compute_copy_ = Tensor::empty({total_}, compute_dtype_, values_.device());
+    compute_copy_current_ = false;
+  }
+  if (!compute_copy_current_) compute_copy_.copy_from(values_);
+  compute_copy_current_ = true;
+  return compute_copy_;
+}
 
 }  // namespace tg::nn

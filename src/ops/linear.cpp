@@ -26,12 +26,18 @@ namespace {
 // it, dW (N, K) = gᵀ (N, rows) · x (rows, K). The bias gradient is a column-sum kernel of its own:
 // cuBLASLt's BGRADB epilogue (the bias gradient out of dW's GEMM) made the GPT-2 step slower
 // (docs/performance.md "Where a step's time goes"). When the weight is a bf16 compute copy of an
-// fp32 parameter on the GPU (w_acc: GradHandOver::accumulator), dW is added straight into the
-// parameter's fp32 gradient by the GEMM (beta = 1) and no dW is returned: no bf16 dW is written,
-// and no pass folds it into fp32 (docs/performance.md, table of changes).
+// fp32 parameter on the GPU (the weight's input of the node: GradHandOver::accumulator), dW is
+// added straight into the parameter's fp32 gradient by the GEMM (beta = 1), or written there
+// (beta = 0) when the buffer holds no gradient of the step yet (GradSink's first writes: no
+// zeroing pass before the step), and no dW is returned: no bf16 dW is written, and no pass folds
+// it into fp32 (docs/performance.md, table of changes).
 std::pair<Tensor, Tensor> linear_backward_gemms(const Tensor& g, const Tensor& x, const Tensor& w, bool need_x,
-                                                int64_t rows, int64_t N, int64_t K, const Tensor& w_acc) {
-  const bool into_acc = w_acc.defined() && g.device().is_cuda() && g.dtype() == DType::bf16;
+                                                int64_t rows, int64_t N, int64_t K, GradHandOver& hand_over,
+                                                size_t w_input) {
+  bool first_write = false;
+  const Tensor w_acc = g.device().is_cuda() && g.dtype() == DType::bf16 ? hand_over.accumulator(w_input, &first_write)
+                                                                        : Tensor();
+  const bool into_acc = w_acc.defined();
   Tensor gx, gw = into_acc ? Tensor() : Tensor::empty({N, K}, g.dtype(), g.device());
   if (need_x) gx = Tensor::empty(x.shape(), g.dtype(), g.device());
   dispatch("linear backward", g,
@@ -45,8 +51,8 @@ std::pair<Tensor, Tensor> linear_backward_gemms(const Tensor& g, const Tensor& x
              if constexpr (std::is_same_v<T, bf16>) {
                if (into_acc) {
                  TG_ASSERT(w_acc.shape() == (Shape{N, K}));
-                 cuda::gemm_accumulate_f32(true, false, N, K, rows, 1.0f, g.data<T>(), N, x.data<T>(), K, 1.0f,
-                                           w_acc.data<float>(), K, cuda_stream());
+                 cuda::gemm_accumulate_f32(true, false, N, K, rows, 1.0f, g.data<T>(), N, x.data<T>(), K,
+                                           first_write ? 0.0f : 1.0f, w_acc.data<float>(), K, cuda_stream());
                  return;
                }
              }
@@ -87,7 +93,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   record(out, "linear", {x, weight, bias},
          [x = x.detach(), w = weight.detach(), has_bias = bias.defined(), rows, N, K,
           need_x = x.requires_grad()](const Tensor& g, GradHandOver& hand_over) {
-           auto [gx, gw] = linear_backward_gemms(g, x, w, need_x, rows, N, K, hand_over.accumulator(1));
+           auto [gx, gw] = linear_backward_gemms(g, x, w, need_x, rows, N, K, hand_over, 1);
            Tensor gb;
            if (has_bias) {
              gb = Tensor::empty({N}, g.dtype(), g.device());
@@ -132,7 +138,7 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                         cuda::gelu_backward(pre.data<T>(), g.data<T>(), dpre.data<T>(), g.numel(), cuda_stream());
                       }
                     });
-           auto [gx, gw] = linear_backward_gemms(dpre, x, w, need_x, rows, N, K, hand_over.accumulator(1));
+           auto [gx, gw] = linear_backward_gemms(dpre, x, w, need_x, rows, N, K, hand_over, 1);
            return std::vector<Tensor>{gx, gw, gb};
          });
   return out;
@@ -166,8 +172,7 @@ Tensor mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor
           need_x = x.requires_grad()](const Tensor& g, GradHandOver& hand_over) mutable {
            // The down-projection's weight and bias gradients, as linear's backward forms them; h is
            // let go before dpre is made, as the down-projection's own node would have been.
-           Tensor gw_proj = linear_backward_gemms(g, h, w_proj, /*need_x=*/false, rows, N2, K2,
-                                                  hand_over.accumulator(3)).second;
+           Tensor gw_proj = linear_backward_gemms(g, h, w_proj, /*need_x=*/false, rows, N2, K2, hand_over, 3).second;
            h = Tensor();
            Tensor gb_proj;
            if (has_b_proj) {
@@ -211,7 +216,7 @@ Tensor mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor
                         cuda::gelu_backward(pre.data<T>(), gh.data<T>(), dpre.data<T>(), gh.numel(), cuda_stream());
                       }
                     });
-           auto [gx, gw_fc] = linear_backward_gemms(dpre, x, w_fc, need_x, rows, N1, K1, hand_over.accumulator(1));
+           auto [gx, gw_fc] = linear_backward_gemms(dpre, x, w_fc, need_x, rows, N1, K1, hand_over, 1);
            return std::vector<Tensor>{gx, gw_fc, gb_fc, gw_proj, gb_proj};
          });
   return out;

@@ -54,9 +54,19 @@ Tensor embedding(const Tensor& weight, const Tensor& ids_in) {
   record(out, "embedding", {weight}, [ids, V, C, N](const Tensor& g, GradHandOver& hand_over) {
     // The bf16 compute copy of an fp32 table on the GPU: its tokens' rows are added straight into
     // the table's fp32 gradient, only the rows that occur (the tied LM head's gradient, not taken
-    // here, is folded in by the table's conversion node as any other).
-    if (const Tensor acc = hand_over.accumulator(0); acc.defined() && g.device().is_cuda() && g.dtype() == DType::bf16) {
+    // here, is folded in by the table's conversion node as any other). When that buffer holds no
+    // gradient of the step yet (GradSink's first writes), it starts as the LM head's gradient,
+    // taken and converted in one pass, or as zeros.
+    bool first_write = false;
+    Tensor acc =
+        g.device().is_cuda() && g.dtype() == DType::bf16 ? hand_over.accumulator(0, &first_write) : Tensor();
+    if (acc.defined()) {
 #ifdef TILEGRAD_HAVE_CUDA
+      if (first_write) {
+        const Tensor other = hand_over.take(0);
+        if (other.defined()) acc.copy_from(other);
+        else acc.zero();
+      }
       const size_t bytes = cuda::embedding_backward_accumulate_scratch_bytes(N);
       Tensor scratch = detail::workspace_floats((bytes + sizeof(float) - 1) / sizeof(float), g.device());
       cuda::embedding_backward_accumulate(g.data<bf16>(), ids.data<int32_t>(), acc.data<float>(), N, V, C,

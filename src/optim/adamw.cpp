@@ -37,6 +37,11 @@ void AdamW::update(double lr, float bc1, float bc2, float grad_scale, const cpu:
   TG_CHECK(values.dtype() == DType::f32, "AdamW: needs f32 master parameters, got ", values.desc());
   const float b1 = float(config_.beta1), b2 = float(config_.beta2), eps = float(config_.eps);
   const float wd = float(config_.weight_decay);
+  // On the GPU, an optimizer that updates every value writes the model's bf16 compute copy with
+  // them (ParameterStore::compute_values): the next forward does not convert the parameters.
+  Tensor compute;
+  if (values.device().is_cuda() && owns_all() && params_.compute_dtype() == DType::bf16)
+    compute = params_.compute_copy_buffer();
   int64_t at = 0;  // where the range's moments start
   for (const nn::FlatRange& r : owned_) {
     float* p = values.data<float>() + r.offset;
@@ -49,11 +54,12 @@ void AdamW::update(double lr, float bc1, float bc2, float grad_scale, const cpu:
     if (values.device().is_cuda()) {
 #ifdef TILEGRAD_HAVE_CUDA
       // One fused kernel over the range; with a device decision it reads the step's constants there.
+      bf16* c = compute.defined() ? compute.data<bf16>() + r.offset : nullptr;
       if (device_decision)
-        cuda::adamw_update_decided(p, g, m, v, n, n_decay, float(lr), b1, b2, eps, wd, device_decision,
+        cuda::adamw_update_decided(p, g, m, v, c, n, n_decay, float(lr), b1, b2, eps, wd, device_decision,
                                    detail::cuda_stream());
       else
-        cuda::adamw_update(p, g, m, v, n, n_decay, float(lr), b1, b2, eps, wd, bc1, bc2, grad_scale,
+        cuda::adamw_update(p, g, m, v, c, n, n_decay, float(lr), b1, b2, eps, wd, bc1, bc2, grad_scale,
                            detail::cuda_stream());
 #endif
       continue;

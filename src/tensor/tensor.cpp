@@ -200,8 +200,14 @@ void Tensor::copy_from(const Tensor& src) {
     return;
 #endif
   }
+#ifdef TILEGRAD_HAVE_CUDA
+  if (device().is_cuda() && src.device() == device()) {  // converted on the device, as to(dtype) converts
+    cuda_convert(src.raw(), src.dtype(), raw(), dtype(), numel());
+    return;
+  }
+#endif
   TG_CHECK(device().is_cpu() && src.device().is_cpu(), "copy_from with dtype conversion (",
-           src.desc(), " into ", desc(), ") is only implemented on the CPU");
+           src.desc(), " into ", desc(), ") is only implemented within one device");
   int64_t n = numel();
   for (int64_t i = 0; i < n; ++i) store_from_double(raw(), dtype(), i, load_as_double(src.raw(), src.dtype(), i));
 }

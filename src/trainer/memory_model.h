@@ -32,7 +32,7 @@ struct MemoryPrediction {
   std::string peak_phase;      // which phase holds the peak
 
   // Parts of `activations` at the peak, and the per-block figures they are made of.
-  int64_t compute_copy = 0;     // bf16: the flat parameters converted once per forward
+  int64_t compute_copy = 0;     // bf16: the flat parameters in the compute dtype, read by the forward
   int64_t tokens = 0;           // the batch's ids and targets (int32)
   int64_t embedding = 0;        // what the embeddings keep (learned positions: token and position rows)
   int64_t saved_per_block = 0;  // what one recorded block keeps for its backward, its output included

@@ -106,6 +106,7 @@ void restore_parameters(nn::GPT& model, const CheckpointData& ckpt, const std::s
     TG_CHECK(a, "checkpoint ", path, ": parameter '", p.name, "' is missing (the model config differs from the checkpoint's)");
     copy_into(p.value, *a, path);
   }
+  model.params().values_changed();
 }
 
 void restore_optimizer(optim::AdamW& opt, const nn::GPT& model, const CheckpointData& ckpt, const std::string& path) {

@@ -255,6 +255,7 @@ void Trainer::resume_from(const std::string& resume) {
   });
   if (comm_->world_size() > 1) {
     comm_->broadcast(params.flat_values(), 0, "parameters (resume)");
+    params.values_changed();
     comm_->broadcast(m, 0, "AdamW first moments (resume)");
     comm_->broadcast(v, 0, "AdamW second moments (resume)");
     // The counters, bit for bit, in the payload of doubles.
@@ -296,7 +297,10 @@ void Trainer::resume_from(const std::string& resume) {
 void Trainer::init_from(const std::string& path) {
   std::string what;
   on_rank0("reading train.init_from", [&] { what = load_initial_parameters(*model_, config_.model, path); });
-  if (comm_->world_size() > 1) comm_->broadcast(model_->params().flat_values(), 0, "parameters (train.init_from)");
+  if (comm_->world_size() > 1) {
+    comm_->broadcast(model_->params().flat_values(), 0, "parameters (train.init_from)");
+    model_->params().values_changed();
+  }
   log_line("initial parameters from " + what);
 }
 
@@ -507,7 +511,10 @@ TrainResult Trainer::run(const std::string& resume) {
     const int64_t step = state_.step;
     comm_->set_step(step + 1);
     auto t0 = std::chrono::steady_clock::now();
-    model_->params().zero_grad();
+    // The weights' gradients are written by the step's backward, not zeroed before it, except when
+    // one recorded micro-batch is replayed for several (its writes would overwrite, not add).
+    if (use_graph && k > 1) model_->params().zero_grad();
+    else model_->params().zero_grad_at_first_write();
     step_record.zero();
     for (int64_t micro = 0; micro < k; ++micro) {
       // This rank's rows of the global batch, and their dropout masks: keyed by the optimizer

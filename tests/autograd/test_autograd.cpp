@@ -241,6 +241,44 @@ TEST(Autograd, SinkFoldsConvertedGradientsAndReportsFinalLeavesAfterTheirFolds) 
   EXPECT_EQ(x.grad().to_double_vector(), want);
 }
 
+// First writes: leaves whose buffers hold garbage but are marked as holding no gradient get the
+// first gradient written (the fold of another dtype included), later ones added, in one backward
+// and across two (gradient accumulation); a marked leaf that gets no gradient is zeroed when the
+// backward ends (a nested one inside it, as tg::checkpoint runs, included).
+TEST(Autograd, SinkWritesTheFirstGradientOfAMarkedLeafAndZeroesTheUnwritten) {
+  auto sink = std::make_shared<GradSink>();
+  auto leaf = [&](std::vector<double> v) {
+    Tensor t = Tensor::from_vector(v, {int64_t(v.size())}, DType::f64);
+    t.set_requires_grad(true);
+    t.set_grad(Tensor::full(t.shape(), 99.0, DType::f64, Device::cpu()));  // garbage, not a gradient
+    bind_grad_sink(t, sink);
+    return t;
+  };
+  Tensor x = leaf({1.0, 2.0}), y = leaf({3.0, 4.0}), unused = leaf({5.0}), z = leaf({6.0, 7.0});
+  sink->expect_first_writes({x, y, unused});
+  // x: 2x (its own dtype) then 3 (a folded cast); y: 5 (only a fold); z not marked: added to 99.
+  const auto f32 = [](const Tensor& t) { return ops::cast(t, DType::f32); };
+  ops::add(ops::add(f32(ops::sum(ops::mul(x, x))), ops::sum(ops::scale(f32(x), 3.0))),
+           ops::add(ops::sum(ops::scale(f32(y), 5.0)), f32(ops::sum(z))))
+      .backward();
+  EXPECT_EQ(x.grad().to_double_vector(), (std::vector<double>{5.0, 7.0}));
+  EXPECT_EQ(y.grad().to_double_vector(), (std::vector<double>{5.0, 5.0}));
+  EXPECT_EQ(unused.grad().to_double_vector(), (std::vector<double>{0.0}));
+  EXPECT_EQ(z.grad().to_double_vector(), (std::vector<double>{100.0, 100.0}));
+  ops::sum(ops::scale(x, 2.0)).backward();  // a second backward adds
+  EXPECT_EQ(x.grad().to_double_vector(), (std::vector<double>{7.0, 9.0}));
+
+  x.set_grad(Tensor::full({2}, 99.0, DType::f64, Device::cpu()));
+  y.set_grad(Tensor::full({2}, 99.0, DType::f64, Device::cpu()));
+  sink->expect_first_writes({x, y});
+  // With a nested backward (the checkpoint's second run) inside the outer one: x's first gradient
+  // is written, and y, which gets none, is zeroed by the end of the backward.
+  Tensor inner = checkpoint([](const std::vector<Tensor>& in) { return ops::scale(in[0], 4.0); }, {x});
+  ops::sum(ops::add(inner, ops::scale(x, 0.0))).backward();
+  EXPECT_EQ(x.grad().to_double_vector(), (std::vector<double>{4.0, 4.0}));
+  EXPECT_EQ(y.grad().to_double_vector(), (std::vector<double>{0.0, 0.0}));
+}
+
 // A backward that throws leaves no waiting fold behind for the next one to add.
 TEST(Autograd, SinkDropsWaitingFoldsWhenABackwardThrows) {
   auto sink = std::make_shared<GradSink>();

@@ -699,10 +699,26 @@ void case_adamw(double tol, int64_t n, int64_t n_decay, float grad_scale, size_t
   tg::cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), n_decay, lr, b1, b2, eps, wd, bc1, bc2, grad_scale);
   tg::cpu::adamw_update(p.data() + n_decay, g.data() + n_decay, m.data() + n_decay, v.data() + n_decay, n - n_decay,
                         lr, b1, b2, eps, 0.0f, bc1, bc2, grad_scale);
-  tg::cuda::adamw_update(gp.p, gg.p, gm.p, gv.p, n, n_decay, lr, b1, b2, eps, wd, bc1, bc2, grad_scale, kStream);
+  // The same update writing the bf16 compute copy too: the same fp32 results, and the copy is
+  // the cast of the updated values, bit for bit.
+  DevBuf<float> cp(n, off), cm(n, off), cv(n, off);
+  DevBuf<bf16> compute(n, off);
+  cp.upload_raw(gp.download_raw()), cm.upload_raw(gm.download_raw()), cv.upload_raw(gv.download_raw());
+  compute.poison();
+  tg::cuda::adamw_update(gp.p, gg.p, gm.p, gv.p, nullptr, n, n_decay, lr, b1, b2, eps, wd, bc1, bc2, grad_scale,
+                         kStream);
   EXPECT_PARITY(gp.download_raw(), p, tol);
   EXPECT_PARITY(gm.download_raw(), m, tol);
   EXPECT_PARITY(gv.download_raw(), v, tol);
+  tg::cuda::adamw_update(cp.p, gg.p, cm.p, cv.p, compute.p, n, n_decay, lr, b1, b2, eps, wd, bc1, bc2, grad_scale,
+                         kStream);
+  const std::vector<float> updated = gp.download_raw();
+  EXPECT_TRUE(same_bytes(cp.download_raw(), updated) && same_bytes(cm.download_raw(), gm.download_raw()) &&
+              same_bytes(cv.download_raw(), gv.download_raw()))
+      << "writing the compute copy changed the update";
+  std::vector<bf16> cast(updated.size());
+  for (size_t i = 0; i < updated.size(); ++i) cast[i] = tg::float_to_bf16(updated[i]);
+  EXPECT_TRUE(same_bytes(compute.download_raw(), cast)) << "the compute copy is not the cast of the updated values";
 }
 
 void case_sum_squares(int64_t n, size_t off) {
@@ -915,7 +931,7 @@ TEST(ParityPreconditions, Throw) {
   DevBuf<float> a(64), b(64);
   EXPECT_THROW(tg::cuda::slice_last(a.p, b.p, 4, 16, 10, 8, kStream), std::invalid_argument);
   EXPECT_THROW(tg::cuda::rope_apply(a.p, b.p, 1, 1, 1, 7, 10000.0, 0, 1, kStream), std::invalid_argument);
-  EXPECT_THROW(tg::cuda::adamw_update(a.p, b.p, a.p, b.p, 64, 65, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.1f, 1.0f, kStream),
+  EXPECT_THROW(tg::cuda::adamw_update(a.p, b.p, a.p, b.p, nullptr, 64, 65, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.1f, 1.0f, kStream),
                std::invalid_argument);
 }
 
