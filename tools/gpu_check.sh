@@ -29,7 +29,15 @@ PY
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
-if ! cmake --build build-gpu -j "$(nproc)" > "$OUT/build.log" 2>&1; then grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; fi
+# What the mode runs: the whole test suite, the GPU test binary, or the tilegrad binary alone.
+case "$WHAT" in
+  tests|all) TARGETS=() ;;
+  sanitize) TARGETS=(--target test_cuda) ;;
+  *) TARGETS=(--target tilegrad) ;;
+esac
+if ! cmake --build build-gpu -j "$(nproc)" ${TARGETS[@]+"${TARGETS[@]}"} > "$OUT/build.log" 2>&1; then
+  grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1
+fi
 echo "build ok"
 if [ "$WHAT" = tests ] || [ "$WHAT" = all ]; then
   OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive ctest --test-dir build-gpu -j 8 --output-on-failure --timeout 600 > "$OUT/ctest.log" 2>&1
