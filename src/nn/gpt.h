@@ -40,8 +40,9 @@ struct KVCache {
 class GPT {
  public:
   // Parameters are kept in `dtype` (the master copy: f32, or f64 for gradient checks);
-  // activations and matmuls run in `compute` (bf16 for mixed precision on the GPU): each
-  // weight is cast once per forward, and the cast's backward brings gradients back to `dtype`.
+  // activations and matmuls run in `compute` (bf16 for mixed precision on the GPU): a forward
+  // reads the parameters in `compute` (ParameterStore::compute_values: one conversion, or the
+  // copy the optimizer's update wrote), and the cast's backward brings gradients back to `dtype`.
   GPT(const GPTConfig& config, uint64_t seed, DType dtype = DType::f32, Device device = Device::cpu(),
       std::optional<DType> compute = std::nullopt);  // default: the same as dtype
 
