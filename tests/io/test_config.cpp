@@ -385,11 +385,18 @@ TEST(ConfigError, CrossFieldChecks) {
 }
 
 namespace {
+// A table cell's text with its pipes escaped, so that "learned | rope" stays one cell.
+std::string cell(const std::string& text) {
+  std::string out;
+  for (char c : text) out += c == '|' ? std::string("\\|") : std::string(1, c);
+  return out;
+}
+
 // The Markdown table of every config key, as docs/config.md holds it.
 std::string config_table() {
   std::string t = "| key | type | default | meaning |\n|---|---|---|---|\n";
   for (const tg::ConfigKeyDoc& d : tg::config_reference())
-    t += "| `" + d.key + "` | " + d.type + " | `" + d.default_value + "` | " + d.description + " |\n";
+    t += "| `" + d.key + "` | " + cell(d.type) + " | `" + d.default_value + "` | " + cell(d.description) + " |\n";
   return t;
 }
 }  // namespace
