@@ -9,7 +9,8 @@
 //   gemm.cu runs today (the tool checks that a 1-result query returns the same algorithm), so
 //   "best/0" is the speed-up available from picking a different heuristic candidate.
 //   Each dW shape is also swept with C/D in fp32 and beta = 1 (accumulating straight into an fp32
-//   gradient buffer, as gemm_accumulate_f32 does) as an alternative to the bf16 dW with beta = 0.
+//   gradient buffer, as gemm_accumulate_f32 does), or beta = 0 with --f32-beta 0 (the step's first
+//   write of that buffer), as an alternative to the bf16 dW with beta = 0.
 //   Extra shapes, swept only when named with --only: the LM head computed in row chunks of 4096
 //   or 8192 rows ("fwd lm_head c4096", "dX lm_head c4096", "dW lm_head c4096 f32", and the same
 //   with c8192), run 4 or 2 times per step; they are left out of the step totals.
@@ -42,6 +43,9 @@
 //   --only NAME[,NAME...]   sweep only these shapes (in the tool's order); a name may be written
 //                           with spaces (quote it) or with '_' for each space, as the TABLE lines
 //                           print it: --only "fwd qkv,dX lm_head c4096" or --only fwd_qkv,dX_lm_head_c4096
+//   --f32-beta B            beta of the shapes with an fp32 C: 1 (default) times a weight gradient
+//                           added into the fp32 gradient, 0 one written there (its first write
+//                           in a step: ParameterStore::zero_grad_at_first_write)
 //   --list                  print the shape names (default set and extras) and exit
 //
 // Output
@@ -59,7 +63,7 @@
 //     TABLE <name> <transa> <transb> <M> <N> <K> <ctype> <epilogue> <best> <best min us> <cand0 min us> <sure>
 //   name: the shape's name with '_' for each space; transa/transb: N or T, the row-major
 //   trans_a/trans_b of gemm.h (not cuBLASLt's swapped ones); M N K: gemm.h's; ctype: f32 or bf16
-//   (C/D type; f32 means beta = 1, bf16 beta = 0); epilogue: bias when the fused bias epilogue was
+//   (C/D type; f32 means beta = 1 or --f32-beta's, bf16 beta = 0); epilogue: bias when the fused bias epilogue was
 //   swept, none otherwise (also for a bias shape whose heuristic offers no fused algorithm);
 //   best: the candidate index (-1: none ran); times in µs with two decimals, '-' where there is
 //   none (candidate 0 failed, or nothing ran; sure is then no); sure: yes or no.
@@ -352,12 +356,13 @@ struct Context {
   void* workspace = nullptr;
   __nv_bfloat16 *A = nullptr, *B = nullptr, *bias = nullptr;
   void* C = nullptr;
+  float f32_beta = 1.0f;  // beta of the fp32-C shapes (--f32-beta)
 };
 
 // One GEMM with the given algorithm, operands swapped as in gemm.cu's gemm_impl; C is both the
 // input and the output.
 cublasStatus_t matmul(const Context& ctx, const Shape& s, const Plan& plan, const cublasLtMatmulAlgo_t& algo) {
-  const float alpha = 1.0f, beta = s.c_f32 ? 1.0f : 0.0f;
+  const float alpha = 1.0f, beta = s.c_f32 ? ctx.f32_beta : 0.0f;
   return cublasLtMatmul(ctx.handle, plan.desc, &alpha, ctx.B, plan.a, ctx.A, plan.b, &beta, ctx.C, plan.c, ctx.C,
                         plan.c, &algo, ctx.workspace, kWorkspaceBytes, ctx.stream);
 }
@@ -431,7 +436,7 @@ ShapeResult sweep(const Context& ctx, const Shape& s, int rounds) {
               "x%d per step%s ===\n",
               s.name.c_str(), s.trans_a ? "T" : "N", s.trans_b ? "T" : "N", (long long)s.M, (long long)s.N,
               (long long)s.K, (long long)s.lda(), (long long)s.ldb(), (long long)s.ldc(), s.c_f32 ? "fp32" : "bf16",
-              s.c_f32 ? 1 : 0, s.bias ? "bias" : "none", s.count, s.role == Role::extra ? " (extra)" : "");
+              s.c_f32 ? int(ctx.f32_beta) : 0, s.bias ? "bias" : "none", s.count, s.role == Role::extra ? " (extra)" : "");
 
   // Fresh C for every shape: zeros, so an fp32 C accumulated with beta = 1 starts from a valid value.
   CHECK_CUDA(cudaMemsetAsync(ctx.C, 0, s.c_bytes(), ctx.stream));
@@ -546,12 +551,14 @@ ShapeResult sweep(const Context& ctx, const Shape& s, int rounds) {
 
 struct Options {
   int rounds = kDefaultRounds;
+  float f32_beta = 1.0f;  // --f32-beta
   std::vector<std::string> only;  // names as given (spaces or '_'); empty: the default set
   bool list = false;
 };
 
 [[noreturn]] void usage_error(const char* prog, const std::string& why) {
-  std::fprintf(stderr, "%s: %s\nusage: %s [--rounds N] [--only NAME[,NAME...]] [--list]\n", prog, why.c_str(), prog);
+  std::fprintf(stderr, "%s: %s\nusage: %s [--rounds N] [--only NAME[,NAME...]] [--f32-beta 0|1] [--list]\n", prog,
+               why.c_str(), prog);
   std::exit(2);
 }
 
@@ -592,10 +599,14 @@ Options parse_options(int argc, char** argv) {
         pos = comma + 1;
       }
       if (o.only.empty()) usage_error(argv[0], "--only wants at least one shape name");
+    } else if (arg == "--f32-beta") {
+      const std::string v = next_value();
+      if (v != "0" && v != "1") usage_error(argv[0], "--f32-beta wants 0 or 1");
+      o.f32_beta = v == "0" ? 0.0f : 1.0f;
     } else if (arg == "--list" && !has_value) {
       o.list = true;
     } else if ((arg == "--help" || arg == "-h") && !has_value) {
-      std::printf("usage: %s [--rounds N] [--only NAME[,NAME...]] [--list]\n", argv[0]);
+      std::printf("usage: %s [--rounds N] [--only NAME[,NAME...]] [--f32-beta 0|1] [--list]\n", argv[0]);
       std::exit(0);
     } else {
       usage_error(argv[0], "unknown argument " + std::string(argv[i]));
@@ -670,6 +681,7 @@ int main(int argc, char** argv) {
     if (s.bias) bias_elems = std::max(bias_elems, s.N);
   }
   Context ctx;
+  ctx.f32_beta = opt.f32_beta;
   CHECK_CUBLAS(cublasLtCreate(&ctx.handle));
   CHECK_CUDA(cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking));
   CHECK_CUDA(cudaEventCreate(&ctx.start));
