@@ -56,20 +56,15 @@ void GradSink::expect_first_writes(const std::vector<Tensor>& leaves) {
   for (const Tensor& leaf : leaves) {
     TG_CHECK(leaf.defined() && leaf.grad().defined(), "expect_first_writes: a leaf without a gradient buffer");
     TG_CHECK(!fold_waits_for(leaf), "expect_first_writes: a fold into ", leaf.desc(), " still waits");
-    if (unwritten_.insert(leaf.impl()).second) unwritten_leaves_.push_back(leaf);
+    unwritten_.emplace(leaf.impl(), leaf);
   }
 }
 
 void GradSink::zero_unwritten() {
-  if (unwritten_.empty()) {
-    unwritten_leaves_.clear();
-    return;
-  }
+  if (unwritten_.empty()) return;
   std::vector<Tensor> grads;
-  for (const Tensor& leaf : unwritten_leaves_)
-    if (unwritten_.count(leaf.impl())) grads.push_back(leaf.grad());
+  for (const auto& [impl, leaf] : unwritten_) grads.push_back(leaf.grad());
   unwritten_.clear();
-  unwritten_leaves_.clear();
   // Runs of buffers adjacent in one allocation (a parameter store's flat gradient) in one pass.
   auto begin = [](const Tensor& t) { return static_cast<const char*>(t.raw()); };
   std::sort(grads.begin(), grads.end(), [&](const Tensor& a, const Tensor& b) { return begin(a) < begin(b); });

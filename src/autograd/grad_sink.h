@@ -26,7 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <unordered_set>
+#include <unordered_map>
 #include <vector>
 
 #include "src/tensor/accumulate.h"
@@ -94,8 +94,7 @@ class GradSink {
   // Marks leaf written; true when it was waiting for its first gradient.
   bool take_first_write(const Tensor& leaf) { return !unwritten_.empty() && unwritten_.erase(leaf.impl()) > 0; }
 
-  std::unordered_set<const TensorImpl*> unwritten_;  // expect_first_writes' leaves not written yet
-  std::vector<Tensor> unwritten_leaves_;             // the same leaves, kept alive, for zero_unwritten
+  std::unordered_map<const TensorImpl*, Tensor> unwritten_;  // expect_first_writes' leaves not written yet
   std::vector<AddJob> deferred_;          // folds waiting for a batched launch
   std::vector<Tensor> ready_after_flush_;  // final leaves whose folds wait
   ReadyHook ready_;

@@ -53,10 +53,10 @@ Tensor embedding(const Tensor& weight, const Tensor& ids_in) {
            });
   record(out, "embedding", {weight}, [ids, V, C, N](const Tensor& g, GradHandOver& hand_over) {
     // The bf16 compute copy of an fp32 table on the GPU: its tokens' rows are added straight into
-    // the table's fp32 gradient, only the rows that occur (the tied LM head's gradient, not taken
-    // here, is folded in by the table's conversion node as any other). When that buffer holds no
-    // gradient of the step yet (GradSink's first writes), it starts as the LM head's gradient,
-    // taken and converted in one pass, or as zeros.
+    // the table's fp32 gradient, only the rows that occur. The tied LM head's gradient is folded
+    // in by the table's conversion node as any other, except when that buffer holds no gradient of
+    // the step yet (GradSink's first writes): then it starts as the LM head's gradient, taken here
+    // and converted in one pass, or as zeros when there is none.
     bool first_write = false;
     Tensor acc =
         g.device().is_cuda() && g.dtype() == DType::bf16 ? hand_over.accumulator(0, &first_write) : Tensor();
