@@ -75,26 +75,47 @@ if [ "$WHAT" = profile ] || [ "$WHAT" = all ]; then
   # short and compute-bound kernels). The step's own time is bench train's, run first (as the
   # config runs it); ncu times the same kernels launched one by one (train.cuda_graph=false), so
   # that its launch counts are the kernels'.
+  # The SM clock and the board's power while the step runs (nvidia-smi every 250 ms): a step of
+  # GEMMs runs at the board's power limit, where the clock, not only the kernels, sets its time.
+  nvidia-smi --query-gpu=clocks.sm,power.draw,power.limit --format=csv,noheader,nounits -lms 250 > "$OUT/smi_train.csv" &
+  smi=$!
   build-gpu/tilegrad bench train configs/gpt2-124m.yaml --steps 30 --warmup 5 2>&1 | tail -3 | tee "$OUT/bench_train.txt"
-  ncu --metrics gpu__time_duration.sum --csv --cache-control none --clock-control none --launch-skip 2000 --launch-count 2500 \
+  kill $smi
+  python3 - "$OUT/smi_train.csv" <<'PY' | tee -a "$OUT/bench_train.txt"
+import sys, statistics
+rows = [[float(x) for x in l.split(",")] for l in open(sys.argv[1]) if l.count(",") == 2]
+busy = [r for r in rows if r[1] > 0.5 * r[2]]  # the samples while the step runs (above half the limit)
+if busy:
+    clk, pw = [r[0] for r in busy], [r[1] for r in busy]
+    print(f"while training ({len(busy)} samples): SM clock {min(clk):.0f}–{max(clk):.0f} MHz (median "
+          f"{statistics.median(clk):.0f}), power median {statistics.median(pw):.0f} W, max {max(pw):.0f} W, "
+          f"limit {busy[0][2]:.0f} W")
+PY
+  ncu --metrics gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second --csv --cache-control none --clock-control none \
+    --launch-skip 2000 --launch-count 2500 \
     build-gpu/tilegrad bench train configs/gpt2-124m.yaml --set run.device=cuda train.cuda_graph=false --steps 3 --warmup 4 \
     > "$OUT/ncu_train.csv" 2> "$OUT/ncu_train.err"
   python3 - "$OUT/ncu_train.csv" <<'PY' | tee "$OUT/kernel_profile.txt"
 import csv, sys, collections
 rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
 head, body = rows[0], rows[1:]
-name, val = head.index("Kernel Name"), head.index("Metric Value")
-updates = [i for i, r in enumerate(body) if "adamw" in r[name].lower()]
+ident, name, metric, val = (head.index(k) for k in ("ID", "Kernel Name", "Metric Name", "Metric Value"))
+launches = collections.OrderedDict()  # launch ID → (kernel, {metric: value})
+for r in body:
+    launches.setdefault(r[ident], (r[name], {}))[1][r[metric]] = float(r[val].replace(",", ""))
+body = list(launches.values())
+updates = [i for i, (k, _) in enumerate(body) if "adamw" in k.lower()]
 if len(updates) >= 2:
     body = body[updates[0] + 1:updates[1] + 1]
-tot = collections.defaultdict(float); cnt = collections.Counter()
-for r in body:
-    k = r[name].split("(")[0][:100]
-    tot[k] += float(r[val].replace(",", "")); cnt[k] += 1
+tot = collections.defaultdict(float); cyc = collections.defaultdict(float); cnt = collections.Counter()
+for k, m in body:
+    k = k.split("(")[0][:100]
+    ns = m["gpu__time_duration.sum"]
+    tot[k] += ns; cnt[k] += 1; cyc[k] += ns * m.get("sm__cycles_elapsed.avg.per_second", 0.0)
 all_ns = sum(tot.values())
-print(f"one step: {len(body)} launches, {all_ns/1e6:.2f} ms of kernel time")
+print(f"one step: {len(body)} launches, {all_ns/1e6:.2f} ms of kernel time (MHz: the SM clock, time-weighted)")
 for k, v in sorted(tot.items(), key=lambda x: -x[1])[:40]:
-    print(f"{100*v/all_ns:5.1f}%  {v/1e6:7.3f} ms  {cnt[k]:4d}x  {k}")
+    print(f"{100*v/all_ns:5.1f}%  {v/1e6:7.3f} ms  {cnt[k]:4d}x  {cyc[k]/v/1e6:5.0f} MHz  {k}")
 PY
 fi
 if [ "$WHAT" = stalls ]; then
