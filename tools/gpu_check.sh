@@ -75,9 +75,9 @@ if [ "$WHAT" = profile ] || [ "$WHAT" = all ]; then
   # short and compute-bound kernels). The step's own time is bench train's, run first (as the
   # config runs it); ncu times the same kernels launched one by one (train.cuda_graph=false), so
   # that its launch counts are the kernels'.
-  # The SM clock and the board's power while the step runs (nvidia-smi every 250 ms): a step of
+  # The SM clock and the board's power while the step runs (nvidia-smi every 100 ms): a step of
   # GEMMs runs at the board's power limit, where the clock, not only the kernels, sets its time.
-  nvidia-smi --query-gpu=clocks.sm,power.draw,power.limit --format=csv,noheader,nounits -lms 250 > "$OUT/smi_train.csv" &
+  nvidia-smi --query-gpu=clocks.sm,power.draw,power.limit --format=csv,noheader,nounits -lms 100 > "$OUT/smi_train.csv" &
   smi=$!
   build-gpu/tilegrad bench train configs/gpt2-124m.yaml --steps 30 --warmup 5 2>&1 | tail -3 | tee "$OUT/bench_train.txt"
   kill $smi
