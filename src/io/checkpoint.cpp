@@ -787,8 +787,9 @@ std::pair<std::string, CheckpointData> resolve_and_load(const std::string& dir_o
     return {p.string(), load_impl(p.string())};
   }
   if (fs::is_regular_file(dir_or_path, ec)) return {dir_or_path, load_impl(dir_or_path)};
-  TG_CHECK(fs::is_directory(dir_or_path, ec), "resolve_and_load: checkpoint directory ", dir_or_path,
-           " does not exist");
+  TG_CHECK(fs::is_directory(dir_or_path, ec), "no checkpoint at ", dir_or_path,
+           ": it does not exist; give a run directory (a training run's run.out_dir, holding its "
+           "ckpt-<step>.h5 files) or one ckpt-<step>.h5 file");
 
   const std::string latest_file = (fs::path(dir_or_path) / "latest").string();
   std::string tried;
@@ -818,9 +819,10 @@ std::pair<std::string, CheckpointData> resolve_and_load(const std::string& dir_o
       std::cerr << "[checkpoint] skipping " << *it << ": " << e.what() << "\n";
     }
   }
-  throw Error(detail::concat("resolve_and_load: no loadable checkpoint in ", dir_or_path, " (looked at ",
-                             latest_file, " and ", all.size(), " file(s) named ckpt-<step>.h5",
-                             all.empty() ? "" : ", none of which loaded", ")"));
+  throw Error(detail::concat("no loadable checkpoint in ", dir_or_path, " (looked at ", latest_file, " and ",
+                             all.size(), " file(s) named ckpt-<step>.h5", all.empty() ? "" : ", none of which loaded",
+                             "); a training run writes them into its run.out_dir every run.ckpt_every steps and "
+                             "when it ends: give the directory of a run that has saved one"));
 }
 
 }  // namespace tg

@@ -292,15 +292,18 @@ TEST(Checkpoint, ResolveLatestSkipsTempFilesAndFallsBackFromCorruption) {
   // An explicit path does not fall back.
   EXPECT_NE(error_of([&] { resolve_and_load(dir.str(), newest); }).find("checksum"), std::string::npos);
 
-  // Nothing loadable: the error says where it looked.
+  // Nothing loadable: the error says where it looked and what to give instead.
   TempDir empty;
   testing::internal::CaptureStderr();
   std::string err = error_of([&] { resolve_and_load(empty.str(), "latest"); });
   testing::internal::GetCapturedStderr();
   std::cout << "  nothing: " << err << "\n";
   EXPECT_NE(err.find(empty.str()), std::string::npos) << err;
+  EXPECT_NE(err.find("give the directory of a run that has saved one"), std::string::npos) << err;
   err = error_of([&] { resolve_and_load(empty.str() + "/missing_dir", "latest"); });
+  std::cout << "  missing: " << err << "\n";
   EXPECT_NE(err.find("does not exist"), std::string::npos) << err;
+  EXPECT_NE(err.find("give a run directory"), std::string::npos) << err;
 }
 
 bool bitwise_equal(const CheckpointData& a, const CheckpointData& b) {
