@@ -331,9 +331,20 @@ std::vector<cli::Command> commands() {
   };
 }
 
+// A command's line in the list: its summary's first sentence (ended by ". ", so that "llm.c" or
+// "ckpt-*.h5" do not end it), cut at a word to fit one line.
+std::string brief(const std::string& summary) {
+  const size_t end = summary.find(". ");
+  std::string s = end == std::string::npos ? summary : summary.substr(0, end + 1);
+  constexpr size_t kWidth = 112;
+  if (s.size() > kWidth) s = s.substr(0, s.rfind(' ', kWidth - 2)) + " …";
+  return s;
+}
+
 void usage(std::ostream& os) {
   os << "usage: tilegrad <command> [options]\n\ncommands:\n";
-  for (const cli::Command& c : commands()) os << "  " << c.name << std::string(10 - c.name.size(), ' ') << c.summary.substr(0, c.summary.find('.') + 1) << "\n";
+  for (const cli::Command& c : commands())
+    os << "  " << c.name << std::string(10 - c.name.size(), ' ') << brief(c.summary) << "\n";
   os << "\n`tilegrad <command> --help` describes each command's options.\n";
 }
 

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "src/data/prepare.h"
 #include "src/interop/hf.h"
@@ -537,6 +538,30 @@ TEST(Command, HelpOfEachSubcommand) {
   auto [rc2, out2] = shell(kBinary + " sample x --temprature 2");
   EXPECT_EQ(rc2, 1);
   EXPECT_NE(out2.find("unknown option '--temprature'"), std::string::npos) << out2;
+}
+
+// The command list shows each command's first sentence whole where it fits a line ("llm.c" or
+// "ckpt-*.h5" inside it do not end it), and cut at a word where it does not.
+TEST(Command, ListShowsEachCommandsFirstSentence) {
+  if (!fs::exists(kBinary)) GTEST_SKIP() << "tilegrad binary not built at " << kBinary;
+  auto [rc, out] = shell(kBinary + " --help");
+  EXPECT_EQ(rc, 0);
+  EXPECT_NE(out.find("  plot      Plot train and validation loss against step from RUN_DIR/metrics.jsonl into a PNG "
+                     "(needs gnuplot).\n"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("  bench     Benchmarks.\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("  sample    Generate text from a checkpoint (a ckpt-*.h5 file or a run directory, whose latest "
+                     "checkpoint is used).\n"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("  prepare   Tokenize text files (bytes, vocabulary 256"), std::string::npos) << out;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("  ", 0) != 0) continue;
+    EXPECT_LE(line.size(), 2 + 10 + 112 + 2) << line;  // " …" is 4 bytes in UTF-8
+    EXPECT_TRUE(line.back() == '.' || line.ends_with("…")) << line;
+  }
 }
 
 TEST(Command, BenchAttentionNamesABadOptionOnAnyMachine) {
