@@ -44,7 +44,7 @@ Loaded load_model(const std::string& where, const std::string& device_setting) {
   const int64_t step = ckpt.ints.count("step") ? ckpt.ints.at("step") : -1;
   TG_CHECK(step >= 0, "checkpoint ", path, ": state value 'step' is ", step,
            ", expected >= 0 (the checkpoint is inconsistent; use another one)");
-  const Device device = resolve_device(device_setting);
+  const Device device = resolve_device(device_setting, 0, "--device");
   set_current_device(device);
   check_fits(cfg, device, false);
   const DType compute = device.is_cuda() && cfg.train.precision == "bf16" ? DType::bf16 : DType::f32;

@@ -118,18 +118,20 @@ std::string cuda_graph_obstacle(const Config& cfg, int world_size, Device device
   return "";
 }
 
-Device resolve_device(const std::string& setting, int local_rank) {
+Device resolve_device(const std::string& setting, int local_rank, const std::string& name) {
   const int gpus = cuda_device_count();
   if (setting == "cpu") return Device::cpu();
   if (setting == "auto") return gpus > 0 ? Device::cuda(local_rank % gpus) : Device::cpu();
-  TG_CHECK(setting == "cuda", "run.device: '", setting, "': expected auto, cpu or cuda");
-  TG_CHECK(gpus > 0, "run.device: cuda, but ",
+  // As the user wrote it: a config key takes "key: value", a command-line option "--option value".
+  const std::string given = name + (name.rfind("--", 0) == 0 ? " " : ": ");
+  TG_CHECK(setting == "cuda", given, "'", setting, "': expected auto, cpu or cuda");
+  TG_CHECK(gpus > 0, given, "cuda, but ",
 #ifdef TILEGRAD_HAVE_CUDA
            "no CUDA GPU is visible on this machine",
 #else
            "this tilegrad was built without CUDA (no nvcc at configure time)",
 #endif
-           "; use run.device: cpu or auto");
+           "; use ", given, "cpu or auto");
   return Device::cuda(local_rank % gpus);
 }
 

@@ -85,8 +85,9 @@ class Trainer {
 };
 
 // The device a run.device setting resolves to on this machine ("auto" → cuda when usable); a
-// data-parallel rank takes the GPU local_rank mod the number it sees.
-Device resolve_device(const std::string& setting, int local_rank = 0);
+// data-parallel rank takes the GPU local_rank mod the number it sees. name: the setting as the
+// user gave it, for errors (a config key, or a command's option such as "--device").
+Device resolve_device(const std::string& setting, int local_rank = 0, const std::string& name = "run.device");
 
 // Why train.cuda_graph cannot replay this run's forward and backward, or "" when it can: a graph
 // replays what the host decided while recording it, so the step must be on one GPU (several ranks

@@ -540,6 +540,27 @@ TEST(Command, HelpOfEachSubcommand) {
   EXPECT_NE(out2.find("unknown option '--temprature'"), std::string::npos) << out2;
 }
 
+// A device setting's errors name the setting as the user gave it: a config key (run.device: …) or
+// a command's option (--device …), and say what to use instead.
+TEST(Command, DeviceErrorsNameTheSettingAsGiven) {
+  auto message = [](const std::string& setting, const std::string& name) {
+    try {
+      resolve_device(setting, 0, name);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message("gpu", "--device").find("--device 'gpu': expected auto, cpu or cuda"), std::string::npos);
+  EXPECT_NE(message("gpu", "run.device").find("run.device: 'gpu': expected auto, cpu or cuda"), std::string::npos);
+  if (cuda_device_count() > 0) GTEST_SKIP() << "a GPU is visible: --device cuda resolves";
+  const std::string option = message("cuda", "--device"), key = message("cuda", "run.device");
+  EXPECT_NE(option.find("--device cuda, but "), std::string::npos) << option;
+  EXPECT_NE(option.find("; use --device cpu or auto"), std::string::npos) << option;
+  EXPECT_NE(key.find("run.device: cuda, but "), std::string::npos) << key;
+  EXPECT_NE(key.find("; use run.device: cpu or auto"), std::string::npos) << key;
+}
+
 // The command list shows each command's first sentence whole where it fits a line ("llm.c" or
 // "ckpt-*.h5" inside it do not end it), and cut at a word where it does not.
 TEST(Command, ListShowsEachCommandsFirstSentence) {
