@@ -37,14 +37,12 @@ struct Loaded {
 // The model on the device `--device` names (auto: the GPU when there is one), computing in the
 // run's precision there (bf16 runs in bf16 on a GPU; a CPU computes in fp32).
 Loaded load_model(const std::string& where, const std::string& device_setting) {
-  TG_CHECK(device_setting == "auto" || device_setting == "cpu" || device_setting == "cuda",
-           "--device must be auto, cpu or cuda, got '", device_setting, "'");
+  const Device device = resolve_device(device_setting, 0, "--device");  // before the checkpoint is read
   auto [path, ckpt] = resolve_and_load(where, "latest");
   Config cfg = checkpoint_config(ckpt, path);
   const int64_t step = ckpt.ints.count("step") ? ckpt.ints.at("step") : -1;
   TG_CHECK(step >= 0, "checkpoint ", path, ": state value 'step' is ", step,
            ", expected >= 0 (the checkpoint is inconsistent; use another one)");
-  const Device device = resolve_device(device_setting, 0, "--device");
   set_current_device(device);
   check_fits(cfg, device, false);
   const DType compute = device.is_cuda() && cfg.train.precision == "bf16" ? DType::bf16 : DType::f32;
