@@ -6,7 +6,6 @@
 
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/gelu.cuh"
 #include "kernels/cpu/hash.h"
 
 namespace tg::cuda {
@@ -104,11 +103,29 @@ struct IdentityOp {
   __device__ float operator()(float x, int64_t) const { return x; }
 };
 
+constexpr float kGeluK = 0.7978845608028654f;  // √(2/π)
+
+// GPT-2's tanh GELU, written through the identity ½(1 + tanh u) = σ(2u) = 1 / (1 + e^(−2u)):
+// one ex2 and one reciprocal on the special-function unit instead of tanhf's ~35 instructions.
+// The tanh form made both kernels compute-bound (84 resp. 113 µs for GPT-2's 16k × 3072 bf16,
+// against 50 resp. 75 µs of memory traffic); this form keeps them at the memory. It also stays
+// accurate where tanh u → −1: 1 + tanh u would cancel there, σ(2u) does not. Relative error
+// ~1e-6 (the approximate exp), far below bf16's 4e-3; the CPU keeps the tanh form.
+// For u → −∞ the exponential overflows to +inf and the fast division returns 0 (not NaN).
+__device__ __forceinline__ float gelu_sigmoid(float u) { return __fdividef(1.0f, 1.0f + __expf(-2.0f * u)); }
+
 struct GeluOp {
-  __device__ float operator()(float v, int64_t) const { return gelu(v); }
+  __device__ float operator()(float v, int64_t) const {
+    return v * gelu_sigmoid(kGeluK * (v + 0.044715f * v * v * v));
+  }
 };
 struct GeluBackwardOp {  // (x, dout) → dx
-  __device__ float operator()(float v, float d) const { return gelu_grad(v) * d; }
+  // d/dv [v·σ(2u)] = σ + 2v·σ(1 − σ)·u',  u' = k(1 + 3·0.044715·v²)
+  __device__ float operator()(float v, float d) const {
+    const float s = gelu_sigmoid(kGeluK * (v + 0.044715f * v * v * v));
+    const float du = kGeluK * (1.0f + 3.0f * 0.044715f * v * v);
+    return (s + 2.0f * v * s * (1.0f - s) * du) * d;
+  }
 };
 struct DropoutOp {
   uint64_t seed, first;

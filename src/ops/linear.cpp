@@ -5,7 +5,6 @@
 
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/matmul.h"
-#include "kernels/cuda/dgelu_gemm.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm.h"
 #include "src/ops/op_util.h"
@@ -185,8 +184,7 @@ Tensor mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor
                       });
            }
            // dpre = gelu'(pre) ⊙ (g · w_proj) and the up-projection's bias gradient Σ_rows dpre: in
-           // bf16 on Hopper both from tilegrad's own kernel in one pass (kernels/cuda/dgelu_gemm.h);
-           // elsewhere dpre from cuBLASLt's DGELU epilogue, so g · w_proj (rows, N1) is never written,
+           // bf16 dpre from cuBLASLt's DGELU epilogue, so g · w_proj (rows, N1) is never written,
            // and the bias gradient from a column-sum kernel (cuBLASLt's DGELU_BGRAD, which forms
            // both, made GPT-2's step 8 % slower: docs/performance.md, table of changes); otherwise
            // (fp32, or a shape cuBLASLt has no DGELU algorithm for) that product, then
@@ -196,14 +194,6 @@ Tensor mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor
            dispatch("mlp backward", g, [&]<typename T>() { TG_ASSERT(false); },
                     [&]<typename T>() {
                       if constexpr (std::is_same_v<T, bf16>) {
-                        Tensor partial;
-                        if (has_b_fc)
-                          partial = detail::workspace_floats(cuda::dgelu_gemm_partial_floats(rows, N1), g.device());
-                        if (cuda::dgelu_gemm_sm90(rows, K2, N2, g.data<T>(), w_proj.data<T>(), pre.data<T>(),
-                                                  dpre.data<T>(), has_b_fc ? gb_fc.data<T>() : nullptr,
-                                                  has_b_fc ? partial.data<float>() : nullptr, cuda_stream()))
-                          return;
-                        partial = Tensor();
                         if (cuda::gemm_dgelu(rows, K2, N2, g.data<T>(), N2, w_proj.data<T>(), K2, pre.data<T>(),
                                              dpre.data<T>(), nullptr, cuda_stream())) {
                           if (has_b_fc) {
