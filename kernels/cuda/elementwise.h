@@ -57,12 +57,6 @@ void gelu_forward(const T* x, T* out, int64_t n, cudaStream_t stream);
 template <typename T>
 void gelu_backward(const T* x, const T* dout, T* dx, int64_t n, cudaStream_t stream);
 
-// out = gelu(x) (gelu_forward's values, bit for bit) and x overwritten by gelu'(x) as IEEE fp16
-// bits (each bf16 slot holds the fp16 of its derivative): the MLP's forward on Hopper, whose
-// backward GEMM multiplies by them (kernels/cuda/dgelu_gemm.h). n % 8 == 0, x and out 16-byte
-// aligned (std::invalid_argument otherwise).
-void gelu_forward_keep_derivative(tg::bf16* x, tg::bf16* out, int64_t n, cudaStream_t stream);
-
 // gelu_backward over x, dout (rows, cols) and, in the same pass, dbias (cols) = Σ_rows dx: the
 // bias gradient of the linear layer that produced x (GPT's MLP), without reading dx back. dbias
 // is bitwise what sum_rows(dx) gives (same chunks, same order, the stored T values summed).

@@ -1,12 +1,10 @@
 // The linear layers: linear, linear_gelu (GPT's up-projection and its GELU), mlp (GPT's whole MLP
 // as one node on the GPU) and the batched matmul; their backwards' GEMMs add into the fp32
 // parameter gradients where the engine offers them.
-#include <cstdint>
 #include <type_traits>
 
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/matmul.h"
-#include "kernels/cuda/dgelu_gemm.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm.h"
 #include "src/ops/op_util.h"
@@ -162,27 +160,15 @@ Tensor mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor
   if (x.device().is_cpu()) return linear(linear_gelu(x, w_fc, b_fc), w_proj, b_proj);
   // Layer 1 (x → pre → h) is (rows, K1) → (rows, N1), layer 2 (h → out) (rows, K2 = N1) → (rows, N2).
   const int64_t K1 = w_fc.size(1), N1 = w_fc.size(0), K2 = N1, N2 = w_proj.size(0), rows = x.numel() / K1;
-  // The calls of linear_gelu and then linear, so the output is theirs bit for bit. Where the
-  // backward runs tilegrad's own DGELU GEMM (bf16 on Hopper), the GELU pass also writes gelu'(pre)
-  // over pre, as fp16: the pass is memory-bound, so the derivative costs only its write there,
-  // where formed in the GEMM it cost 50 µs a layer (docs/performance.md, "Where a step's time goes").
+  // The calls of linear_gelu and then linear, so the output is theirs bit for bit.
   Tensor pre = linear_forward(x, w_fc, b_fc);
   Tensor h = empty_like(pre);
-  bool keep_derivative = false;
   dispatch("mlp", pre, [&]<typename T>() { TG_ASSERT(false); },
-           [&]<typename T>() {
-             if constexpr (std::is_same_v<T, bf16>) {
-               keep_derivative = needs_grad({&x, &w_fc, &b_fc, &w_proj, &b_proj}) && pre.numel() % 8 == 0 &&
-                                 cuda::dgelu_gemm_sm90_takes(rows, K2, N2);
-               if (keep_derivative)
-                 return cuda::gelu_forward_keep_derivative(pre.data<T>(), h.data<T>(), pre.numel(), cuda_stream());
-             }
-             cuda::gelu_forward(pre.data<T>(), h.data<T>(), pre.numel(), cuda_stream());
-           });
+           [&]<typename T>() { cuda::gelu_forward(pre.data<T>(), h.data<T>(), pre.numel(), cuda_stream()); });
   Tensor out = linear_forward(h, w_proj, b_proj);
   record(out, "mlp", {x, w_fc, b_fc, w_proj, b_proj},
          [x = x.detach(), w_fc = w_fc.detach(), w_proj = w_proj.detach(), pre, h, has_b_fc = b_fc.defined(),
-          has_b_proj = b_proj.defined(), rows, N1, K1, N2, K2, keep_derivative,
+          has_b_proj = b_proj.defined(), rows, N1, K1, N2, K2,
           need_x = x.requires_grad()](const Tensor& g, GradHandOver& hand_over) mutable {
            // The down-projection's weight and bias gradients, as linear's backward forms them; h is
            // let go before dpre is made, as the down-projection's own node would have been.
@@ -198,9 +184,7 @@ Tensor mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor
                       });
            }
            // dpre = gelu'(pre) ⊙ (g · w_proj) and the up-projection's bias gradient Σ_rows dpre: in
-           // bf16 on Hopper both from tilegrad's own kernel in one pass, multiplying by the
-           // derivative the forward kept (kernels/cuda/dgelu_gemm.h);
-           // elsewhere dpre from cuBLASLt's DGELU epilogue, so g · w_proj (rows, N1) is never written,
+           // bf16 dpre from cuBLASLt's DGELU epilogue, so g · w_proj (rows, N1) is never written,
            // and the bias gradient from a column-sum kernel (cuBLASLt's DGELU_BGRAD, which forms
            // both, made GPT-2's step 8 % slower: docs/performance.md, table of changes); otherwise
            // (fp32, or a shape cuBLASLt has no DGELU algorithm for) that product, then
@@ -210,20 +194,6 @@ Tensor mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor
            dispatch("mlp backward", g, [&]<typename T>() { TG_ASSERT(false); },
                     [&]<typename T>() {
                       if constexpr (std::is_same_v<T, bf16>) {
-                        if (keep_derivative) {
-                          // The kernel takes 16-byte aligned operands: an output gradient that is a
-                          // view at another offset is copied (w_proj, pre and dpre are allocations).
-                          const Tensor g16 = reinterpret_cast<uintptr_t>(g.data<T>()) % 16 ? g.clone() : g;
-                          Tensor partial;
-                          if (has_b_fc)
-                            partial = detail::workspace_floats(cuda::dgelu_gemm_partial_floats(rows, N1), g.device());
-                          const bool ran = cuda::dgelu_gemm_sm90(
-                              rows, K2, N2, g16.data<T>(), w_proj.data<T>(), reinterpret_cast<const uint16_t*>(pre.data<T>()),
-                              dpre.data<T>(), has_b_fc ? gb_fc.data<T>() : nullptr,
-                              has_b_fc ? partial.data<float>() : nullptr, cuda_stream());
-                          TG_ASSERT(ran);  // pre holds gelu'(pre): no other path can read it
-                          return;
-                        }
                         if (cuda::gemm_dgelu(rows, K2, N2, g.data<T>(), N2, w_proj.data<T>(), K2, pre.data<T>(),
                                              dpre.data<T>(), nullptr, cuda_stream())) {
                           if (has_b_fc) {

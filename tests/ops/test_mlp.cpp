@@ -1,9 +1,8 @@
 // ops::mlp's GPU node against the two ops it stands for (what it is on the CPU), linear_gelu then
 // linear: the same forward bit for bit; the same gradients bit for bit in fp32, where its backward
-// runs their kernels; close, and reproducible, in bf16, where its GEMM multiplies by GELU's
-// derivative in its epilogue instead (on Hopper tilegrad's own kernel, by the derivative the
-// forward's GELU pass kept; elsewhere cuBLASLt's DGELU epilogue).
-// (The op table and the GPU parity table check it against the definition: tests/op_specs.h.)
+// runs their kernels; close, and reproducible, in bf16, where it forms GELU's derivative in
+// cuBLASLt's DGELU epilogue instead. (The op table and the GPU parity table check it against the
+// definition: tests/op_specs.h.)
 #include <gtest/gtest.h>
 
 #include "src/ops/ops.h"
@@ -21,7 +20,7 @@ struct MlpRun {
   std::vector<Tensor> grads;  // x, w_fc, b_fc, w_proj, b_proj (the biases' undefined without them)
 };
 
-// GPT's MLP at C = 64 on 96 rows (4C = 256: bf16 on the GPU takes the DGELU GEMM), as one op
+// GPT's MLP at C = 64 on 96 rows (4C = 256: bf16 on the GPU takes the DGELU epilogue), as one op
 // or as the two; backpropagates Σ out ∘ W.
 MlpRun run(bool as_one_op, bool with_bias, Device device, DType dtype) {
   const std::vector<Shape> shapes = {{4, 24, 64}, {256, 64}, {256}, {64, 256}, {64}};
@@ -65,15 +64,14 @@ TEST(Mlp, MatchesLinearGeluThenLinearOnTheGpu) {
     const std::string what = bias ? "with biases" : "without biases";
     expect_bitwise_equal(run(true, bias, gpu, DType::f32), run(false, bias, gpu, DType::f32), "f32 " + what);
     // bf16: dpre from the epilogue is gelu'(pre)·(g·w_proj) with the product in fp32, where the two
-    // ops round g·w_proj to bf16 first; the forward's values are the same (on Hopper its GELU pass
-    // also keeps the derivative).
+    // ops round g·w_proj to bf16 first; the forward is the same calls.
     const MlpRun one = run(true, bias, gpu, DType::bf16), again = run(true, bias, gpu, DType::bf16),
               two = run(false, bias, gpu, DType::bf16);
     expect_bitwise_equal(one, again, "bf16 " + what + ", run twice");
     EXPECT_TRUE(bitwise_equal(one.out, two.out)) << "bf16 " << what << ": output";
-    // Both DGELU GEMMs take these sizes (CudaGemm.*Dgelu* require it at GPT-2's).
+    // cuBLASLt has a DGELU algorithm at these sizes (CudaGemm.Dgelu* require it at GPT-2's).
     EXPECT_FALSE(bitwise_equal(one.grads[0], two.grads[0]))
-        << "bf16 " << what << ": dx is the two ops' bit for bit, so the DGELU GEMM did not run";
+        << "bf16 " << what << ": dx is the two ops' bit for bit, so the DGELU epilogue did not run";
     for (size_t i = 0; i < one.grads.size(); ++i) {
       if (!one.grads[i].defined()) continue;
       EXPECT_LT(rel_error(one.grads[i].to_double_vector(), two.grads[i].to_double_vector()), 2e-2)
