@@ -204,6 +204,7 @@ int bench_attention(const cli::Args& a) {
           tf_full = time_fwd(), tb_full = backward ? time_bwd(tf_full) : 0.0;
           p.window = window;
           p.doc_start = docs > 0 ? doc_start.data<int32_t>() : nullptr;
+          p.longest_document = docs > 0 ? cuda::longest_document(starts.data(), B, T) : 0;
         }
         const double tf = time_fwd();
         const double tb = backward ? time_bwd(tf) : 0.0;  // 0: not timed

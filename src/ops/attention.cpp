@@ -133,6 +133,9 @@ AttentionMask on_device(const AttentionMask& mask, const Device& device) {
 void set_gpu_mask(cuda::FlashAttentionParams& p, const AttentionMask& mask) {
   p.window = mask.window;
   p.doc_start = mask.doc_start_device.defined() ? mask.doc_start_device.data<int32_t>() : nullptr;
+  if (p.doc_start && mask.doc_start.defined())
+    p.longest_document = cuda::longest_document(mask.doc_start.data<int32_t>(), mask.doc_start.size(0),
+                                                mask.doc_start.size(1));
 }
 
 cuda::FlashAttentionParams gpu_params(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,

@@ -574,6 +574,9 @@ struct MaskSpec {
   const char* name;
   int64_t window;
   std::vector<int> lengths;
+  // FlashAttentionParams::longest_document given, as the ops give it: the backward then chooses
+  // its shapes by the documents' length rather than by T.
+  bool longest_document = false;
 };
 void PrintTo(const MaskSpec& m, std::ostream* os) { *os << m.name; }
 std::vector<int32_t> doc_starts(const MaskSpec& m, int64_t B, int64_t T) {
@@ -596,11 +599,13 @@ struct MaskedRun {
   DeviceProblem d;
   DeviceBuffer<int32_t> doc;
   DeviceBuffer<unsigned char> ws_atomic;
-  MaskedRun(const Case& c, const Problem& pr, const std::vector<int32_t>& starts, int64_t window)
+  MaskedRun(const Case& c, const Problem& pr, const std::vector<int32_t>& starts, int64_t window,
+            bool longest_document = false)
       : d(c, pr), doc(std::max<size_t>(starts.size(), 1)),
         ws_atomic(tg::cuda::flash_attention_backward_workspace_bytes(c.B, c.T, c.H, c.D, tg::cuda::FlashDq::kAtomic)) {
     if (!starts.empty()) doc.upload(starts);
     d.p.doc_start = starts.empty() ? nullptr : doc.ptr;
+    if (longest_document && !starts.empty()) d.p.longest_document = tg::cuda::longest_document(starts.data(), c.B, c.T);
     d.p.window = window;
     d.p.workspace = ws_atomic.ptr;
   }
@@ -634,7 +639,7 @@ TEST_P(FlashAttentionMaskTest, MatchesDoubleReference) {
   const std::vector<int32_t> starts = doc_starts(mask, B, T);
   const Reference ref =
       reference(c, pr.scale, pr.q.val, pr.k.val, pr.v.val, pr.dout.val, starts.empty() ? nullptr : starts.data(), mask.window);
-  MaskedRun r(c, pr, starts, mask.window);
+  MaskedRun r(c, pr, starts, mask.window, mask.longest_document);
   const auto det = r.run(kernels, tg::cuda::FlashDq::kRecompute);
   const std::vector<double> o = to_double(det.o), lse = to_double(det.lse);
   ASSERT_EQ(count_nonfinite(o), 0u) << "O has NaN/inf (unwritten elements?)";
@@ -675,6 +680,10 @@ std::vector<MaskCase> mask_cases() {
     for (int64_t D : {64, 128})
       for (FlashKernels k : {FlashKernels::kMmaSync, FlashKernels::kWgmma})
         for (const MaskSpec& m : masks) out.emplace_back(T, D, k, m);
+  // Documents of at most 1,000 tokens at T = 4096 with their longest given: d 64's backward runs
+  // its short-T shapes there (flash_bwd_sm90a.cu, bwd_shape_t).
+  for (int64_t D : {64, 128})
+    out.emplace_back(4096, D, FlashKernels::kWgmma, MaskSpec{"docs_longest_given", 0, masks[2].lengths, true});
   // The other head dims (mma.sync everywhere; 96 on the d 128 wgmma kernels).
   out.emplace_back(1000, 32, FlashKernels::kMmaSync, masks[3]);
   out.emplace_back(1000, 96, FlashKernels::kMmaSync, masks[3]);

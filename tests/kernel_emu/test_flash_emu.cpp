@@ -476,8 +476,8 @@ TEST(ShapeTables, VariantsRunOnlyWhereNamedAndApplicable) {
   EXPECT_EQ(flash::variant_name(n + 1), nullptr);
   EXPECT_EQ(flash::variant_id("fwd_d64"), 0);
   // The pointers, the two modes, B, T, H, D, scale with causal and the variant, the eight row
-  // strides, the window and doc_start.
-  static_assert(sizeof(FlashAttentionParams) == 10 * 8 + 2 * 4 + 4 * 8 + 8 + 8 * 8 + 2 * 8,
+  // strides, the window, doc_start and longest_document.
+  static_assert(sizeof(FlashAttentionParams) == 10 * 8 + 2 * 4 + 4 * 8 + 8 + 8 * 8 + 3 * 8,
                 "variant in the padding after causal");
 }
 

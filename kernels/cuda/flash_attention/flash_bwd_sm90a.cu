@@ -598,8 +598,19 @@ bool sm90a_runs_atomic_dq(const FlashAttentionParams& p) {
   return p.D == 128 ? p.T >= 16384 : !p.causal && p.T >= 4096;
 }
 
+// The T the backward's tables choose the dK/dV and dQ shapes at: T, but with documents of at
+// most kBwdSm90aLongT tokens below that, since items then span no more keys (dK/dV) or queries
+// (dQ) than at such a T, whatever T is: the short-T d 64 shapes (K and V in registers released at
+// the item's start; two Q/dO buffers) run the backward 1.20× faster with 1,024-token documents at
+// T 8k and 1.08× with 2,048 at 16k; at 4,096 (T 32k) the long-T ones were level with them
+// (docs/kernels.md §2.4).
+static int64_t bwd_shape_t(const FlashAttentionParams& p) {
+  const bool short_documents = p.doc_start && p.longest_document > 0 && p.longest_document <= kBwdSm90aLongT;
+  return short_documents ? std::min<int64_t>(p.T, kBwdSm90aLongT - 1) : p.T;
+}
+
 // The shapes the backward's tables (sm90_shapes.h: dkdv_shape, dq_shape, dkdv_atomic_shape)
-// select for p's head dim, mask and length. Head dim 96 runs the d 128 kernels, zero-padded as in
+// select for p's head dim, mask and length (bwd_shape_t). Head dim 96 runs the d 128 kernels, zero-padded as in
 // the forward (flash_fwd_sm90a): dQ, dK and dV are m64n96 products (their columns past 96 would be
 // zeros); it has no atomic kernel (kSm90aAtomicDq).
 void flash_bwd_sm90a(const FlashAttentionParams& p, const float* delta, float* dq_accum, int accum_rows,
@@ -614,11 +625,11 @@ void flash_bwd_sm90a(const FlashAttentionParams& p, const float* delta, float* d
                                                                                        stream);
       }))
     return;
-  if (!with_named_shape(join(DkdvTable{}, DkdvVariants{}), dkdv_shape(p.D, p.causal, p.T, variant_name(p.variant)), [&](auto tag) {
+  if (!with_named_shape(join(DkdvTable{}, DkdvVariants{}), dkdv_shape(p.D, p.causal, bwd_shape_t(p), variant_name(p.variant)), [&](auto tag) {
         launch_dkdv_sm90a_with<DkdvWsSm90aTraits<typename decltype(tag)::type>>(p, delta, stream);
       }))
     throw no_shape("dK/dV");
-  if (!with_named_shape(join(DqTable{}, DqVariants{}), dq_shape(p.D, p.causal, p.T, variant_name(p.variant)), [&](auto tag) {
+  if (!with_named_shape(join(DqTable{}, DqVariants{}), dq_shape(p.D, p.causal, bwd_shape_t(p), variant_name(p.variant)), [&](auto tag) {
         launch_dq_sm90a_with<DqSm90aTraits<typename decltype(tag)::type>>(p, delta, stream);
       }))
     throw no_shape("dQ");
