@@ -13,6 +13,7 @@
 #ifdef TILEGRAD_HAVE_CUDA
 #include "kernels/cuda/check.cuh"
 #endif
+#include "kernels/cpu/flash_attention.h"
 #include "kernels/cuda/flash_attention/flash.h"
 #include "src/tensor/dispatch.h"
 
@@ -204,7 +205,7 @@ int bench_attention(const cli::Args& a) {
           tf_full = time_fwd(), tb_full = backward ? time_bwd(tf_full) : 0.0;
           p.window = window;
           p.doc_start = docs > 0 ? doc_start.data<int32_t>() : nullptr;
-          p.longest_document = docs > 0 ? cuda::longest_document(starts.data(), B, T) : 0;
+          p.longest_document = docs > 0 ? cpu::longest_document(starts.data(), B, T) : 0;
         }
         const double tf = time_fwd();
         const double tb = backward ? time_bwd(tf) : 0.0;  // 0: not timed

@@ -24,6 +24,18 @@ struct AttentionShape {
   bool masked() const { return window > 0 || doc_start != nullptr; }
 };
 
+// The most tokens any document of a (B, T) doc_start array holds: a document's last token t has
+// t − doc_start + 1 of them up to itself.
+inline int64_t longest_document(const int32_t* doc_start, int64_t B, int64_t T) {
+  int64_t longest = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t len = t - doc_start[b * T + t] + 1;
+      if (len > longest) longest = len;
+    }
+  return longest;
+}
+
 // Computes o = softmax(scale · q kᵀ [masked]) v and lse = log-sum-exp of each row of the scaled,
 // masked scores (what the backward needs to recompute P without storing it).
 template <typename T>

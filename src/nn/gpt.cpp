@@ -256,7 +256,7 @@ std::pair<Tensor, Tensor> GPT::features(const Tensor& ids, KVCache* cache) {
   if (document_eot_ >= 0 && first == 0) {
     mask_.doc_start = ops::document_starts(host_ids, document_eot_);
     // On a GPU, copied there once for every layer's attention (forward and backward).
-    if (!device_.is_cpu()) mask_.doc_start_device = mask_.doc_start.to(device_);
+    if (!device_.is_cpu()) mask_ = ops::on_device(mask_, device_);
   }
   // The compute copy of every parameter in one conversion of the flat buffer, not one per
   // parameter (p() then hands out views of it), or the copy the optimizer wrote with its last

@@ -119,23 +119,26 @@ Tensor mask_bias(const Tensor& like, const Shape& heads, const AttentionMask& ma
   return like.device().is_cpu() ? out : out.to(like.device());
 }
 
-// The mask with its document starts on `device` too (doc_start_device): copied here once per
-// forward unless the caller (the GPT, once per step) already did; the backward keeps this copy.
+}  // namespace
+
+// Copied here once per forward unless the caller (the GPT, once per step) already did; the
+// backward keeps this copy.
 AttentionMask on_device(const AttentionMask& mask, const Device& device) {
   if (device.is_cpu() || !mask.doc_start.defined() || mask.doc_start_device.defined()) return mask;
   AttentionMask m = mask;
   m.doc_start_device = mask.doc_start.to(device);
+  m.longest_document = cpu::longest_document(mask.doc_start.data<int32_t>(), mask.doc_start.size(0), mask.doc_start.size(1));
   return m;
 }
+
+namespace {
 
 #ifdef TILEGRAD_HAVE_CUDA
 // The mask's fields of the kernels' parameters (the document starts from their device copy).
 void set_gpu_mask(cuda::FlashAttentionParams& p, const AttentionMask& mask) {
   p.window = mask.window;
   p.doc_start = mask.doc_start_device.defined() ? mask.doc_start_device.data<int32_t>() : nullptr;
-  if (p.doc_start && mask.doc_start.defined())
-    p.longest_document = cuda::longest_document(mask.doc_start.data<int32_t>(), mask.doc_start.size(0),
-                                                mask.doc_start.size(1));
+  p.longest_document = p.doc_start ? mask.longest_document : 0;
 }
 
 cuda::FlashAttentionParams gpu_params(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,

@@ -91,8 +91,14 @@ struct AttentionMask {
   // doc_start copied to the GPU the attention runs on, once per step by the caller (the GPT);
   // undefined: the fused GPU attention copies doc_start itself, once per call.
   Tensor doc_start_device;
+  // With doc_start_device: the most tokens any document holds (cpu::longest_document), read with
+  // the copy; the GPU backward chooses its kernel shapes by it. 0: not read.
+  int64_t longest_document = 0;
   bool any() const { return window > 0 || doc_start.defined(); }
 };
+// The mask with its document starts on `device` too (doc_start_device, and longest_document read
+// with them); the mask itself on the CPU, or when they are already there.
+AttentionMask on_device(const AttentionMask& mask, const Device& device);
 // Per-row document starts from token ids (B, T) i32: a document starts after each eot token,
 // and the eot token is the last token of the document it ends. (B, T) i32 on the CPU.
 Tensor document_starts(const Tensor& ids, int32_t eot_token);

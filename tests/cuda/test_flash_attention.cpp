@@ -27,6 +27,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/cpu/flash_attention.h"
 #include "kernels/cuda/flash_attention/flash.h"
 #include "src/tensor/dtype.h"
 #include "tests/flash_reference.h"
@@ -605,7 +606,7 @@ struct MaskedRun {
         ws_atomic(tg::cuda::flash_attention_backward_workspace_bytes(c.B, c.T, c.H, c.D, tg::cuda::FlashDq::kAtomic)) {
     if (!starts.empty()) doc.upload(starts);
     d.p.doc_start = starts.empty() ? nullptr : doc.ptr;
-    if (longest_document && !starts.empty()) d.p.longest_document = tg::cuda::longest_document(starts.data(), c.B, c.T);
+    if (longest_document && !starts.empty()) d.p.longest_document = tg::cpu::longest_document(starts.data(), c.B, c.T);
     d.p.window = window;
     d.p.workspace = ws_atomic.ptr;
   }

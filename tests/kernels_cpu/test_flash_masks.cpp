@@ -146,6 +146,17 @@ void expect_bitwise_causal(int64_t Tn) {
   }
 }
 
+// The longest document of the starts: a row that begins mid-document, documents of one token,
+// the longest in the second row, a last document reaching T.
+TEST(FlashMasks, LongestDocument) {
+  const std::vector<int32_t> starts = {0, 0, 0, 3, 3, 5,   // 3, 2, 1 tokens
+                                       0, 1, 1, 1, 1, 1};  // 1, 5 tokens
+  EXPECT_EQ(tg::cpu::longest_document(starts.data(), 2, 6), 5);
+  EXPECT_EQ(tg::cpu::longest_document(starts.data(), 1, 6), 3);
+  const std::vector<int32_t> one(7, 0);  // one document over the whole row
+  EXPECT_EQ(tg::cpu::longest_document(one.data(), 1, 7), 7);
+}
+
 TEST(FlashMasks, NoEffectiveMaskIsCausalBitwise) {
   for (int64_t T : {1, 17, 129, 300}) {
     expect_bitwise_causal<double>(T);

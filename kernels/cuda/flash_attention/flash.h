@@ -3,7 +3,6 @@
 #pragma once
 #include "kernels/cuda/stream.h"
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -81,19 +80,11 @@ struct FlashAttentionParams {
   // logic. (After the strides, so that the fields before keep their offsets.)
   int64_t window = 0;
   const int32_t* doc_start = nullptr;
-  // With doc_start: the most tokens any document of the batch holds (longest_document), read on
-  // the host — the backward's launchers choose their kernel shapes by it, as documents make the
-  // items as short as a sequence that long would (docs/kernels.md §2.4). 0: not given.
+  // With doc_start: the most tokens any document of the batch holds (cpu::longest_document of the
+  // host's starts) — the backward's launchers choose their kernel shapes by it, as documents make
+  // the items as short as a sequence that long would (docs/kernels.md §2.4). 0: not given.
   int64_t longest_document = 0;
 };
-
-// FlashAttentionParams::longest_document of a (B, T) doc_start array in host memory: a document's
-// last token t has t − doc_start + 1 tokens of it up to itself.
-inline int64_t longest_document(const int32_t* doc_start, int64_t B, int64_t T) {
-  int64_t longest = 0;
-  for (int64_t i = 0; i < B * T; ++i) longest = std::max<int64_t>(longest, i % T - doc_start[i] + 1);
-  return longest;
-}
 
 // A variant of the development registry (kernels/cuda/flash_attention/sm90_shapes.h): a wgmma
 // kernel shape kept for A/Bs against the one the launchers select (docs/kernels.md §4.4).
