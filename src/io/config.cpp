@@ -142,16 +142,19 @@ const std::vector<Field>& fields() {
                          "model: sampling uses the window it was trained with.")
                     .min(0));
     // data
-    t.push_back(TG_FIELD(data, train, "Glob of training token shards (relative to the working directory).")
+    t.push_back(TG_FIELD(data, train, "Glob of training token shards (relative to the working directory); required.")
                     .is_glob());
-    t.push_back(TG_FIELD(data, val, "Glob of validation token shards (relative to the working directory).")
+    t.push_back(TG_FIELD(data, val,
+                         "Glob of validation token shards (relative to the working directory); required, also "
+                         "with run.eval_every 0.")
                     .is_glob());
     t.push_back(TG_FIELD(data, document_mask,
                          "Tokens attend only within their document: a document ends with (and includes) each "
                          "data.eot_token."));
     t.push_back(TG_FIELD(data, eot_token,
-                         "End-of-text id separating documents (the id `tilegrad prepare` writes between files: 256 "
-                         "for byte-level data); must be < model.vocab_size when data.document_mask is on.")
+                         "End-of-text id separating documents: 256, the default, for byte-level data (what "
+                         "`tilegrad prepare` writes between files); GPT-2's BPE: 50256. Must be < model.vocab_size, "
+                         "and set explicitly when model.vocab_size > 257, if data.document_mask is on.")
                     .min(0));
     // train
     t.push_back(TG_FIELD(train, batch_size, "Sequences per micro-batch per rank.").min(1));
@@ -188,8 +191,8 @@ const std::vector<Field>& fields() {
                          "compute; the same values and gradients."));
     t.push_back(TG_FIELD(train, recompute_rows,
                          "Positions at a time for the token-wise parts of each block (LayerNorms, projections, "
-                         "RoPE, the MLP), each piece run again in the backward: a block keeps 5 activations of "
-                         "(seq_len, d_model) instead of 18 or more, for one more forward of those parts "
+                         "RoPE, the MLP), each piece run again in the backward: a block keeps 6 activations of "
+                         "(seq_len, d_model) instead of 16 or more, for one more forward of those parts "
                          "(long context, with train.recompute; needs model.dropout 0); 0 runs them whole.")
                     .min(0));
     t.push_back(TG_FIELD(train, offload_activations,
@@ -553,6 +556,14 @@ void validate(const Config& c, const Locations& loc) {
              " is outside the vocabulary (model.vocab_size " + std::to_string(m.vocab_size) + ", " +
              loc.note("model.vocab_size") + "); data.document_mask needs the end-of-text id the shards use: "
              "byte-level data with several files has vocab_size 257 and eot_token 256");
+  // 256 is byte-level data's end-of-text id; in a larger vocabulary it is an ordinary token
+  // (GPT-2's "Ġt"), and documents would silently end at the wrong places.
+  if (c.data.document_mask && !loc.where.count("data.eot_token") && m.vocab_size > 257)
+    fail(loc.of_either("data.document_mask", "model.vocab_size"), "data.document_mask",
+         "needs the shards' end-of-text id, and data.eot_token is not set: its default, 256, is byte-level "
+         "data's, but model.vocab_size is " + std::to_string(m.vocab_size) + " (" + loc.note("model.vocab_size") +
+             "); set data.eot_token to your tokenizer's end-of-text id (GPT-2's BPE: 50256; a "
+             "`tilegrad tokenizer train` vocabulary: its last id)");
   if (t.min_lr > t.lr)
     fail(loc.of_either("train.min_lr", "train.lr"), "train.min_lr",
          fmt_double(t.min_lr) + loc.if_default("train.min_lr") + " must be <= train.lr (" + fmt_double(t.lr) +

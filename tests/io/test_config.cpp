@@ -440,6 +440,13 @@ TEST(Config, AttentionMaskKeys) {
               AllOf(HasSubstr("data.eot_token"), HasSubstr("outside the vocabulary"), HasSubstr("model.vocab_size 256")));
   EXPECT_THAT(load_error("eot_bad2.yaml", "model:\n  vocab_size: 300\ndata:\n  document_mask: true\n  eot_token: 300\n"),
               AllOf(HasSubstr("eot_bad2.yaml:5:"), HasSubstr("data.eot_token"), HasSubstr("300")));
+  // A larger vocabulary than byte-level data's needs the id named: 256 is an ordinary token there.
+  EXPECT_THAT(load_error("eot_unset.yaml", "model:\n  vocab_size: 50304\ndata:\n  document_mask: true\n"),
+              AllOf(HasSubstr("eot_unset.yaml:4:"), HasSubstr("data.eot_token is not set"), HasSubstr("50256")));
+  const tg::Config gpt2 = tg::load_config(
+      write_temp("eot_gpt2.yaml", "model:\n  vocab_size: 50304\ndata:\n  document_mask: true\n  eot_token: 50256\n"), {},
+      false);
+  EXPECT_EQ(gpt2.data.eot_token, 50256);
   // Off, the id is not checked (the default 256 with a 256-token vocabulary is fine).
   EXPECT_EQ(tg::load_config(write_temp("eot_off.yaml", "data:\n  document_mask: false\n"), {}, false).data.eot_token,
             256);
