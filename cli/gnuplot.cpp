@@ -1,5 +1,5 @@
 // gnuplot through popen (see gnuplot.h).
-#include "train/gnuplot.h"
+#include "cli/gnuplot.h"
 
 #include <cstdio>
 #include <cstdlib>

@@ -16,9 +16,9 @@
 #include "src/trainer/footprint.h"
 #include "src/trainer/generate.h"
 #include "src/trainer/trainer.h"
-#include "train/bench.h"
-#include "train/cli.h"
-#include "train/gnuplot.h"
+#include "cli/bench.h"
+#include "cli/cli.h"
+#include "cli/gnuplot.h"
 
 namespace fs = std::filesystem;
 using namespace tg;
@@ -61,7 +61,7 @@ int cmd_prepare(const cli::Args& a) {
   TG_CHECK(a.has("text") && !a.all("text").empty(), "tilegrad prepare: --text FILE… is required");
   TG_CHECK(a.has("out"), "tilegrad prepare: --out DIR is required");
   const double val_fraction = a.get_double("val-fraction", 0.01);
-  TG_CHECK(val_fraction >= 0 && val_fraction < 1, "tilegrad prepare: --val-fraction must be in [0, 1), got ",
+  TG_CHECK(val_fraction > 0 && val_fraction < 1, "tilegrad prepare: --val-fraction must be in (0, 1), got ",
            a.get("val-fraction", ""));
   std::optional<BpeTokenizer> tok;
   if (a.has("tokenizer")) tok = BpeTokenizer::load(a.get("tokenizer", ""));
@@ -197,7 +197,7 @@ std::vector<cli::Command> commands() {
         {"--val-fraction", "F", "fraction of tokens, taken from the end, used for validation", "0.01"}},
        cmd_prepare},
       {"train",
-       "Train a GPT from a YAML config (see README: config reference). Writes config.yaml, train.log, metrics.jsonl "
+       "Train a GPT from a YAML config (every key: docs/config.md). Writes config.yaml, train.log, metrics.jsonl "
        "and ckpt-<step>.h5 checkpoints into run.out_dir. SIGINT/SIGTERM/SIGHUP finish the step, checkpoint and exit 0; a "
        "second signal exits at once. Data parallel: start one process per GPU (or per CPU rank) with a launcher, "
        "`mpirun -np N tilegrad train CONFIG` on one node (as root add --allow-run-as-root), `mpirun -np N "
@@ -272,7 +272,7 @@ std::vector<cli::Command> commands() {
         {"--warmup", "N", "untimed steps first (memory: 1; attention: untimed forward + backward pairs first; with --protocol reference untimed calls before each timing, default 5 before the forward and 3 before forward + backward, as torch_attention.py)", "5"},
         {"--protocol", "P", "attention: sustained (each mode's calls back to back, host-timed) or reference (torch_attention.py's timing: CUDA events, backward = (forward + backward) − forward)", "sustained"},
         {"--min-t", "T", "attention and memory: the shortest sequence (then T doubles up to --max-t)", "1024"},
-        {"--max-t", "T", "attention and memory: the longest sequence (attention's default 32768, memory's 131072)", "32768"},
+        {"--max-t", "T", "attention and memory: the longest sequence (default: attention 32768, memory 131072)", ""},
         {"--predict", "", "memory: the memory model's prediction beside each measurement (peak and categories; docs/memory.md)", ""},
         {"--no-run", "", "memory: print the predictions only, for every T (also those that do not fit); implies --predict", ""},
         {"--series", "LIST", "memory: comma-separated series to run: config (as given), flash (no recompute, whole head), "

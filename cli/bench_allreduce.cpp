@@ -1,6 +1,6 @@
 // `tilegrad bench allreduce`: the communicator's collectives beside NCCL's own
 // (bench/reference/torch_allreduce.py).
-#include "train/bench.h"
+#include "cli/bench.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,5 +1,5 @@
 // Option parsing and help generation for the tilegrad subcommands.
-#include "train/cli.h"
+#include "cli/cli.h"
 
 #include <sstream>
 

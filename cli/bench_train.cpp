@@ -1,6 +1,6 @@
 // `tilegrad bench train`: training-step throughput beside bench/reference/torch_gpt.py
 // (throughput, and under mpirun its ddp mode).
-#include "train/bench.h"
+#include "cli/bench.h"
 
 #include <cstdio>
 #include <string>
@@ -10,7 +10,7 @@
 #include "src/tensor/memory.h"
 #include "src/trainer/trainer.h"
 
-#include "train/bench_steps.h"
+#include "cli/bench_steps.h"
 
 namespace tg {
 

@@ -1,7 +1,7 @@
 // `tilegrad bench attention`: the FlashAttention kernels' forward and backward TFLOP/s on the
 // shapes and FLOP conventions of bench/reference/torch_attention.py (and, with --window/--docs,
 // torch_flex_attention.py).
-#include "train/bench.h"
+#include "cli/bench.h"
 
 #include <algorithm>
 #include <chrono>

@@ -3,7 +3,7 @@
 // bench_attention.cpp, bench_allreduce.cpp; bench_steps.h the timed training steps that train and
 // memory share.
 #pragma once
-#include "train/cli.h"
+#include "cli/cli.h"
 
 namespace tg {
 int bench_train(const cli::Args& a);      // tilegrad bench train CONFIG

@@ -1,5 +1,5 @@
 // Training steps of a config's model on random tokens for `bench train` and `bench memory`.
-#include "train/bench_steps.h"
+#include "cli/bench_steps.h"
 
 #include <chrono>
 #include <cstdio>

@@ -1,6 +1,6 @@
 // `tilegrad bench memory`: the peak memory of one training step against the sequence length,
 // measured and predicted, with memory.csv and memory.png, beside bench/reference/torch_gpt.py memory.
-#include "train/bench.h"
+#include "cli/bench.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -15,9 +15,9 @@
 #include "src/trainer/footprint.h"
 #include "src/trainer/memory_model.h"
 #include "src/trainer/trainer.h"
-#include "train/gnuplot.h"
+#include "cli/gnuplot.h"
 
-#include "train/bench_steps.h"
+#include "cli/bench_steps.h"
 
 namespace tg {
 
