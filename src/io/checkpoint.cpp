@@ -407,7 +407,7 @@ void verify_whole_file(const std::string& path, const std::string& ctx) {
   std::error_code ec;
   if (!fs::exists(sum_path, ec)) {
     std::cerr << "[checkpoint] " << path << " has no checksum file " << fs::path(sum_path).filename().string()
-              << " (written by an older tilegrad): loading it without the whole-file check\n";
+              << " (copied without it, or written by an older tilegrad): loading it without the whole-file check\n";
     return;
   }
   std::ifstream sin(sum_path);
