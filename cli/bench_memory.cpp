@@ -27,6 +27,7 @@ using bench::run_training_steps;
 using bench::StepFigures;
 
 namespace {
+constexpr const char* kWho = "tilegrad bench memory";
 // One series of `bench memory`: the config as given, or one of the comparison's presets.
 struct MemorySeries {
   std::string name;
@@ -118,12 +119,6 @@ std::vector<TorchPoint> read_torch_memory(const std::string& path) {
   return out;
 }
 
-std::string gnuplot_quote(const std::string& s) {
-  std::string out;
-  for (char ch : s) out += ch == '\'' ? std::string("''") : std::string(1, ch);
-  return out;
-}
-
 // DIR/memory.png: peak memory against T (log–log; measured points, predicted dashed lines,
 // PyTorch's series, the device capacity across), and beside it the breakdown by category at each
 // series' largest T.
@@ -140,7 +135,7 @@ void plot_memory(const std::filesystem::path& dir, const std::vector<MemoryRow>&
   } remove_data{data};
   std::string lines;
   auto curve = [&](const std::string& file, const std::string& style) {
-    lines += std::string(lines.empty() ? "plot " : ", ") + "'" + gnuplot_quote(file) + "' using 1:2 " + style;
+    lines += std::string(lines.empty() ? "plot " : ", ") + "'" + gnuplot_quote(kWho, file) + "' using 1:2 " + style;
   };
   const double G = double(1ll << 30);
   for (size_t i = 0; i < series.size(); ++i) {
@@ -155,8 +150,8 @@ void plot_memory(const std::filesystem::path& dir, const std::vector<MemoryRow>&
       if (r.status == MemoryRow::measured) fm << r.T << " " << double(r.m.peak_total) / G << "\n", ++nm;
     }
     const std::string color = " lc " + std::to_string(i + 1);
-    if (nm) curve(measured.string(), "with linespoints pt 7 lw 2" + color + " title '" + gnuplot_quote(series[i]) + " (measured)'");
-    curve(predicted.string(), "with lines dt 2 lw 1.5" + color + " title '" + gnuplot_quote(series[i]) + " (predicted)'");
+    if (nm) curve(measured.string(), "with linespoints pt 7 lw 2" + color + " title '" + gnuplot_quote(kWho, series[i]) + " (measured)'");
+    curve(predicted.string(), "with lines dt 2 lw 1.5" + color + " title '" + gnuplot_quote(kWho, series[i]) + " (predicted)'");
   }
   std::vector<std::string> torch_series;
   for (const TorchPoint& t : torch)
@@ -168,11 +163,11 @@ void plot_memory(const std::filesystem::path& dir, const std::vector<MemoryRow>&
     for (const TorchPoint& t : torch)
       if (t.series == torch_series[i]) out << t.T << " " << t.peak_gib << "\n";
     curve(f.string(), "with linespoints pt 5 lw 1.5 lc " + std::to_string(series.size() + i + 1) + " title 'PyTorch " +
-                          gnuplot_quote(torch_series[i]) + "'");
+                          gnuplot_quote(kWho, torch_series[i]) + "'");
   }
   if (capacity > 0)
     lines += ", " + std::to_string(double(capacity) / G) + " with lines lw 2 lc rgb 'black' title '" +
-             gnuplot_quote(device_name) + " capacity'";
+             gnuplot_quote(kWho, device_name) + " capacity'";
   // The breakdown: per series its largest T that was measured (or, without a run, predicted).
   const fs::path bars = dir / ".memory_breakdown.dat";
   data.push_back(bars);
@@ -195,8 +190,7 @@ void plot_memory(const std::filesystem::path& dir, const std::vector<MemoryRow>&
     }
   }
   const fs::path png = dir / "memory.png";
-  std::string script = "set terminal pngcairo noenhanced size 1500,640\nset output '" + gnuplot_quote(png.string()) + "'\n" +
-                       "set multiplot layout 1,2\n"
+  std::string script = "set multiplot layout 1,2\n"
                        "set title 'Peak memory of one training step'\nset logscale xy 2\nset format x '%.0s%c'\n"
                        "set format y '%.3g'\nset bmargin 5\n"
                        "set xlabel 'sequence length T (tokens)'\nset ylabel 'peak memory (GiB)'\nset grid\n"
@@ -206,8 +200,8 @@ void plot_memory(const std::filesystem::path& dir, const std::vector<MemoryRow>&
                        "set style data histograms\nset style histogram rowstacked\nset style fill solid 0.8 border -1\n"
                        "set boxwidth 0.6\nset xlabel ''\nset ylabel 'GiB'\nset key top left\nset yrange [0:*]\n"
                        "plot for [i=2:6] '" +
-                       gnuplot_quote(bars.string()) + "' using i:xtic(1) title columnheader(i)\nunset multiplot\n";
-  run_gnuplot("tilegrad bench memory", script);
+                       gnuplot_quote(kWho, bars.string()) + "' using i:xtic(1) title columnheader(i)\nunset multiplot\n";
+  run_gnuplot(kWho, "pngcairo noenhanced size 1500,640", png.string(), script);
 }
 }  // namespace
 

@@ -168,16 +168,18 @@ int cmd_plot(const cli::Args& a) {
   tr.close();
   va.close();
   TG_CHECK(n_train + n_val > 0, "tilegrad plot: ", metrics.string(), " has no train or eval records yet");
-  std::string script = "set terminal pngcairo size 900,540\nset output '" + out.string() +
-                       "'\nset xlabel 'step'\nset ylabel 'loss (nats/token)'\nset grid\nplot ";
-  if (n_train) script += "'" + train_dat.string() + "' using 1:2 with lines title 'train'";
-  if (n_val) script += std::string(n_train ? ", " : "") + "'" + val_dat.string() + "' using 1:2 with linespoints title 'val'";
+  const std::string who = "tilegrad plot";
+  std::string script = "set xlabel 'step'\nset ylabel 'loss (nats/token)'\nset grid\nplot ";
+  if (n_train) script += "'" + gnuplot_quote(who, train_dat.string()) + "' using 1:2 with lines title 'train'";
+  if (n_val)
+    script += std::string(n_train ? ", " : "") + "'" + gnuplot_quote(who, val_dat.string()) +
+              "' using 1:2 with linespoints title 'val'";
   script += "\n";
   struct RemoveData {  // the data files go whether gnuplot succeeds or not
     fs::path a, b;
     ~RemoveData() { fs::remove(a), fs::remove(b); }
   } remove_data{train_dat, val_dat};
-  run_gnuplot("tilegrad plot", script);
+  run_gnuplot(who, "pngcairo size 900,540", out.string(), script);
   std::cout << "wrote " << out.string() << "\n";
   return 0;
 }

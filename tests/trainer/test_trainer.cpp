@@ -694,6 +694,32 @@ TEST(Command, PlotWritesALossPng) {
   EXPECT_GT(fs::file_size(png), 1000u);
 }
 
+// Paths reach gnuplot's script as data: a quote in a run directory or output name is part of the
+// name, never script (an output named like "x'; system('touch F'); print '" runs nothing), and an
+// output that cannot be written is an error naming it and why, with no PNG sent to the terminal.
+TEST(Command, PlotQuotesPathsAndNamesAnUnwritableOutput) {
+  if (!fs::exists(kBinary)) GTEST_SKIP() << "tilegrad binary not built at " << kBinary;
+  if (std::system("gnuplot --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "gnuplot is not installed";
+  Config cfg = tiny_config("plot_quotes");
+  const fs::path dir = fs::path(cfg.run.out_dir).parent_path() / "bob's run";
+  fs::remove_all(dir);
+  cfg.run.out_dir = dir.string();
+  Trainer(cfg).run();
+  auto [rc, out] = shell(kBinary + " plot \"" + dir.string() + "\"");
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_GT(fs::file_size(dir / "loss.png"), 1000u);
+  const fs::path marker = dir / "INJECTED";
+  const std::string evil = "x.png'; system('touch " + marker.filename().string() + "'); print '";
+  auto [rc2, out2] = shell("cd \"" + dir.string() + "\" && " + kBinary + " plot . --out \"" + evil + "\"");
+  ASSERT_EQ(rc2, 0) << out2;
+  EXPECT_FALSE(fs::exists(marker)) << "a path in the plot command ran as gnuplot script";
+  EXPECT_GT(fs::file_size(dir / evil), 1000u);
+  auto [rc3, out3] = shell(kBinary + " plot \"" + dir.string() + "\" --out /nonexistent-dir/x.png");
+  EXPECT_EQ(rc3, 1) << out3;
+  EXPECT_NE(out3.find("cannot write /nonexistent-dir/x.png: No such file or directory"), std::string::npos) << out3;
+  EXPECT_EQ(out3.find("PNG"), std::string::npos) << "image bytes on the terminal";
+}
+
 TEST(Command, EvalAndSampleReadACheckpoint) {
   if (!fs::exists(kBinary)) GTEST_SKIP() << "tilegrad binary not built at " << kBinary;
   Config cfg = tiny_config("evalsample");
