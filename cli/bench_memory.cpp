@@ -14,6 +14,7 @@
 #include "src/tensor/memory.h"
 #include "src/trainer/footprint.h"
 #include "src/trainer/memory_model.h"
+#include "src/util/files.h"
 #include "src/trainer/trainer.h"
 #include "cli/gnuplot.h"
 
@@ -89,8 +90,7 @@ struct TorchPoint {
   double peak_gib;
 };
 std::vector<TorchPoint> read_torch_memory(const std::string& path) {
-  std::ifstream in(path);
-  TG_CHECK(in.good(), "tilegrad bench memory: cannot read --torch-csv ", path);
+  std::istringstream in(read_regular_file(path, "tilegrad bench memory: --torch-csv"));
   std::vector<TorchPoint> out;
   std::string line;
   const std::regex series_re("\"series\":\\s*\"([^\"]+)\""), t_re("\"T\":\\s*(\\d+)"),

@@ -16,6 +16,7 @@
 #include "src/trainer/footprint.h"
 #include "src/trainer/generate.h"
 #include "src/trainer/trainer.h"
+#include "src/util/files.h"
 #include "cli/bench.h"
 #include "cli/cli.h"
 #include "cli/gnuplot.h"
@@ -150,8 +151,9 @@ int cmd_export(const cli::Args& a) {
 int cmd_plot(const cli::Args& a) {
   fs::path dir = a.positional[0];
   fs::path metrics = dir / "metrics.jsonl";
-  std::ifstream in(metrics);
-  TG_CHECK(in.good(), "tilegrad plot: cannot read ", metrics.string(), " (is ", dir.string(), " a run directory?)");
+  const std::string problem = regular_file_problem(metrics.string());
+  TG_CHECK(problem.empty(), "tilegrad plot: ", metrics.string(), " ", problem, " (is ", dir.string(), " a run directory?)");
+  std::istringstream in(read_regular_file(metrics.string(), "tilegrad plot"));
   fs::path out = a.get("out", (dir / "loss.png").string());
   fs::path train_dat = dir / ".plot_train.dat", val_dat = dir / ".plot_val.dat";
   std::ofstream tr(train_dat), va(val_dat);

@@ -16,6 +16,7 @@
 
 #include "src/data/tokenizer.h"
 #include "src/util/error.h"
+#include "src/util/files.h"
 
 namespace fs = std::filesystem;
 
@@ -87,13 +88,7 @@ std::vector<std::string> chars_of(const std::string& s) {
   return out;
 }
 
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  TG_CHECK(in.good(), "tokenizer: cannot read ", p.string());
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
+std::string read_text(const fs::path& p) { return read_regular_file(p.string(), "tokenizer"); }
 
 std::vector<std::pair<std::string, std::string>> parse_merges(const std::string& text, const std::string& where) {
   std::vector<std::pair<std::string, std::string>> merges;
@@ -407,8 +402,10 @@ BpeTokenizer train_bpe(const std::vector<std::string>& files, int64_t vocab_size
   const ByteMap& bm = byte_map();
   // Piece counts over all files (special tokens in the text are not learned from).
   std::unordered_map<std::string, int64_t> counts;
+  uint64_t text_bytes = 0;
   for (const std::string& f : files) {
-    std::string text = read_text(f);
+    std::string text = read_regular_file(f, "tokenizer train: --text");
+    text_bytes += text.size();
     size_t pos = 0;
     while (pos <= text.size()) {
       size_t at = text.find(kEot, pos);
@@ -418,6 +415,8 @@ BpeTokenizer train_bpe(const std::vector<std::string>& files, int64_t vocab_size
       pos = at + kEot.size();
     }
   }
+  TG_CHECK(text_bytes > 0, "tokenizer train: the --text files (", files.size(),
+           ") hold no text; there is nothing to learn merges from");
   // Tokens: ids 0..255 the bytes, then one per merge.
   std::vector<std::string> token;  // byte-level-mapped text of each id
   std::unordered_map<std::string, int32_t> token_id;

@@ -15,6 +15,7 @@
 #include "src/data/shards.h"
 #include "src/data/tokenizer.h"
 #include "src/util/error.h"
+#include "src/util/files.h"
 
 namespace tg {
 
@@ -114,14 +115,7 @@ void remove_stale_shards(const std::string& out_dir, const std::vector<std::stri
   }
 }
 
-std::string read_whole(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  TG_CHECK(in, "prepare: cannot open input file '", path, "'");
-  std::ostringstream os;
-  os << in.rdbuf();
-  TG_CHECK(!in.bad(), "prepare: error reading input file '", path, "'");
-  return os.str();
-}
+std::string read_whole(const std::string& path) { return read_regular_file(path, "prepare: input file"); }
 
 PrepareResult prepare_bpe(const std::vector<std::string>& inputs, const std::string& out_dir, double val_fraction,
                           int64_t max_shard_tokens, const BpeTokenizer& tok) {

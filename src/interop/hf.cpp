@@ -11,6 +11,7 @@
 #include "src/interop/safetensors.h"
 #include "src/trainer/state.h"
 #include "src/util/error.h"
+#include "src/util/files.h"
 
 namespace fs = std::filesystem;
 
@@ -53,13 +54,7 @@ void write_text(const fs::path& p, const std::string& text) {
   TG_CHECK(out.good(), "cannot write ", p.string());
 }
 
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  TG_CHECK(in.good(), "cannot read ", p.string());
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
+std::string read_text(const fs::path& p) { return read_regular_file(p.string(), "train.init_from"); }
 
 std::string list(const std::vector<std::string>& lines) {
   std::string s;

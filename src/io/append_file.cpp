@@ -12,11 +12,15 @@
 #include <regex>
 
 #include "src/util/error.h"
+#include "src/util/files.h"
 
 namespace tg {
 
 void AppendFile::open(const std::string& path) {
   close();
+  // A log is a file: a named pipe there would block this open until a reader came.
+  const std::string problem = regular_file_problem(path);
+  TG_CHECK(problem.empty() || problem == "does not exist", "cannot open ", path, " for writing: it ", problem);
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   TG_CHECK(fd_ >= 0, "cannot open ", path, " for writing: ", std::strerror(errno));
   path_ = path;
@@ -54,6 +58,9 @@ void AppendFile::close() {
 }
 
 int64_t drop_records_after_step(const std::string& path, int64_t step) {
+  const std::string problem = regular_file_problem(path);
+  if (problem == "does not exist") return 0;
+  TG_CHECK(problem.empty(), "cannot read ", path, ": it ", problem);
   std::ifstream in(path);
   if (!in) return 0;
   static const std::regex step_re("\"step\":(-?[0-9]+)");

@@ -22,6 +22,7 @@
 
 #include "src/util/crc32c.h"
 #include "src/util/error.h"
+#include "src/util/files.h"
 
 namespace fs = std::filesystem;
 
@@ -406,11 +407,20 @@ void verify_whole_file(const std::string& path, const std::string& ctx) {
   const std::string sum_path = path + ".sum";
   std::error_code ec;
   if (!fs::exists(sum_path, ec)) {
+    // Without a sidecar, at least the file must be HDF5 (tilegrad writes no user block, so the
+    // signature is at offset 0): any other file is named as such, not as an old checkpoint.
+    static const char kHdf5Signature[8] = {'\x89', 'H', 'D', 'F', '\r', '\n', '\x1a', '\n'};
+    char head[8] = {};
+    std::ifstream in(path, std::ios::binary);
+    in.read(head, sizeof head);
+    TG_CHECK(in.gcount() == 8 && std::equal(head, head + 8, kHdf5Signature), ctx,
+             ": not an HDF5 file (no HDF5 signature at its start), so not a tilegrad checkpoint");
     std::cerr << "[checkpoint] " << path << " has no checksum file " << fs::path(sum_path).filename().string()
               << " (copied without it, or written by an older tilegrad): loading it without the whole-file check\n";
     return;
   }
-  std::ifstream sin(sum_path);
+  // A sidecar is one short line: a device or pipe there is read no further than that.
+  std::istringstream sin(read_regular_file(sum_path, ctx + ": its checksum file", 4096));
   std::string kind, hex, size_text;
   sin >> kind >> hex >> size_text;
   uint32_t want = 0;
@@ -470,10 +480,19 @@ void durable_rename(const std::string& from, const std::string& to, const std::s
 }
 
 std::optional<std::string> read_latest_name(const std::string& dir) {
-  std::ifstream in(fs::path(dir) / "latest");
-  if (!in) return std::nullopt;
-  std::string line;
-  std::getline(in, line);
+  const std::string path = (fs::path(dir) / "latest").string();
+  const std::string problem = regular_file_problem(path);
+  if (problem == "does not exist") return std::nullopt;
+  // `latest` holds one file name; anything else (a device, a pipe, a large file) names nothing,
+  // and the newest checkpoint that loads is taken instead.
+  std::string text;
+  try {
+    text = read_regular_file(path, "checkpoint", 4096);
+  } catch (const Error& e) {
+    std::cerr << "[checkpoint] " << e.what() << "\n";
+    return std::string();
+  }
+  std::string line = text.substr(0, text.find('\n'));
   auto not_space = [](unsigned char c) { return !std::isspace(c); };
   line.erase(line.begin(), std::find_if(line.begin(), line.end(), not_space));
   line.erase(std::find_if(line.rbegin(), line.rend(), not_space).base(), line.end());

@@ -20,6 +20,7 @@
 #include <variant>
 
 #include "src/util/error.h"
+#include "src/util/files.h"
 
 namespace tg {
 namespace {
@@ -724,18 +725,12 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides,
                    bool check_data_files) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw Error("cannot read config file '" + path +
-                "': it is a directory; pass a .yaml file, e.g. configs/kjv-tiny.yaml");
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw Error("cannot read config file '" + path + "': " + std::strerror(errno) +
-                "; pass a .yaml file, e.g. configs/kjv-tiny.yaml");
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw Error("cannot read config file '" + path + "': " + std::strerror(errno));
-  return parse_config(text.str(), path, overrides, check_data_files);
+  const std::string problem = regular_file_problem(path);
+  if (!problem.empty())
+    throw Error("cannot read config file '" + path + "': it " + problem + "; pass a .yaml file, e.g. configs/kjv-tiny.yaml");
+  // A config is text of a few kilobytes; 16 MiB is far beyond any.
+  const std::string text = read_regular_file(path, "cannot read config file '" + path + "'", uint64_t{16} << 20);
+  return parse_config(text, path, overrides, check_data_files);
 }
 
 std::string config_to_yaml(const Config& c) {

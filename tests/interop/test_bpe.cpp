@@ -119,6 +119,22 @@ TEST(Bpe, Errors) {
     EXPECT_THAT(e.what(), HasSubstr("cannot decode token id 300"));
   }
   EXPECT_THROW(train_bpe({(dir.path / "corpus.txt").string()}, 100), Error);
+  // No text to learn from, or a path that is not a file (a device never ends): clear errors.
+  std::ofstream(dir.path / "empty.txt").close();
+  try {
+    train_bpe({(dir.path / "empty.txt").string()}, 300);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("hold no text"));
+  }
+  for (const std::string& bad : {dir.path.string(), std::string("/dev/zero")}) {
+    try {
+      train_bpe({bad}, 300);
+      ADD_FAILURE() << bad;
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), AllOf(HasSubstr("--text"), HasSubstr(bad))) << bad;
+    }
+  }
 }
 
 TEST(Bpe, PrepareWritesItsIdsAndTheTokenizer) {

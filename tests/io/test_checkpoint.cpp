@@ -5,6 +5,7 @@
 #include <hdf5.h>
 #include <signal.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -304,6 +305,33 @@ TEST(Checkpoint, ResolveLatestSkipsTempFilesAndFallsBackFromCorruption) {
   std::cout << "  missing: " << err << "\n";
   EXPECT_NE(err.find("does not exist"), std::string::npos) << err;
   EXPECT_NE(err.find("give a run directory"), std::string::npos) << err;
+}
+
+// `latest` and a checksum sidecar are tiny by design: a device or a named pipe in their place
+// (one never ends, the other blocks its reader) is never read whole; `latest` then falls back to
+// the newest checkpoint that loads, and a sidecar that is not a file refuses its checkpoint.
+// A file without a sidecar that is not HDF5 at all is named as such.
+TEST(Checkpoint, LatestOrSidecarThatIsNotAFileIsNeverReadWhole) {
+  TempDir dir;
+  save_checkpoint(dir.str(), 1, make_data(1, 1000), 0);
+  const std::string newest = save_checkpoint(dir.str(), 2, make_data(2, 1000), 0);
+  for (const std::string kind : {"device", "fifo"}) {
+    fs::remove(dir.path / "latest");
+    if (kind == "device") fs::create_symlink("/dev/zero", dir.path / "latest");
+    else ASSERT_EQ(mkfifo((dir.path / "latest").c_str(), 0600), 0);
+    testing::internal::CaptureStderr();
+    auto [path, data] = resolve_and_load(dir.str(), "latest");
+    const std::string log = testing::internal::GetCapturedStderr();
+    EXPECT_EQ(path, newest) << kind;
+    EXPECT_NE(log.find(kind == "device" ? "is a device" : "named pipe"), std::string::npos) << log;
+    EXPECT_NE(log.find("falling back"), std::string::npos) << log;
+  }
+  fs::remove(newest + ".sum");
+  fs::create_symlink("/dev/zero", newest + ".sum");
+  EXPECT_NE(error_of([&] { resolve_and_load(dir.str(), newest); }).find("is a device"), std::string::npos);
+  const fs::path text = dir.path / "notes.txt";
+  std::ofstream(text) << "not a checkpoint\n";
+  EXPECT_NE(error_of([&] { resolve_and_load("", text.string()); }).find("not an HDF5 file"), std::string::npos);
 }
 
 bool bitwise_equal(const CheckpointData& a, const CheckpointData& b) {

@@ -2,6 +2,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -339,8 +340,16 @@ TEST(ConfigError, BadSetOverride) {
 TEST(ConfigError, MissingConfigFile) {
   const std::string path = (temp_dir() / "does_not_exist.yaml").string();
   EXPECT_THAT(error_of([&] { tg::load_config(path, {}, false); }),
-              AllOf(HasSubstr(path), HasSubstr("cannot read config file"), HasSubstr("No such file")));
+              AllOf(HasSubstr(path), HasSubstr("cannot read config file"), HasSubstr("does not exist")));
   EXPECT_THAT(error_of([&] { tg::load_config(temp_dir().string(), {}, false); }), HasSubstr("directory"));
+  // A device never ends and a named pipe blocks its reader: both are refused before any read.
+  EXPECT_THAT(error_of([&] { tg::load_config("/dev/zero", {}, false); }),
+              AllOf(HasSubstr("/dev/zero"), HasSubstr("is a device")));
+  const std::string fifo = (temp_dir() / "config_fifo.yaml").string();
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_THAT(error_of([&] { tg::load_config(fifo, {}, false); }), HasSubstr("named pipe"));
+  std::filesystem::remove(fifo);
 }
 
 TEST(ConfigError, YamlSyntaxError) {

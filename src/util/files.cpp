@@ -1,0 +1,50 @@
+// Regular files only (see files.h).
+#include "src/util/files.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "src/util/error.h"
+
+namespace tg {
+
+std::string regular_file_problem(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    return errno == ENOENT ? "does not exist" : std::string("cannot be read (") + std::strerror(errno) + ")";
+  if (S_ISREG(st.st_mode)) return "";
+  if (S_ISDIR(st.st_mode)) return "is a directory";
+  if (S_ISFIFO(st.st_mode)) return "is a named pipe (FIFO), not a file";
+  if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) return "is a device, not a file";
+  if (S_ISSOCK(st.st_mode)) return "is a socket, not a file";
+  return "is not a regular file";
+}
+
+std::string read_regular_file(const std::string& path, const std::string& context, uint64_t max_bytes) {
+  const std::string problem = regular_file_problem(path);
+  if (!problem.empty()) throw Error(context + ": " + path + " " + problem);
+  // O_NONBLOCK: should the path have become a FIFO since the check, the open does not wait.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw Error(context + ": cannot open " + path + ": " + std::strerror(errno));
+  std::string out;
+  char buf[1 << 16];
+  int err = 0;
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) err = errno;
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+    if (out.size() > max_bytes) break;
+  }
+  ::close(fd);
+  if (err != 0) throw Error(context + ": reading " + path + " failed: " + std::strerror(err));
+  if (out.size() > max_bytes)
+    throw Error(context + ": " + path + " is larger than " + std::to_string(max_bytes) + " bytes, which such a file never is");
+  return out;
+}
+
+}  // namespace tg
