@@ -52,7 +52,7 @@ Loaded load_model(const std::string& where, const std::string& device_setting) {
   model->set_recompute_rows(cfg.train.recompute_rows);
   if (cfg.data.document_mask) model->set_document_eot(cfg.data.eot_token);  // as the run trained
   restore_parameters(*model, ckpt, path);
-  TextCodec codec = codec_from_strings(ckpt.strings);
+  TextCodec codec = codec_for_vocabulary(codec_from_strings(ckpt.strings), cfg.model.vocab_size);
   std::cerr << "loaded " << path << " (step " << step << ", tokenizer: " << codec.describe() << ") on "
             << device.str() << (compute == DType::bf16 ? " in bf16" : "") << "\n";
   return {std::move(model), cfg, codec};
@@ -96,7 +96,9 @@ int cmd_sample(const cli::Args& a) {
   TG_CHECK(so.top_k >= 0, "tilegrad sample: --top-k must be ≥ 0 (0 = all tokens), got ", so.top_k);
   so.kv_cache = !a.has("no-kv-cache");
   auto [model, cfg, codec] = load_model(a.positional[0], a.get("device", "auto"));
+  so.drawable_ids = codec.vocab_size();
   std::string prompt = a.get("prompt", "");
+  const std::vector<int32_t> prompt_ids = codec.encode(prompt);
   // Tokens are printed as they are made (a multi-byte character may arrive over several).
   std::cout << prompt << std::flush;
   so.on_token = [&codec](int32_t t) {
@@ -104,7 +106,7 @@ int cmd_sample(const cli::Args& a) {
     TG_CHECK(std::cout.good(), "tilegrad sample: writing to standard output failed");
   };
   const auto start = std::chrono::steady_clock::now();
-  generate(*model, codec.encode(prompt), so);
+  generate(*model, prompt_ids, so);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::cout << std::endl;
   std::fprintf(stderr, "sampled %lld tokens in %.2f s (%.1f tokens/s%s)\n", (long long)so.tokens, seconds,

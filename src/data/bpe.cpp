@@ -506,20 +506,50 @@ BpeTokenizer train_bpe(const std::vector<std::string>& files, int64_t vocab_size
 
 std::vector<int32_t> TextCodec::encode(const std::string& text) const {
   if (bpe) return bpe->encode(text);
+  if (ids) {
+    std::vector<int32_t> out;
+    std::istringstream in(text);
+    std::string word;
+    while (in >> word) {
+      int64_t id = -1;
+      const bool number = !word.empty() && word.size() <= 9 &&
+                          std::all_of(word.begin(), word.end(), [](unsigned char c) { return std::isdigit(c); });
+      if (number) id = std::stoll(word);
+      TG_CHECK(number, "this model has no tokenizer (none was beside its training shards), so its text is token "
+               "ids: '", word, "' is not one; give ids separated by spaces, e.g. \"464 318\", or put the "
+               "tokenizer's vocab.json and merges.txt beside the shards and train again");
+      out.push_back(int32_t(id));
+    }
+    return out;
+  }
   std::vector<int32_t> ids;
   for (uint16_t t : ByteTokenizer::encode(text)) ids.push_back(t);
   return ids;
 }
 
-std::string TextCodec::decode(const std::vector<int32_t>& ids) const {
+std::string TextCodec::decode(const std::vector<int32_t>& tokens) const {
+  if (ids) {
+    std::string out;
+    for (int32_t id : tokens) out += " " + std::to_string(id);
+    return out;
+  }
+  const std::vector<int32_t>& ids = tokens;
   if (!bpe) return ByteTokenizer::decode(ids);
   std::string out;
   for (int32_t id : ids) out += id >= 0 && id < bpe->vocab_size() ? bpe->decode({id}) : "\xEF\xBF\xBD";
   return out;
 }
 
+int64_t TextCodec::vocab_size() const { return bpe ? bpe->vocab_size() : ids ? 0 : kByteVocab + 1; }
+
 std::string TextCodec::describe() const {
+  if (ids) return "none, text shown as token ids";
   return bpe ? "byte-level BPE (" + std::to_string(bpe->vocab_size()) + " ids)" : "bytes";
+}
+
+TextCodec codec_for_vocabulary(TextCodec codec, int64_t model_vocab) {
+  codec.ids = !codec.bpe && model_vocab > kByteVocab + 1;
+  return codec;
 }
 
 TextCodec codec_from_strings(const std::map<std::string, std::string>& strings) {

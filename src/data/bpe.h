@@ -65,14 +65,26 @@ class BpeTokenizer {
   std::string vocab_json_, merges_txt_;
 };
 
-// The text side of a run: its BPE tokenizer, or bytes (ByteTokenizer) when it has none.
+// The text side of a run: its BPE tokenizer, or bytes (ByteTokenizer) when it has none — or,
+// for a model whose ids are not bytes and whose tokenizer is unknown (llm.c's GPT-2 shards come
+// without one), the ids themselves, written as decimal numbers.
 struct TextCodec {
   std::shared_ptr<const BpeTokenizer> bpe;
+  bool ids = false;
+  // With `ids`, the text is whitespace-separated decimal ids ("464 318 257").
   std::vector<int32_t> encode(const std::string& text) const;
-  // Ids the tokenizer does not know (a model's vocabulary may be padded past it) become U+FFFD.
+  // Ids the tokenizer does not know (a model's vocabulary may be padded past it) become U+FFFD;
+  // with `ids`, each id is " <id>".
   std::string decode(const std::vector<int32_t>& ids) const;
-  std::string describe() const;  // "GPT-2 BPE (50257 ids)" or "bytes"
+  std::string describe() const;  // "byte-level BPE (50257 ids)", "bytes" or "token ids (no tokenizer)"
+  // How many ids it can decode: the BPE's vocabulary, the 256 bytes and the end-of-text id, or
+  // 0 (every id) with `ids`.
+  int64_t vocab_size() const;
 };
+
+// `codec` for a model of `model_vocab` ids: without a BPE, ids past the bytes and end-of-text
+// (model_vocab > 257) are not bytes, so they are shown as ids.
+TextCodec codec_for_vocabulary(TextCodec codec, int64_t model_vocab);
 
 // Checkpoint strings that record a run's tokenizer.
 constexpr const char* kCheckpointVocab = "tokenizer/vocab.json";

@@ -26,6 +26,8 @@ std::vector<int32_t> generate(nn::GPT& model, const std::vector<int32_t>& prompt
   NoGradGuard no_grad;
   EvalMode eval(model);
   const int64_t V = model.config().vocab_size, window = model.config().max_seq_len;
+  TG_CHECK(opt.drawable_ids >= 0, "sample: drawable_ids must be ≥ 0, got ", opt.drawable_ids);
+  const int64_t drawable = opt.drawable_ids > 0 ? std::min(opt.drawable_ids, V) : V;
   std::vector<int32_t> seq = prompt;
   if (seq.empty()) seq.push_back(int32_t('\n' < V ? '\n' : 0));  // an empty prompt starts at a line break
   std::vector<int32_t> out;
@@ -52,11 +54,11 @@ std::vector<int32_t> generate(nn::GPT& model, const std::vector<int32_t>& prompt
     std::vector<double> l = last_logits();
     int32_t next;
     if (opt.temperature == 0) {
-      next = int32_t(std::max_element(l.begin(), l.end()) - l.begin());
+      next = int32_t(std::max_element(l.begin(), l.begin() + drawable) - l.begin());
     } else {
-      std::vector<int32_t> idx(static_cast<size_t>(V));
+      std::vector<int32_t> idx(static_cast<size_t>(drawable));
       std::iota(idx.begin(), idx.end(), 0);
-      int64_t k = opt.top_k > 0 ? std::min(opt.top_k, V) : V;
+      int64_t k = opt.top_k > 0 ? std::min(opt.top_k, drawable) : drawable;
       // Highest logits first; ties by id so the order is deterministic.
       std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
                         [&](int32_t a, int32_t b) { return l[size_t(a)] > l[size_t(b)] || (l[size_t(a)] == l[size_t(b)] && a < b); });

@@ -15,6 +15,9 @@ struct SampleOptions {
   double temperature = 1.0;  // 0 → greedy
   int64_t top_k = 0;         // 0 → the whole vocabulary
   uint64_t seed = 1337;
+  // Ids from this one on are never drawn: a model's vocabulary padded past its tokenizer's
+  // (GPT-2's 50257 to 50304) has ids no text holds and no decoder knows. 0: every id.
+  int64_t drawable_ids = 0;
   // Keys and values of the context kept between tokens (GPT::forward_cached): each new token
   // costs one position's work. A RoPE model then keeps its whole context, past max_seq_len;
   // a learned-position model slides its max_seq_len window as without the cache.

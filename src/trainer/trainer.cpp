@@ -312,6 +312,7 @@ void Trainer::log_sample(int64_t step) {
   so.temperature = 1.0;
   so.top_k = 0;
   so.seed = uint64_t(config_.train.seed) ^ uint64_t(step);
+  so.drawable_ids = codec_.vocab_size();
   std::vector<int32_t> toks = generate(*model_, {}, so);
   std::string text = codec_.decode(toks);
   log_line("sample at step " + std::to_string(step) + ":\n" + text + "\n---");
@@ -380,7 +381,16 @@ TrainResult Trainer::run(const std::string& resume) {
                                              uint64_t(tc.seed), rank, W);
   val_data_ = std::make_unique<DataLoader>(config_.data.val, config_.model.vocab_size, tc.batch_size, tc.seq_len,
                                            uint64_t(tc.seed), rank, W);
-  codec_ = codec_for_shards(train_data_->files());
+  if (rc.eval_every > 0)
+    TG_CHECK(val_data_->num_sequential_batches() > 0, "data.val (", val_data_->files().size(), " file(s), ",
+             val_data_->total_tokens(), " tokens) is too small for one batch of train.batch_size × train.seq_len = ",
+             tc.batch_size, " × ", tc.seq_len, " tokens; use more validation data, smaller batches, or "
+             "run.eval_every: 0");
+  codec_ = codec_for_vocabulary(codec_for_shards(train_data_->files()), config_.model.vocab_size);
+  if (codec_.ids)
+    log_line("tokenizer: none beside the training shards and model.vocab_size " +
+             std::to_string(config_.model.vocab_size) + " > 257, so samples are shown as token ids (put the "
+             "tokenizer's vocab.json and merges.txt beside the shards to see text)");
   if (codec_.bpe) {
     TG_CHECK(codec_.bpe->vocab_size() <= config_.model.vocab_size, "the training data's tokenizer (beside ",
              train_data_->files().front(), ") has ", codec_.bpe->vocab_size(), " ids but model.vocab_size is ",
@@ -587,13 +597,6 @@ TrainResult Trainer::run(const std::string& resume) {
       window_steps = 0;
       window_comm_s = comm_now;
     }
-    if (eval_now) {
-      result.last_val_loss = evaluate(*model_, *val_data_, rc.eval_steps, comm_.get());
-      log_line("step " + std::to_string(done) + " | val loss " + fmt("%.4f", result.last_val_loss));
-      metrics("{\"type\":\"eval\",\"step\":" + std::to_string(done) + ",\"val_loss\":" +
-              json_number(result.last_val_loss) + "}");
-    }
-    if (rc.sample_every > 0 && done % rc.sample_every == 0 && lead()) log_sample(done);
     if (step_hook_) step_hook_(done);
     // A signal may reach one rank only: all stop when any was asked to, after the same step.
     bool stopping = stop_requested();
@@ -609,6 +612,14 @@ TrainResult Trainer::run(const std::string& resume) {
     if (any_write_failed) stop_for_write_error(write_failed);
     if (save_now || stopping)
       result.last_checkpoint = save(stopping ? "stop requested by signal" : done == tc.max_steps ? "final" : "periodic");
+    // After the checkpoint: whatever evaluation or sampling does, the step's state is saved.
+    if (eval_now) {
+      result.last_val_loss = evaluate(*model_, *val_data_, rc.eval_steps, comm_.get());
+      log_line("step " + std::to_string(done) + " | val loss " + fmt("%.4f", result.last_val_loss));
+      metrics("{\"type\":\"eval\",\"step\":" + std::to_string(done) + ",\"val_loss\":" +
+              json_number(result.last_val_loss) + "}");
+    }
+    if (rc.sample_every > 0 && done % rc.sample_every == 0 && lead()) log_sample(done);
     if (stopping) {
       log_line("stopped by signal after step " + std::to_string(done) + "; resume with --resume latest");
       result.interrupted = true;

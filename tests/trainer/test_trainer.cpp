@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "src/data/bpe.h"
 #include "src/data/prepare.h"
 #include "src/interop/hf.h"
 #include "src/trainer/generate.h"
@@ -454,6 +455,64 @@ TEST(Sampling, DeterministicForASeed) {
   auto g1 = generate(model, {65}, o);
   o.temperature = 0;
   EXPECT_EQ(generate(model, {65}, o), g1);
+}
+
+// A vocabulary padded past the tokenizer's: ids from drawable_ids on are never drawn, greedy or
+// sampled, so every token decodes. A model of more ids than bytes without a tokenizer shows its
+// text as ids; a prompt for it must be ids.
+TEST(Sampling, DrawsOnlyIdsTheTokenizerKnows) {
+  nn::GPTConfig g;
+  g.n_layer = 1; g.n_head = 2; g.d_model = 16; g.max_seq_len = 16; g.vocab_size = 300;
+  nn::GPT model(g, 3);
+  SampleOptions o;
+  o.tokens = 200; o.seed = 5; o.temperature = 50;  // nearly uniform over the ids allowed
+  int max_id = 0;
+  for (int32_t t : generate(model, {65}, o)) max_id = std::max(max_id, int(t));
+  EXPECT_GE(max_id, 257) << "the test needs draws past the bytes to mean anything";
+  o.drawable_ids = 257;
+  for (double temperature : {50.0, 0.0}) {
+    o.temperature = temperature;
+    for (int32_t t : generate(model, {65}, o)) ASSERT_LT(t, 257) << "temperature " << temperature;
+  }
+  const TextCodec bytes = codec_for_vocabulary({}, 257), ids = codec_for_vocabulary({}, 300);
+  EXPECT_FALSE(bytes.ids);
+  EXPECT_EQ(bytes.vocab_size(), 257);
+  ASSERT_TRUE(ids.ids);
+  EXPECT_EQ(ids.vocab_size(), 0);
+  EXPECT_EQ(ids.decode({464, 0, 299}), " 464 0 299");
+  EXPECT_EQ(ids.encode(" 464  0\n299 "), (std::vector<int32_t>{464, 0, 299}));
+  EXPECT_THROW(ids.encode("And God said"), Error);
+}
+
+// Samples during training come after the step's checkpoint, and a model of more ids than bytes
+// trained on byte shards without a tokenizer logs them as ids instead of failing to decode.
+TEST(Sampling, TrainingSamplesOfAPaddedVocabularyAreIds) {
+  Config cfg = tiny_config("padded_samples");
+  cfg.model.vocab_size = 300;
+  cfg.run.sample_every = 6, cfg.run.sample_tokens = 30, cfg.run.ckpt_every = 6;
+  TrainResult r = Trainer(cfg).run();
+  EXPECT_EQ(r.final_step, cfg.train.max_steps);
+  std::ifstream log(fs::path(cfg.run.out_dir) / "train.log");
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("samples are shown as token ids"), std::string::npos) << text;
+  const size_t ckpt = text.find("ckpt-6.h5"), sample = text.find("sample at step 6");
+  ASSERT_NE(sample, std::string::npos) << text;
+  EXPECT_LT(ckpt, sample) << "the sample came before the step's checkpoint";
+}
+
+// The validation split must hold one batch when the run evaluates: found before the first step.
+TEST(Sampling, ValidationTooSmallForABatchIsFoundBeforeTraining) {
+  Config cfg = tiny_config("val_too_small");
+  cfg.train.batch_size = 4096;
+  cfg.train.grad_accum = 1;
+  try {
+    Trainer(cfg).run();
+    ADD_FAILURE() << "trained with a validation split smaller than one batch";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("data.val"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("run.eval_every: 0"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(fs::path(cfg.run.out_dir) / "latest"));
 }
 
 // The key/value cache: each position's logits, decoded one token at a time after a prompt, equal
