@@ -46,6 +46,8 @@ TokenShard read_shard(const std::string& path, int vocab_size) {
   TG_CHECK(vocab_size > 0, "read_shard: vocab_size must be positive, got ", vocab_size);
   std::error_code ec;
   const bool is_file = fs::is_regular_file(path, ec);
+  TG_CHECK(!fs::is_directory(path, ec), "token shard '", path, "' is a directory; give a glob of the shards in it, ",
+           "e.g. '", (fs::path(path) / "train_*.bin").string(), "'");
   TG_CHECK(is_file, "token shard '", path, "' does not exist or is not a regular file",
            " (prepare data with: tilegrad prepare)");
   const int64_t size = static_cast<int64_t>(fs::file_size(path, ec));

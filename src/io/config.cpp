@@ -214,7 +214,8 @@ const std::vector<Field>& fields() {
     t.push_back(TG_FIELD(train, bucket_mb,
                          "Data parallelism: MiB of fp32 gradients per bucket, each reduced as soon as its gradients "
                          "are final, overlapped with the rest of the backward; 0 reduces them all after it.")
-                    .min(0));
+                    .min(0)
+                    .max(1 << 20));
     t.push_back(TG_FIELD(train, init_from,
                          "A new run's initial parameters instead of random ones: a tilegrad checkpoint (a ckpt-*.h5 "
                          "file or a run directory; its weights only: step 0, fresh AdamW) or a Hugging Face GPT-2 "
@@ -674,7 +675,13 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
 
   YAML::Node root;
   try {
-    root = YAML::Load(yaml_text);
+    // One document: keys in a second one (after '---') would be silently ignored otherwise.
+    const std::vector<YAML::Node> docs = YAML::LoadAll(yaml_text);
+    for (size_t i = 1; i < docs.size(); ++i)
+      if (!docs[i].IsNull())
+        throw Error(mark_loc(src, docs[i].Mark()) + ": a second YAML document (after '---'); a config is one "
+                    "document: merge it into the first");
+    if (!docs.empty()) root = docs[0];
   } catch (const YAML::Exception& e) {
     std::string hint;
     if (e.msg.find("anchor") != std::string::npos)

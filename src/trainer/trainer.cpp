@@ -1,7 +1,9 @@
 // The training loop and its bookkeeping.
 #include "src/trainer/trainer.h"
 
+#include <fcntl.h>
 #include <omp.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -30,6 +32,40 @@ namespace fs = std::filesystem;
 
 namespace {
 volatile std::sig_atomic_t g_stop_signal = 0;
+
+// One training process per run directory: two would interleave their logs and delete each
+// other's temporary checkpoint files. An advisory lock on RUN/.lock (flock, released by the
+// kernel whenever the process ends, `kill -9` included) holds the owner's pid for the message.
+// A file system without locks (some network mounts) is not an error: the run goes on unlocked.
+class RunDirectoryLock {
+ public:
+  explicit RunDirectoryLock(const std::string& dir) {
+    const std::string path = (fs::path(dir) / ".lock").string();
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    TG_CHECK(fd_ >= 0, "run.out_dir: cannot create ", path, ": ", std::strerror(errno));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      if (err != EWOULDBLOCK) return;  // no locks here
+      char pid[32] = {};
+      const ssize_t n = ::pread(fd_, pid, sizeof pid - 1, 0);
+      ::close(fd_);
+      fd_ = -1;
+      throw Error("run.out_dir: another tilegrad" + (n > 0 ? " (pid " + std::string(pid, size_t(n)) + ")" : std::string()) +
+                  " is training in " + dir + "; wait for it to end, or choose another run.out_dir");
+    }
+    // The pid is for another process's message only: a failed write changes nothing else.
+    const std::string me = std::to_string(::getpid());
+    if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, me.data(), me.size(), 0);
+  }
+  ~RunDirectoryLock() {
+    if (fd_ >= 0) ::close(fd_);  // closing the descriptor releases the lock
+  }
+  RunDirectoryLock(const RunDirectoryLock&) = delete;
+  RunDirectoryLock& operator=(const RunDirectoryLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
 
 void on_stop_signal(int sig) {
   if (g_stop_signal) _exit(128 + sig);  // second signal: leave now
@@ -329,6 +365,7 @@ TrainResult Trainer::run(const std::string& resume) {
   comm_->set_timeout(rc.comm_timeout_s);
   const int W = comm_->world_size(), rank = comm_->rank();
   const std::string& out = rc.out_dir;
+  std::unique_ptr<RunDirectoryLock> run_lock;  // rank 0's, for the whole run
   on_rank0("preparing the run directory", [&] {
     std::error_code ec;
     TG_CHECK(!fs::exists(out, ec) || fs::is_directory(out, ec), "run.out_dir: ", out,
@@ -337,6 +374,7 @@ TrainResult Trainer::run(const std::string& resume) {
     TG_CHECK(!ec, "run.out_dir: cannot create the run directory ", out, ": ", ec.message());
     TG_CHECK(::access(out.c_str(), W_OK | X_OK) == 0, "run.out_dir: the run directory ", out,
              " is not writable (", std::strerror(errno), "); choose another run.out_dir or fix its permissions");
+    run_lock = std::make_unique<RunDirectoryLock>(out);
     if (resume.empty()) {
       TG_CHECK(list_checkpoints(out).empty(), "run directory ", out,
                " already has checkpoints; resume with --resume latest, or choose another run.out_dir");

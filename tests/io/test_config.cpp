@@ -362,6 +362,10 @@ TEST(ConfigError, YamlSyntaxError) {
               AllOf(HasSubstr("notmap.yaml:1:"), HasSubstr("mapping")));
   EXPECT_THAT(load_error("sectionscalar.yaml", "train: 5\n"),
               AllOf(HasSubstr("sectionscalar.yaml:1:"), HasSubstr("train"), HasSubstr("expected a mapping")));
+  // A second document's keys would otherwise be dropped without a word; a bare trailing '---' is fine.
+  EXPECT_THAT(load_error("twodocs.yaml", "train:\n  lr: 1.0e-3\n---\ntrain:\n  batch_size: 8\n"),
+              AllOf(HasSubstr("twodocs.yaml:4:"), HasSubstr("second YAML document")));
+  EXPECT_EQ(tg::parse_config("train:\n  lr: 1.0e-3\n---\n", "trailing.yaml", {}, false).train.lr, 1.0e-3);
 }
 
 TEST(ConfigError, CrossFieldChecks) {

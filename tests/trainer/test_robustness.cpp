@@ -130,6 +130,28 @@ TEST(Robustness, SighupStopsWithACheckpointLikeSigterm) {
   EXPECT_EQ(resolve_and_load(cfg.run.out_dir, "latest").second.ints.at("step"), 3);
 }
 
+// A second training process in a run directory that one is training in stops before it writes
+// anything there (two would interleave their logs and delete each other's temporary checkpoint
+// files); once the first has ended, the directory is free again.
+TEST(Robustness, OneTrainingPerRunDirectory) {
+  Config cfg = tiny_config("locked");
+  std::string second;
+  Trainer t(cfg);
+  t.set_step_hook([&](int64_t step) {
+    if (step != 2) return;
+    try {
+      Trainer(cfg).run("latest");
+    } catch (const Error& e) {
+      second = e.what();
+    }
+  });
+  EXPECT_EQ(t.run().final_step, 12);
+  EXPECT_NE(second.find("another tilegrad (pid " + std::to_string(::getpid()) + ") is training in"), std::string::npos)
+      << second;
+  cfg.train.max_steps = 14;
+  EXPECT_EQ(Trainer(cfg).run("latest").final_step, 14);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Resume: one record per step, and no resume past max_steps
 
