@@ -118,6 +118,7 @@ int cmd_eval(const cli::Args& a) {
   const int64_t steps = a.get_int("steps", 0);
   TG_CHECK(steps >= 0, "tilegrad eval: --steps must be ≥ 0 (0 = the whole data), got ", steps);
   auto [model, cfg, codec] = load_model(a.positional[0], a.get("device", "auto"));
+  TG_CHECK(!a.has("data") || !a.get("data", "").empty(), "tilegrad eval: --data is empty; give a glob of token shards");
   std::string glob = a.get("data", cfg.data.val);
   TG_CHECK(!glob.empty(), "tilegrad eval: the checkpoint's config names no validation data; pass --data GLOB");
   DataLoader val(glob, cfg.model.vocab_size, cfg.train.batch_size, cfg.train.seq_len, uint64_t(cfg.train.seed));

@@ -6,7 +6,9 @@
 
 #include <cctype>
 #include <cmath>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -77,21 +79,6 @@ class Progress {
   int last_pct_ = -1;
 };
 
-void ensure_writable_dir(const std::string& out_dir) {
-  std::error_code ec;
-  fs::create_directories(out_dir, ec);
-  TG_CHECK(!ec, "prepare: cannot create output directory '", out_dir, "': ", ec.message());
-  TG_CHECK(fs::is_directory(out_dir), "prepare: output path '", out_dir, "' exists and is not a directory");
-  // Probe now rather than failing after minutes of tokenizing a large corpus.
-  const fs::path probe = fs::path(out_dir) / ".tilegrad_write_probe";
-  {
-    std::ofstream out(probe, std::ios::binary | std::ios::trunc);
-    TG_CHECK(out && (out << 'x') && out.flush(), "prepare: output directory '", out_dir,
-             "' is not writable; choose another --out directory or fix its permissions");
-  }
-  fs::remove(probe, ec);
-}
-
 // True for names prepare writes: train_NNNNNN.bin or val_NNNNNN.bin.
 bool is_shard_name(const std::string& name) {
   for (const std::string prefix : {"train_", "val_"}) {
@@ -102,6 +89,26 @@ bool is_shard_name(const std::string& name) {
     if (digits && name.compare(prefix.size() + 6, 4, ".bin") == 0) return true;
   }
   return false;
+}
+
+// Checked now rather than after minutes of tokenizing a large corpus: the directory, its
+// permissions and, when the shards' size is known (`need_bytes` > 0), the free space.
+void ensure_writable_dir(const std::string& out_dir, int64_t need_bytes) {
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  TG_CHECK(!ec, "prepare: cannot create output directory '", out_dir, "': ", ec.message());
+  TG_CHECK(fs::is_directory(out_dir), "prepare: output path '", out_dir, "' exists and is not a directory");
+  TG_CHECK(::access(out_dir.c_str(), W_OK | X_OK) == 0, "prepare: output directory '", out_dir, "' is not writable (",
+           std::strerror(errno), "); choose another --out directory or fix its permissions");
+  const fs::space_info space = fs::space(out_dir, ec);
+  if (ec || need_bytes <= 0) return;
+  uintmax_t available = space.available;  // and the space of the earlier shards this preparation replaces
+  for (const auto& entry : fs::directory_iterator(out_dir, ec))
+    if (is_shard_name(entry.path().filename().string())) available += entry.file_size(ec);
+  if (available < uintmax_t(need_bytes))
+    throw Error(detail::concat("prepare: the shards need about ", (need_bytes + (1 << 20) - 1) >> 20, " MiB but '",
+                               out_dir, "' has ", available >> 20,
+                               " MiB free; free some space or choose another --out directory"));
 }
 
 // Deletes shards a previous preparation left behind that this one did not overwrite.
@@ -123,7 +130,7 @@ PrepareResult prepare_bpe(const std::vector<std::string>& inputs, const std::str
            " ids, but shards store uint16 ids (at most 65536)");
   TG_CHECK(inputs.size() == 1 || tok.end_of_text() >= 0,
            "prepare: several input files are joined by <|endoftext|>, which the tokenizer's vocabulary lacks");
-  ensure_writable_dir(out_dir);
+  ensure_writable_dir(out_dir, 0);  // the token count is known only once encoded
   // Documents in parallel, each thread with its own cache of encoded pieces; fewer documents
   // than threads: one after the other, each cut into pieces encoded in parallel.
   std::vector<std::vector<uint16_t>> docs(inputs.size());
@@ -205,7 +212,8 @@ PrepareResult prepare_text(const std::vector<std::string>& inputs, const std::st
            val_fraction, " give ", n_train, " train and ", total - n_train,
            " validation tokens; both need at least one (use more text or another val_fraction)");
 
-  ensure_writable_dir(out_dir);
+  // Two bytes a token and a 1 KiB header a shard (files of the same names there are replaced).
+  ensure_writable_dir(out_dir, 2 * total + 2048 * (total / max_shard_tokens + 2));
 
   PrepareResult result;
   ShardSink train(out_dir, "train", max_shard_tokens, result.files);

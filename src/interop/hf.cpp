@@ -230,6 +230,7 @@ std::vector<std::string> export_hf(const CheckpointData& ckpt, const std::string
            m.n_layer, ", d_model ", m.d_model, ", vocab_size ", m.vocab_size, ", max_seq_len ", m.max_seq_len, "):",
            list(problems));
 
+  TG_CHECK(!out_dir.empty(), "export --format hf: --out is empty; give the folder to write");
   const fs::path out(out_dir);
   if (fs::exists(out)) {
     TG_CHECK(fs::is_directory(out), "export --format hf: --out ", out_dir, " exists and is not a folder");

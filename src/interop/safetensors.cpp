@@ -83,7 +83,12 @@ void write_safetensors(const std::string& path, const std::vector<CheckpointArra
     for (const CheckpointArray& t : tensors)
       out.write(reinterpret_cast<const char*>(t.data.data()), std::streamsize(t.data.size() * sizeof(float)));
     out.flush();
-    TG_CHECK(out.good(), "safetensors ", path, ": writing ", tmp.string(), " failed (disk full?)");
+    if (!out.good()) {
+      out.close();
+      std::error_code rm;
+      fs::remove(tmp, rm);  // no partial file left behind
+      TG_CHECK(false, "safetensors ", path, ": writing it failed (is the disk full?); nothing was written");
+    }
   }
   std::error_code ec;
   fs::rename(tmp, final_path, ec);

@@ -390,7 +390,10 @@ void write_bytes(const std::string& path, const void* data, size_t size) {
   if (err == 0 && ::fsync(fd) != 0) err = errno;
   if (::close(fd) != 0 && err == 0) err = errno;
   TG_CHECK(err == 0, "checkpoint: writing ", path, " failed after ", done, " of ", size, " bytes: ",
-           std::strerror(err), err == ENOSPC || err == EDQUOT ? " (the disk is full)" : "");
+           std::strerror(err),
+           err == ENOSPC || err == EDQUOT
+               ? " (the disk is full: free space, or lower run.keep_last so fewer checkpoints are kept)"
+               : "");
 }
 
 std::string sum_line(uint32_t crc, size_t size, const std::string& name) {
