@@ -46,7 +46,7 @@ DataLoader::DataLoader(const std::string& glob, int vocab_size, int64_t batch_si
     shards_.push_back(read_shard(f, vocab_size));
     const auto n = static_cast<int64_t>(shards_.back().tokens.size());
     total_tokens_ += n;
-    if (n > longest) longest = n, longest_file = f;
+    if (n > longest || longest_file.empty()) longest = n, longest_file = f;
     // A window is T+1 tokens: starts 0 .. n-T-1 for random draws, and every T-th one of them
     // for the sequential sweep.
     start_prefix_.push_back(start_prefix_.back() + std::max<int64_t>(0, n - T_));

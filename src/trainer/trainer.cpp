@@ -230,7 +230,7 @@ void Trainer::on_rank0(const char* what, const std::function<void()>& fn) {
   TG_CHECK(false, what, " failed on rank 0 (its output has the error); rank ", comm_->rank(), " stops too");
 }
 
-std::string Trainer::save(const char* why) {
+std::string Trainer::save(const char* why, bool prune) {
   state_.dropout_counter = model_->dropout_counter();
   state_.cursor = {uint64_t(config_.train.seed), uint64_t(state_.step)};
   // Every rank takes part (a ZeRO-1 run gathers AdamW's moments); rank 0 writes the one file.
@@ -251,7 +251,7 @@ std::string Trainer::save(const char* why) {
                  "' holds ", a.data[i], " at element ", i,
                  " (the parameters or the optimizer state are no longer finite); the newest complete checkpoint "
                  "(`latest`) stays the last good state");
-    path = save_checkpoint(config_.run.out_dir, state_.step, data, config_.run.keep_last);
+    path = save_checkpoint(config_.run.out_dir, state_.step, data, prune ? config_.run.keep_last : 0);
   });
   log_line("checkpoint " + path + " (" + why + ")");
   return path;
@@ -544,7 +544,9 @@ TrainResult Trainer::run(const std::string& resume) {
         state_.step = done;
         std::string path;
         try {
-          path = save("last good state before stopping");
+          // Nothing is pruned: a run that diverged before its losses became non-finite still has
+          // the checkpoints from before, which this newest one may not be.
+          path = save("last good state before stopping", /*prune=*/false);
         } catch (const Error& e) {
           throw Error(detail::concat("training stopped: ", state_.bad_steps_in_row,
                                      " consecutive steps with a non-finite loss or gradient norm (train.max_bad_steps = ",
@@ -552,7 +554,9 @@ TrainResult Trainer::run(const std::string& resume) {
         }
         TG_CHECK(false, "training stopped: ", state_.bad_steps_in_row,
                  " consecutive steps with a non-finite loss or gradient norm (train.max_bad_steps = ", tc.max_bad_steps,
-                 "); the last good state is saved in ", path, ". Lower train.lr or check the data.");
+                 "); the last state with a finite loss is saved in ", path,
+                 " and the run's earlier checkpoints are kept (if the loss was already climbing, resume from one "
+                 "of them with --resume ckpt-<step>.h5). Lower train.lr or check the data.");
       }
     }
   };

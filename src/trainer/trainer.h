@@ -59,7 +59,8 @@ class Trainer {
   void metrics(const std::string& json);
   // After a failed log or metrics write: every rank stops; a checkpoint is attempted first.
   [[noreturn]] void stop_for_write_error(bool failed_here);
-  std::string save(const char* why);
+  // prune: apply run.keep_last (the stop after non-finite steps keeps every earlier checkpoint).
+  std::string save(const char* why, bool prune = true);
   void log_sample(int64_t step);
   // Runs fn on rank 0 only; every rank learns whether it threw and throws too (rank 0 its own
   // error), so no rank is left waiting in a collective for a rank that failed alone.

@@ -179,6 +179,10 @@ TEST(Trainer, SigtermFinishesTheStepAndCheckpoints) {
 TEST(Trainer, NonFiniteStepsAreSkippedThenTheRunStops) {
   Config cfg = tiny_config("nan");
   cfg.train.max_bad_steps = 3;
+  // Periodic checkpoints at 2, 4, 6, 8, 10 with 2 kept: the stop's own checkpoint must not prune
+  // the ones from before the streak, which a run that diverged before its losses became
+  // non-finite needs.
+  cfg.run.ckpt_every = 2, cfg.run.keep_last = 2;
   Trainer t(cfg);
   Tensor before_bad;
   t.set_gradient_hook([&](int64_t step, nn::ParameterStore& ps) {
@@ -195,7 +199,11 @@ TEST(Trainer, NonFiniteStepsAreSkippedThenTheRunStops) {
     FAIL() << "expected the run to stop";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("3 consecutive steps"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("earlier checkpoints are kept"), std::string::npos) << e.what();
   }
+  const std::vector<std::string> kept = list_checkpoints(cfg.run.out_dir);
+  ASSERT_EQ(kept.size(), 3u);  // the periodic 8 and 10 (keep_last 2), and the stop's 11
+  EXPECT_EQ(fs::path(kept[0]).filename(), "ckpt-8.h5");
   auto [path, data] = resolve_and_load(cfg.run.out_dir, "latest");
   EXPECT_EQ(data.ints["step"], 11);
   EXPECT_EQ(data.ints["bad_steps_in_row"], 3);
