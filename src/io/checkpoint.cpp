@@ -484,8 +484,7 @@ void durable_rename(const std::string& from, const std::string& to, const std::s
 
 std::optional<std::string> read_latest_name(const std::string& dir) {
   const std::string path = (fs::path(dir) / "latest").string();
-  const std::string problem = regular_file_problem(path);
-  if (problem == "does not exist") return std::nullopt;
+  if (!path_exists(path)) return std::nullopt;
   // `latest` holds one file name; anything else (a device, a pipe, a large file) names nothing,
   // and the newest checkpoint that loads is taken instead.
   std::string text;

@@ -23,6 +23,11 @@ std::string regular_file_problem(const std::string& path) {
   return "is not a regular file";
 }
 
+bool path_exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
 std::string read_regular_file(const std::string& path, const std::string& context, uint64_t max_bytes) {
   const std::string problem = regular_file_problem(path);
   if (!problem.empty()) throw Error(context + ": " + path + " " + problem);

@@ -14,6 +14,9 @@ namespace tg {
 // "is a device, not a file", or "cannot be read (<the system's reason>)".
 std::string regular_file_problem(const std::string& path);
 
+// Whether anything is at `path` (its symlinks followed): a file, a folder, a pipe or a device.
+bool path_exists(const std::string& path);
+
 // The whole file. tg::Error "<context>: <why>" when it is not a regular file, cannot be read, or
 // holds more than `max_bytes` (files that are small by design: a read stops there).
 std::string read_regular_file(const std::string& path, const std::string& context,
