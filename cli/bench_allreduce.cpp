@@ -44,7 +44,7 @@ int bench_allreduce(const cli::Args& a) {
     }
   }
   const dist::Placement placement = dist::placement_from_environment();
-  const Device device = resolve_device(a.get("device", "auto"), placement.local_rank);
+  const Device device = resolve_device(a.get("device", "auto"), placement.local_rank, "--device");
   set_current_device(device);
   std::unique_ptr<dist::Communicator> comm = dist::make_communicator(placement, device, 600);
   const int W = comm->world_size(), rank = comm->rank();
