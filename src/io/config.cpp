@@ -146,8 +146,8 @@ const std::vector<Field>& fields() {
     t.push_back(TG_FIELD(data, train, "Glob of training token shards (relative to the working directory); required.")
                     .is_glob());
     t.push_back(TG_FIELD(data, val,
-                         "Glob of validation token shards (relative to the working directory); required, also "
-                         "with run.eval_every 0.")
+                         "Glob of validation token shards (relative to the working directory); required unless "
+                         "run.eval_every is 0.")
                     .is_glob());
     t.push_back(TG_FIELD(data, document_mask,
                          "Tokens attend only within their document: a document ends with (and includes) each "
@@ -595,6 +595,7 @@ void check_data_globs(const Config& c, const Locations& loc) {
     if (!f.glob) continue;
     const std::string& pattern = *std::get<std::string*>(f.ref(mc));
     const std::string key = f.key();
+    if (pattern.empty() && key == "data.val" && c.run.eval_every == 0) continue;  // a run that never evaluates
     if (pattern.empty())
       fail(loc.of(key), key, "not set; give a glob of token shards, e.g. \"data/kjv/" + f.name + "*.bin\"");
     glob_t g{};

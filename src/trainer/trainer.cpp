@@ -417,8 +417,10 @@ TrainResult Trainer::run(const std::string& resume) {
                                         sync_->owned());
   train_data_ = std::make_unique<DataLoader>(config_.data.train, config_.model.vocab_size, tc.batch_size, tc.seq_len,
                                              uint64_t(tc.seed), rank, W);
-  val_data_ = std::make_unique<DataLoader>(config_.data.val, config_.model.vocab_size, tc.batch_size, tc.seq_len,
-                                           uint64_t(tc.seed), rank, W);
+  // A run that never evaluates needs no validation data; given, it is still checked.
+  if (!config_.data.val.empty())
+    val_data_ = std::make_unique<DataLoader>(config_.data.val, config_.model.vocab_size, tc.batch_size, tc.seq_len,
+                                             uint64_t(tc.seed), rank, W);
   if (rc.eval_every > 0)
     TG_CHECK(val_data_->num_sequential_batches() > 0, "data.val (", val_data_->files().size(), " file(s), ",
              val_data_->total_tokens(), " tokens) is too small for one batch of train.batch_size × train.seq_len = ",
@@ -436,8 +438,8 @@ TrainResult Trainer::run(const std::string& resume) {
     log_line("tokenizer: " + codec_.describe() + " from the training data's folder");
   }
   log_line("model: " + std::to_string(model_->params().numel()) + " parameters; train data " +
-           std::to_string(train_data_->total_tokens()) + " tokens, val data " + std::to_string(val_data_->total_tokens()) +
-           " tokens");
+           std::to_string(train_data_->total_tokens()) + " tokens, val data " +
+           (val_data_ ? std::to_string(val_data_->total_tokens()) + " tokens" : std::string("none (run.eval_every 0)")));
 
   if (!resume.empty()) {
     resume_from(resume);

@@ -317,6 +317,10 @@ TEST(ConfigError, MissingDataFiles) {
   EXPECT_THAT(load_error("unset.yaml", "model:\n  bias: true\n", {}, true),
               AllOf(HasSubstr("unset.yaml"), HasSubstr("data.train"), HasSubstr("not set")));
   EXPECT_NO_THROW(tg::parse_config("data:\n  train: \"no/such/*.bin\"\n", "x.yaml", {}, false));
+  // Validation data is needed by a run that evaluates; one that never does may leave it unset.
+  const std::string train = "data:\n  train: \"" + repo("configs/*.yaml") + "\"\n";
+  EXPECT_THAT(load_error("noval.yaml", train, {}, true), AllOf(HasSubstr("data.val"), HasSubstr("not set")));
+  EXPECT_NO_THROW(tg::parse_config(train + "run:\n  eval_every: 0\n", "noeval.yaml", {}, true));
 }
 
 TEST(ConfigError, BadSetOverride) {
