@@ -99,6 +99,9 @@ int cmd_sample(const cli::Args& a) {
   so.drawable_ids = codec.vocab_size();
   std::string prompt = a.get("prompt", "");
   const std::vector<int32_t> prompt_ids = codec.encode(prompt);
+  for (int32_t id : prompt_ids)
+    TG_CHECK(id >= 0 && id < cfg.model.vocab_size, "tilegrad sample: the prompt's token id ", id,
+             " is outside the model's vocabulary (model.vocab_size ", cfg.model.vocab_size, ")");
   // Tokens are printed as they are made (a multi-byte character may arrive over several).
   std::cout << prompt << std::flush;
   so.on_token = [&codec](int32_t t) {

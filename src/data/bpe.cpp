@@ -522,21 +522,19 @@ std::vector<int32_t> TextCodec::encode(const std::string& text) const {
     }
     return out;
   }
-  std::vector<int32_t> ids;
-  for (uint16_t t : ByteTokenizer::encode(text)) ids.push_back(t);
-  return ids;
+  std::vector<int32_t> out;
+  for (uint16_t t : ByteTokenizer::encode(text)) out.push_back(t);
+  return out;
 }
 
 std::string TextCodec::decode(const std::vector<int32_t>& tokens) const {
+  std::string out;
   if (ids) {
-    std::string out;
     for (int32_t id : tokens) out += " " + std::to_string(id);
     return out;
   }
-  const std::vector<int32_t>& ids = tokens;
-  if (!bpe) return ByteTokenizer::decode(ids);
-  std::string out;
-  for (int32_t id : ids) out += id >= 0 && id < bpe->vocab_size() ? bpe->decode({id}) : "\xEF\xBF\xBD";
+  if (!bpe) return ByteTokenizer::decode(tokens);
+  for (int32_t id : tokens) out += id >= 0 && id < bpe->vocab_size() ? bpe->decode({id}) : "\xEF\xBF\xBD";
   return out;
 }
 

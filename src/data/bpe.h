@@ -75,8 +75,8 @@ struct TextCodec {
   std::vector<int32_t> encode(const std::string& text) const;
   // Ids the tokenizer does not know (a model's vocabulary may be padded past it) become U+FFFD;
   // with `ids`, each id is " <id>".
-  std::string decode(const std::vector<int32_t>& ids) const;
-  std::string describe() const;  // "byte-level BPE (50257 ids)", "bytes" or "token ids (no tokenizer)"
+  std::string decode(const std::vector<int32_t>& tokens) const;
+  std::string describe() const;  // "byte-level BPE (50257 ids)", "bytes" or "none, text shown as token ids"
   // How many ids it can decode: the BPE's vocabulary, the 256 bytes and the end-of-text id, or
   // 0 (every id) with `ids`.
   int64_t vocab_size() const;

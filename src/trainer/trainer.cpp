@@ -421,6 +421,8 @@ TrainResult Trainer::run(const std::string& resume) {
   if (!config_.data.val.empty())
     val_data_ = std::make_unique<DataLoader>(config_.data.val, config_.model.vocab_size, tc.batch_size, tc.seq_len,
                                              uint64_t(tc.seed), rank, W);
+  TG_CHECK(val_data_ || rc.eval_every == 0, "data.val is not set, but run.eval_every is ", rc.eval_every,
+           "; give a glob of validation shards, or set run.eval_every: 0");
   if (rc.eval_every > 0)
     TG_CHECK(val_data_->num_sequential_batches() > 0, "data.val (", val_data_->files().size(), " file(s), ",
              val_data_->total_tokens(), " tokens) is too small for one batch of train.batch_size × train.seq_len = ",

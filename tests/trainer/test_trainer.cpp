@@ -521,6 +521,18 @@ TEST(Sampling, ValidationTooSmallForABatchIsFoundBeforeTraining) {
     EXPECT_NE(std::string(e.what()).find("run.eval_every: 0"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(fs::exists(fs::path(cfg.run.out_dir) / "latest"));
+  // No validation data: an error when the run evaluates, nothing needed when it never does.
+  Config none = tiny_config("val_none");
+  none.data.val = "";
+  try {
+    Trainer(none).run();
+    ADD_FAILURE() << "evaluated without validation data";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("data.val is not set"), std::string::npos) << e.what();
+  }
+  none = tiny_config("val_none");
+  none.data.val = "", none.run.eval_every = 0;
+  EXPECT_EQ(Trainer(none).run().final_step, none.train.max_steps);
 }
 
 // The key/value cache: each position's logits, decoded one token at a time after a prompt, equal
