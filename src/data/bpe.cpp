@@ -386,10 +386,7 @@ std::vector<std::string> BpeTokenizer::save(const std::string& dir) const {
   std::vector<std::string> files;
   for (const auto& [name, text] : {std::pair{"vocab.json", &vocab_json_}, {"merges.txt", &merges_txt_}}) {
     const fs::path p = fs::path(dir) / name;
-    std::ofstream out(p, std::ios::binary | std::ios::trunc);
-    out << *text;
-    out.flush();
-    TG_CHECK(out.good(), "tokenizer: cannot write ", p.string());
+    write_file_atomically(p.string(), *text, "tokenizer");
     files.push_back(p.string());
   }
   return files;

@@ -47,12 +47,7 @@ ModelConfig with_bias(ModelConfig m) {
   return m;
 }
 
-void write_text(const fs::path& p, const std::string& text) {
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.flush();
-  TG_CHECK(out.good(), "cannot write ", p.string());
-}
+void write_text(const fs::path& p, const std::string& text) { write_file_atomically(p.string(), text, "export"); }
 
 std::string read_text(const fs::path& p) { return read_regular_file(p.string(), "train.init_from"); }
 

@@ -52,4 +52,30 @@ std::string read_regular_file(const std::string& path, const std::string& contex
   return out;
 }
 
+void write_file_atomically(const std::string& path, const std::string& text, const std::string& context) {
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "" : path.substr(0, slash + 1);
+  const std::string tmp = dir + "." + path.substr(slash == std::string::npos ? 0 : slash + 1) + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(context + ": cannot write " + path + ": " + std::strerror(errno));
+  size_t done = 0;
+  int err = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      err = n < 0 ? errno : ENOSPC;
+      break;
+    }
+    done += size_t(n);
+  }
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
+  if (err != 0) {
+    ::unlink(tmp.c_str());
+    throw Error(context + ": cannot write " + path + ": " + std::strerror(err) +
+                (err == ENOSPC || err == EDQUOT ? " (the disk is full)" : ""));
+  }
+}
+
 }  // namespace tg

@@ -22,4 +22,9 @@ bool path_exists(const std::string& path);
 std::string read_regular_file(const std::string& path, const std::string& context,
                               uint64_t max_bytes = std::numeric_limits<uint64_t>::max());
 
+// Writes `text` to `path` whole or not at all: into a temporary file beside it, renamed over
+// `path` once complete. A failed write (a full disk) removes the temporary file and throws
+// tg::Error "<context>: cannot write <path>: <reason>"; an earlier file at `path` is untouched.
+void write_file_atomically(const std::string& path, const std::string& text, const std::string& context);
+
 }  // namespace tg
