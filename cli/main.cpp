@@ -211,7 +211,7 @@ std::vector<cli::Command> commands() {
        "and ckpt-<step>.h5 checkpoints into run.out_dir. SIGINT/SIGTERM/SIGHUP finish the step, checkpoint and exit 0; a "
        "second signal exits at once. Data parallel: start one process per GPU (or per CPU rank) with a launcher, "
        "`mpirun -np N tilegrad train CONFIG` on one node (as root add --allow-run-as-root), `mpirun -np N "
-       "--hostfile HOSTS …` or `srun --ntasks=N --kill-on-bad-exit=1 tilegrad train CONFIG` across nodes: each rank "
+       "--hostfile HOSTS …` or `srun --ntasks=N --mpi=pmix --kill-on-bad-exit=1 tilegrad train CONFIG` across nodes: each rank "
        "trains batch_size × grad_accum rows of every step (a global batch W times larger), GPU gradients are reduced "
        "by NCCL and CPU gradients by MPI, and rank 0 writes the logs and checkpoints; see train.zero, "
        "train.bucket_mb and run.comm_timeout_s.",

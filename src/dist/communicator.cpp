@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -106,7 +107,10 @@ std::unique_ptr<Communicator> make_single_communicator(Device device) {
 
 std::unique_ptr<Communicator> make_communicator(const Placement& placement, Device device, double timeout_s) {
   std::unique_ptr<Communicator> comm;
-  if (placement.world_size == 1 && placement.launcher.empty()) {
+  // One rank needs no collectives. Under mpirun it still gets MPI (and NCCL on the GPU), so that
+  // `mpirun -np 1` times the communicator at world size 1; a single srun task does not, as Open
+  // MPI could not start there without Slurm's PMIx plugin (`srun --mpi=pmix`).
+  if (placement.world_size == 1 && placement.launcher != "mpirun" && placement.launcher != "pmi") {
     comm = make_single_communicator(device);
   } else if (device.is_cpu()) {
     TG_CHECK(have_mpi(), "this run was started by ", placement.launcher, " with ", placement.world_size,
@@ -157,6 +161,17 @@ std::unique_ptr<Communicator> make_nccl_communicator(const Placement&, Device, d
   return nullptr;
 }
 #endif
+
+int cpu_threads_of_share(const cpu_set_t& mine, const std::vector<cpu_set_t>& on_node) {
+  double share = 0;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &mine)) continue;
+    int holders = 0;
+    for (const cpu_set_t& m : on_node) holders += CPU_ISSET(cpu, &m) ? 1 : 0;
+    share += 1.0 / double(std::max(holders, 1));
+  }
+  return std::max(1, int(share + 1e-9));
+}
 
 std::string describe_placement(const Placement& p, Device device) {
   char host[256] = "?";

@@ -9,9 +9,12 @@
 // number and the training step, the communicator is aborted and the process exits with status
 // kExitCommFailure, which makes the launcher end the other ranks.
 #pragma once
+#include <sched.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "src/tensor/tensor.h"
 
@@ -76,6 +79,9 @@ class Communicator {
   // Seconds a collective may take before the process gives up (run.comm_timeout_s).
   void set_timeout(double seconds) { timeout_s_ = seconds; }
   double timeout() const { return timeout_s_; }
+  // Why this rank runs as many OpenMP threads as it does, for the log; empty when nothing chose
+  // (see the MPI backend: ranks that share a node's CPUs share them out).
+  const std::string& cpu_threads_note() const { return cpu_threads_note_; }
   // The training step named in failure messages.
   void set_step(int64_t step) { step_ = step; }
   int64_t step() const { return step_; }
@@ -94,11 +100,13 @@ class Communicator {
   Device device_;
   double timeout_s_ = 600;
   int64_t step_ = 0;
+  std::string cpu_threads_note_;
 };
 
-// The communicator for this process: single-process when the world size is 1, else MPI for a
-// CPU run and NCCL for a GPU run (each rank on the GPU local_rank mod the GPUs it sees). Throws
-// tg::Error naming what is missing when the launch needs a backend this build lacks.
+// The communicator for this process: MPI for a CPU run and NCCL for a GPU run (each rank on the
+// GPU local_rank mod the GPUs it sees); the single-process one at world size 1, except under
+// mpirun, where one rank still gets MPI or NCCL. Throws tg::Error naming what is missing when the
+// launch needs a backend this build lacks.
 std::unique_ptr<Communicator> make_communicator(const Placement& placement, Device device, double timeout_s);
 // A world-size-1 communicator (for code that takes one; nothing is sent anywhere).
 std::unique_ptr<Communicator> make_single_communicator(Device device);
@@ -110,6 +118,11 @@ bool have_nccl();
 // launcher then ends the other ranks; finalising MPI would wait for ranks blocked in a
 // collective). Returns when the process is not part of one.
 void leave_job_on_error(int status);
+// The OpenMP threads a CPU rank runs when the ranks on its node have the affinity masks
+// `on_node` (its own, `mine`, among them): each CPU of `mine` counts as 1 / (the masks that hold
+// it), and the sum, at least 1, is the share. Ranks bound to CPUs of their own keep them all;
+// ranks with the same mask split it evenly.
+int cpu_threads_of_share(const cpu_set_t& mine, const std::vector<cpu_set_t>& on_node);
 // "host cuda:0 (NVIDIA H200, bus 0000:19:00.0)": what each rank logs once.
 std::string describe_placement(const Placement& p, Device device);
 

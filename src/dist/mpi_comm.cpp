@@ -5,6 +5,8 @@
 // peer that died ends this rank with a message instead of a hang.
 #ifdef TILEGRAD_HAVE_MPI
 #include <mpi.h>
+#include <omp.h>
+#include <sched.h>
 
 #include <chrono>
 #include <climits>
@@ -16,6 +18,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "src/dist/backends.h"
 
@@ -36,6 +39,16 @@ void ensure_mpi(const Placement& placement) {
   int initialised = 0;
   MPI_Initialized(&initialised);
   if (!initialised) {
+#ifdef OMPI_MAJOR_VERSION
+    // Started by srun, Open MPI learns its rank from Slurm's PMIx plugin (PMIX_RANK) or, where it
+    // was built with Slurm's PMI, from PMI-2 (PMI_FD). Without either MPI_Init aborts the job with
+    // a page of text that does not name the option.
+    TG_CHECK(placement.launcher != "srun" || std::getenv("PMIX_RANK") || std::getenv("PMI_FD"),
+             "srun started ", placement.world_size, " ranks without an MPI plugin, and this tilegrad's Open MPI "
+             "needs one to connect them: run `srun --mpi=pmix …` (`srun --mpi=list` lists the plugins; "
+             "MpiDefault=pmix in slurm.conf makes it the default), or start the ranks with mpirun inside the "
+             "allocation");
+#endif
     int provided = 0;
     const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
     TG_CHECK(rc == MPI_SUCCESS, "MPI_Init_thread failed (", rc, ") at ", __FILE__, ":", __LINE__,
@@ -74,6 +87,33 @@ std::string mpi_error(int rc) {
   return std::string(text, size_t(len));
 }
 
+// Shares the node's CPUs out among the ranks on it, and says how (for the log). OpenMP's default
+// is one thread per CPU of the process's affinity mask; mpirun binds each of two ranks to a core
+// but more ranks to a whole socket, and srun binds nothing unless Slurm's task plugin does, so
+// ranks that share CPUs would each run a thread on every one of them: W threads per core, 2.8×
+// slower for two ranks on two cores (docs/data-parallel.md, "Launching"). Each rank runs its share
+// of its CPUs (cpu_threads_of_share). OMP_NUM_THREADS, when set, is the user's choice and is left
+// alone.
+std::string share_cpus_with_local_ranks(MPI_Comm world) {
+  if (const char* v = std::getenv("OMP_NUM_THREADS"); v && *v) return "OMP_NUM_THREADS";
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (sched_getaffinity(0, sizeof mine, &mine) != 0) return "";
+  MPI_Comm node = MPI_COMM_NULL;
+  if (MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS) return "";
+  int local_ranks = 1;
+  MPI_Comm_size(node, &local_ranks);
+  std::vector<cpu_set_t> masks(static_cast<size_t>(local_ranks));
+  const int rc = MPI_Allgather(&mine, int(sizeof mine), MPI_BYTE, masks.data(), int(sizeof mine), MPI_BYTE, node);
+  MPI_Comm_free(&node);
+  if (rc != MPI_SUCCESS) return "";
+  const int threads = cpu_threads_of_share(mine, masks);
+  if (threads >= omp_get_max_threads()) return "";
+  omp_set_num_threads(threads);
+  return detail::concat(local_ranks, " ranks on this node share ", CPU_COUNT(&mine),
+                        " CPUs; OMP_NUM_THREADS sets the threads per rank");
+}
+
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator(const Placement& p, Device device) : Communicator(p, device) {
@@ -81,6 +121,7 @@ class MpiCommunicator final : public Communicator {
     ensure_mpi(p);
     MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    cpu_threads_note_ = share_cpus_with_local_ranks(comm_);
     worker_ = std::thread([this] { work(); });
   }
 

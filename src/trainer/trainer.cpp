@@ -389,7 +389,8 @@ TrainResult Trainer::run(const std::string& resume) {
   });
   log_line("tilegrad train: resolved config (" + config_.source_path + ")\n" + config_yaml_);
   log_line("device: " + device.str() + " (run.device: " + rc.device + "), precision: " + tc.precision +
-           ", cpu threads: " + std::to_string(omp_get_max_threads()));
+           ", cpu threads: " + std::to_string(omp_get_max_threads()) +
+           (comm_->cpu_threads_note().empty() ? "" : " (" + comm_->cpu_threads_note() + ")"));
   if (W > 1) {
     // Every rank says once where it runs (rank 0 also into train.log).
     const std::string where = dist::describe_placement(placement, device);

@@ -1,19 +1,37 @@
 #!/usr/bin/env bash
-# One rank of a two-rank `tilegrad train` job under mpirun is stopped (a stuck rank), killed
-# (a dead rank) or sent SIGTERM. Stuck: the other rank gives up after run.comm_timeout_s with a
-# message naming the collective and the step, and the job exits non-zero. Dead: the job exits
-# non-zero within seconds. SIGTERM: every rank stops after the same step, one checkpoint is
-# written and the job exits 0. In each case the latest checkpoint still loads.
-# Usage: tests/dist/faults.sh path/to/tilegrad      (exit 77: skipped, with the reason)
+# One rank of a two-rank `tilegrad train` job is stopped (a stuck rank), killed (a dead rank) or
+# sent SIGTERM, and then the whole job is (SIGTERM to mpirun, which passes it on; `scancel
+# --signal=TERM` under Slurm, as at a time limit: srun itself takes SIGTERM as "kill"). Stuck: the
+# other rank gives up after run.comm_timeout_s with a message naming the collective and the step,
+# and the job exits non-zero. Dead: the job exits non-zero within seconds. SIGTERM: every rank
+# stops after the same step, one checkpoint is written and the job exits 0. In each case the
+# latest checkpoint still loads.
+# LAUNCHER=mpirun (the default) starts the ranks with Open MPI's mpirun; LAUNCHER=srun with
+# Slurm's srun (--mpi=pmix --kill-on-bad-exit=1), which needs a Slurm cluster that answers.
+# Usage: [LAUNCHER=srun] tests/dist/faults.sh path/to/tilegrad      (exit 77: skipped, with the reason)
 set -uo pipefail
 tilegrad=$(realpath "$1")
-if ! command -v mpirun >/dev/null; then echo "SKIP: mpirun is not installed (openmpi-bin)"; exit 77; fi
-mpirun=(mpirun --allow-run-as-root --oversubscribe --bind-to none -x OMP_NUM_THREADS=1)
-if ! out=$(timeout 60 "${mpirun[@]}" -np 1 true 2>&1); then echo "SKIP: mpirun cannot start a job here: $out"; exit 77; fi
+launcher=${LAUNCHER:-mpirun}
+case $launcher in
+  mpirun)
+    if ! command -v mpirun >/dev/null; then echo "SKIP: mpirun is not installed (openmpi-bin)"; exit 77; fi
+    launch=(mpirun --allow-run-as-root --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 -np 2)
+    rank1_env=OMPI_COMM_WORLD_RANK=1
+    probe=(mpirun --allow-run-as-root -np 1 true) ;;
+  srun)
+    if ! command -v srun >/dev/null; then echo "SKIP: srun is not installed (Slurm)"; exit 77; fi
+    jobname=tilegrad-faults-$$
+    launch=(srun --mpi=pmix --kill-on-bad-exit=1 --overcommit -n 2 -J "$jobname")
+    export OMP_NUM_THREADS=1  # srun passes the environment on
+    rank1_env=SLURM_PROCID=1
+    probe=(srun -n 1 true) ;;
+  *) echo "LAUNCHER must be mpirun or srun, not '$launcher'"; exit 2 ;;
+esac
+if ! out=$(timeout 20 "${probe[@]}" 2>&1); then echo "SKIP: $launcher cannot start a job here: $out"; exit 77; fi
 device=${TILEGRAD_TEST_DEVICE:-cpu}  # cuda: NCCL (two ranks on one GPU need NCCL_MULTI_RANK_GPU_ENABLE=1)
 
 work=$(mktemp -d)
-trap 'pkill -KILL -f "$work" 2>/dev/null; rm -rf "$work"' EXIT
+trap 'pkill -KILL -f "$work" 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
 for i in $(seq 400); do echo "In the beginning $((i % 7)) the word was $((i * 13 % 11))."; done >"$work/text.txt"
 "$tilegrad" prepare --text "$work/text.txt" --out "$work/data" --val-fraction 0.1 >/dev/null || exit 1
 cat >"$work/config.yaml" <<YAML
@@ -25,19 +43,19 @@ YAML
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
-# Starts the job into run directory $1, waits for its first checkpoint; sets job (mpirun's pid)
-# and pid (rank 1's).
+# Starts the job into run directory $1, waits for its first checkpoint; sets job (the launcher's
+# pid) and pid (rank 1's).
 start_job() {
   local dir=$1
   pid=""
-  "${mpirun[@]}" -np 2 "$tilegrad" train "$work/config.yaml" --set run.out_dir="$dir" >"$dir.out" 2>"$dir.err" &
+  "${launch[@]}" "$tilegrad" train "$work/config.yaml" --set run.out_dir="$dir" >"$dir.out" 2>"$dir.err" &
   job=$!
   for _ in $(seq 600); do
     grep -q "^checkpoint " "$dir/train.log" 2>/dev/null && break
     sleep 0.1
   done
   for p in $(pgrep -f "tilegrad train $work/config.yaml"); do
-    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then pid=$p; return; fi
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "$rank1_env"; then pid=$p; return; fi
   done
 }
 # Waits for the job to end (at most $1 s); sets status and seconds.
@@ -80,5 +98,17 @@ grep -q "(stop requested by signal)" "$work/term/train.log" || fail "term: no ch
 grep -q "stopped by signal after step" "$work/term/train.log" || fail "term: no stop line"
 latest_loads "$work/term" term
 
-[ "$failures" -eq 0 ] && echo "faults: all passed"
+# SIGTERM to every rank.
+start_job "$work/term_all"; [ -n "$pid" ] || fail "term_all: rank 1 not found"
+if [ "$launcher" = srun ]; then scancel --signal=TERM --name="$jobname"; else kill -TERM "$job"; fi
+await_job 40
+echo "SIGTERM to the whole job: ended after ${seconds} s with status $status"
+# srun reports the ranks' status (0); mpirun exits 1 whenever it was signalled, whatever the ranks did.
+if [ "$launcher" = srun ]; then expected=0; else expected=1; fi
+[ "$status" = "$expected" ] || { fail "term_all: status $status"; cat "$work/term_all.err"; }
+grep -q "(stop requested by signal)" "$work/term_all/train.log" || fail "term_all: no checkpoint on the signal"
+grep -q "stopped by signal after step" "$work/term_all/train.log" || fail "term_all: no stop line"
+latest_loads "$work/term_all" term_all
+
+[ "$failures" -eq 0 ] && echo "faults ($launcher): all passed"
 exit $((failures > 0))

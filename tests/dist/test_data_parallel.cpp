@@ -155,6 +155,44 @@ TEST(Collectives, ComputeTheirDefinition) {
   job().barrier("test barrier");
 }
 
+cpu_set_t cpus(std::initializer_list<int> ids) {
+  cpu_set_t s;
+  CPU_ZERO(&s);
+  for (int c : ids) CPU_SET(c, &s);
+  return s;
+}
+
+// Ranks on one node share out the CPUs their affinity masks hold.
+TEST(Launch, CpuRanksShareTheirNodesCpus) {
+  const cpu_set_t four = cpus({0, 1, 2, 3}), two = cpus({0, 1}), other_two = cpus({2, 3});
+  EXPECT_EQ(dist::cpu_threads_of_share(four, {four}), 4);              // alone on the node
+  EXPECT_EQ(dist::cpu_threads_of_share(four, {four, four}), 2);        // two ranks, no binding
+  EXPECT_EQ(dist::cpu_threads_of_share(two, {four, four, four}), 1);    // never below one
+  EXPECT_EQ(dist::cpu_threads_of_share(two, {two, other_two}), 2);     // bound apart: all of its own
+  EXPECT_EQ(dist::cpu_threads_of_share(cpus({0}), {cpus({0}), cpus({0}), cpus({0})}), 1);
+  // One rank bound to CPUs 0-1, two unbound over 0-3: the bound one shares 0-1 three ways.
+  EXPECT_EQ(dist::cpu_threads_of_share(four, {two, four, four}), 1);   // 2/3 + 1/2 + 1/2 = 1.67
+  EXPECT_EQ(dist::cpu_threads_of_share(cpus({0, 1, 2, 3, 4, 5, 6, 7}), {cpus({0, 1, 2, 3, 4, 5, 6, 7}), two}), 7);
+}
+
+// One srun task needs no MPI (Open MPI could not start there without PMIx); several tasks
+// without an MPI plugin stop before MPI is touched, naming the option that starts them.
+TEST(Launch, SrunWithoutPmixIsOneProcessOrAClearError) {
+  if (W() > 1 || std::getenv("PMIX_RANK") || std::getenv("PMI_FD")) GTEST_SKIP() << "needs a process started alone";
+  dist::Placement one;
+  one.launcher = "srun";
+  EXPECT_EQ(dist::make_communicator(one, Device::cpu(), 5)->backend(), "single");
+  if (!dist::have_mpi()) return;
+  dist::Placement two = one;
+  two.world_size = 2;
+  try {
+    dist::make_communicator(two, Device::cpu(), 5);
+    ADD_FAILURE() << "two srun ranks without PMIx started";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("srun --mpi=pmix"), std::string::npos) << e.what();
+  }
+}
+
 // W ranks × batch 2, one process × batch 2 × W micro-batches and one process × batch 2W read
 // the same rows with the same dropout masks: the same first gradients (to 1e-6) and losses (to
 // 1e-5) over 20 steps; the validation loss, over the same windows, equals the batch-2W run's.

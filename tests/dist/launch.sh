@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# How ranks start. Under LAUNCHER=mpirun (the default): two CPU ranks not bound to cores, started
+# without OMP_NUM_THREADS, run max(1, CPUs / 2) OpenMP threads each and say so in the log; with
+# OMP_NUM_THREADS=1 they keep it. Under LAUNCHER=srun (a Slurm cluster that answers) the same with
+# `srun --mpi=pmix`, and: one task without an MPI plugin trains as one process; two tasks without
+# one stop at once with the error naming --mpi=pmix; mpirun inside an allocation (salloc) gives
+# the same losses as srun.
+# Usage: [LAUNCHER=srun] tests/dist/launch.sh path/to/tilegrad      (exit 77: skipped, with the reason)
+set -uo pipefail
+tilegrad=$(realpath "$1")
+launcher=${LAUNCHER:-mpirun}
+mpirun_args=(--allow-run-as-root --oversubscribe --bind-to none)
+case $launcher in
+  mpirun)
+    if ! command -v mpirun >/dev/null; then echo "SKIP: mpirun is not installed (openmpi-bin)"; exit 77; fi
+    launch=(mpirun "${mpirun_args[@]}" -np 2)
+    probe=(mpirun --allow-run-as-root -np 1 true) ;;
+  srun)
+    if ! command -v srun >/dev/null; then echo "SKIP: srun is not installed (Slurm)"; exit 77; fi
+    launch=(srun --mpi=pmix --cpu-bind=none --overcommit -n 2)
+    probe=(srun -n 1 true) ;;
+  *) echo "LAUNCHER must be mpirun or srun, not '$launcher'"; exit 2 ;;
+esac
+if ! out=$(timeout 20 "${probe[@]}" 2>&1); then echo "SKIP: $launcher cannot start a job here: $out"; exit 77; fi
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+for i in $(seq 400); do echo "In the beginning $((i % 7)) the word was $((i * 13 % 11))."; done >"$work/text.txt"
+"$tilegrad" prepare --text "$work/text.txt" --out "$work/data" --val-fraction 0.1 >/dev/null || exit 1
+cat >"$work/config.yaml" <<YAML
+model: {n_layer: 1, n_head: 2, d_model: 16, max_seq_len: 16}
+data: {train: "$work/data/train_*.bin", val: "$work/data/val_*.bin"}
+train: {batch_size: 2, seq_len: 16, max_steps: 6, warmup_steps: 2}
+run: {device: cpu, log_every: 1, eval_every: 0, sample_every: 0, comm_timeout_s: 60}
+YAML
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+train() {  # train RUN_NAME LAUNCH…: the job's output in $work/RUN_NAME.out
+  local name=$1
+  shift
+  timeout 120 "$@" "$tilegrad" train "$work/config.yaml" --set run.out_dir="$work/$name" >"$work/$name.out" 2>&1
+}
+losses() { grep -o 'loss [0-9.]*' "$work/$1/train.log" | tr '\n' ' '; }
+
+cpus=$(nproc)
+want=$((cpus / 2 > 0 ? cpus / 2 : 1))
+unset OMP_NUM_THREADS
+train shared "${launch[@]}" || { fail "two ranks: exit $?"; cat "$work/shared.out"; }
+line=$(grep -m1 'cpu threads' "$work/shared/train.log")
+echo "two unbound ranks on $cpus CPUs: $line"
+[[ $line == *"cpu threads: $want "* || ($want == "$cpus" && $line == *"cpu threads: $want") ]] ||
+  fail "two unbound ranks on $cpus CPUs should run $want threads each"
+OMP_NUM_THREADS=1 train chosen "${launch[@]}" || fail "OMP_NUM_THREADS=1: exit $?"
+grep -q 'cpu threads: 1 (OMP_NUM_THREADS)' "$work/chosen/train.log" || fail "OMP_NUM_THREADS=1 not kept"
+[ "$(losses shared)" = "$(losses chosen)" ] || fail "the threads changed the losses: $(losses shared) / $(losses chosen)"
+
+if [ "$launcher" = srun ]; then
+  export OMP_NUM_THREADS=1
+  train one srun --mpi=none -n 1 || { fail "one srun task without PMIx: exit $?"; cat "$work/one.out"; }
+  grep -q '^done: step 6' "$work/one.out" && ! grep -q 'data parallel' "$work/one/train.log" ||
+    fail "one srun task without PMIx did not train as one process"
+  t0=$SECONDS
+  if train nopmix srun --mpi=none --overcommit -n 2; then fail "two srun tasks without PMIx started"; fi
+  grep -q 'srun --mpi=pmix' "$work/nopmix.out" || { fail "no message naming --mpi=pmix"; cat "$work/nopmix.out"; }
+  echo "two srun tasks without an MPI plugin: stopped after $((SECONDS - t0)) s: $(grep -m1 'error' "$work/nopmix.out")"
+  train inside salloc --overcommit -n 2 mpirun --allow-run-as-root --bind-to none ||
+    { fail "mpirun inside salloc: exit $?"; cat "$work/inside.out"; }
+  [ "$(losses inside)" = "$(losses chosen)" ] || fail "mpirun inside salloc: losses $(losses inside), srun's $(losses chosen)"
+fi
+[ "$failures" -eq 0 ] && echo "launch ($launcher): all passed"
+exit $((failures > 0))
