@@ -372,19 +372,24 @@ int main(int argc, char** argv) {
         std::cout << cli::help_text(kProgram, c);
         return 0;
       }
+    // In a job of several ranks an error names the rank and host it happened on.
+    auto where = [] {
+      const std::string w = dist::rank_and_host();
+      return w.empty() ? w : w + ": ";
+    };
     try {
       return c.run(cli::parse(kProgram, c, rest));
     } catch (const Error& e) {
-      std::cerr << "error: " << e.what() << std::endl;
+      std::cerr << "error: " << where() << e.what() << std::endl;
       dist::leave_job_on_error(1);  // a rank that fails alone ends its data-parallel job
       return 1;
     } catch (const std::bad_alloc&) {
-      std::cerr << "error: out of memory: an allocation failed; make the model or the batch smaller "
+      std::cerr << "error: " << where() << "out of memory: an allocation failed; make the model or the batch smaller "
                    "(model.n_layer, model.d_model, train.batch_size, train.seq_len)" << std::endl;
       dist::leave_job_on_error(1);
       return 1;
     } catch (const std::exception& e) {
-      std::cerr << "internal error: " << e.what() << std::endl;
+      std::cerr << "internal error: " << where() << e.what() << std::endl;
       dist::leave_job_on_error(3);
       return 3;
     }

@@ -162,6 +162,19 @@ std::unique_ptr<Communicator> make_nccl_communicator(const Placement&, Device, d
 }
 #endif
 
+std::string rank_and_host() {
+  Placement p;
+  try {
+    p = placement_from_environment();
+  } catch (const Error&) {
+    return "";  // the launcher's variables are unreadable; the error at hand says more
+  }
+  if (p.world_size == 1) return "";
+  char host[256] = "?";
+  gethostname(host, sizeof host - 1);
+  return detail::concat("rank ", p.rank, " of ", p.world_size, " on host ", host);
+}
+
 int cpu_threads_of_share(const cpu_set_t& mine, const std::vector<cpu_set_t>& on_node) {
   double share = 0;
   for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {

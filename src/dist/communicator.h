@@ -123,6 +123,9 @@ void leave_job_on_error(int status);
 // it), and the sum, at least 1, is the share. Ranks bound to CPUs of their own keep them all;
 // ranks with the same mask split it evenly.
 int cpu_threads_of_share(const cpu_set_t& mine, const std::vector<cpu_set_t>& on_node);
+// "rank 2 of 4 on host node2" in a job of several ranks, "" otherwise: errors start with it, so
+// that a failure on one node of a job says where it happened.
+std::string rank_and_host();
 // "host cuda:0 (NVIDIA H200, bus 0000:19:00.0)": what each rank logs once.
 std::string describe_placement(const Placement& p, Device device);
 

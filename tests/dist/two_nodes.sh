@@ -8,7 +8,8 @@
 #      node's ranks number their local ranks 0 and 1 and share that node's CPUs;
 #   2. the job resumed from its checkpoint at half way on the two nodes (nodeB cannot see it;
 #      rank 0 reads it and broadcasts): the losses after it bitwise equal the uninterrupted run's;
-#   3. a rank on nodeB killed: the job ends, non-zero, within 25 s.
+#   3. a rank on nodeB killed: the job ends, non-zero, within 25 s;
+#   4. nodeB without the data shards: the job ends at once, its error naming the rank and host.
 # Usage: tests/dist/two_nodes.sh path/to/tilegrad   (exit 77: skipped, with the reason)
 set -uo pipefail
 tilegrad=$(realpath "$1")
@@ -30,6 +31,7 @@ host=\$1
 shift
 hide=""
 [ "\$host" = nodeB ] && hide="mount -t tmpfs none $work/runs && "
+[ "\$host" = nodeB ] && [ -n "\${HIDE_DATA:-}" ] && hide="\$hide mount -t tmpfs none $work/data && "
 exec unshare --uts --mount --propagation private bash -c "hostname \$host && \$hide\$*"
 SH
 chmod +x "$work/node_shell"
@@ -114,6 +116,12 @@ else
   [ $status -ne 0 ] || fail "killed rank: the job exited 0"
   [ $((SECONDS - t0)) -le 25 ] || fail "killed rank: took $((SECONDS - t0)) s"
 fi
+
+t0=$SECONDS
+if HIDE_DATA=1 train nodata "${mpi[@]}" -np 4 -- --set run.out_dir="$work/runs/nodata"; then fail "nodeB without data: the job exited 0"; fi
+echo "nodeB without the data shards: the job ended after $((SECONDS - t0)) s: $(grep -m1 '^error' "$work/nodata.out")"
+grep -q "^error: rank [23] of 4 on host nodeB: .*data.train: no file matches" "$work/nodata.out" ||
+  { fail "nodeB without data: no error naming the rank, host and data.train"; cat "$work/nodata.out"; }
 
 [ "$failures" -eq 0 ] && echo "two nodes: all passed"
 exit $((failures > 0))
