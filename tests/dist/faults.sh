@@ -7,41 +7,22 @@
 # stops after the same step, one checkpoint is written and the job exits 0. In each case the
 # latest checkpoint still loads.
 # LAUNCHER=mpirun (the default) starts the ranks with Open MPI's mpirun; LAUNCHER=srun with
-# Slurm's srun (--mpi=pmix --kill-on-bad-exit=1), which needs a Slurm cluster that answers.
+# Slurm's srun, which needs a Slurm cluster that answers (tests/dist/job_setup.sh).
 # Usage: [LAUNCHER=srun] tests/dist/faults.sh path/to/tilegrad      (exit 77: skipped, with the reason)
 set -uo pipefail
 tilegrad=$(realpath "$1")
-launcher=${LAUNCHER:-mpirun}
-case $launcher in
-  mpirun)
-    if ! command -v mpirun >/dev/null; then echo "SKIP: mpirun is not installed (openmpi-bin)"; exit 77; fi
-    launch=(mpirun --allow-run-as-root --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 -np 2)
-    rank1_env=OMPI_COMM_WORLD_RANK=1
-    probe=(mpirun --allow-run-as-root -np 1 true) ;;
-  srun)
-    if ! command -v srun >/dev/null; then echo "SKIP: srun is not installed (Slurm)"; exit 77; fi
-    jobname=tilegrad-faults-$$
-    launch=(srun --mpi=pmix --kill-on-bad-exit=1 --overcommit -n 2 -J "$jobname")
-    export OMP_NUM_THREADS=1  # srun passes the environment on
-    rank1_env=SLURM_PROCID=1
-    probe=(srun -n 1 true) ;;
-  *) echo "LAUNCHER must be mpirun or srun, not '$launcher'"; exit 2 ;;
-esac
-if ! out=$(timeout 20 "${probe[@]}" 2>&1); then echo "SKIP: $launcher cannot start a job here: $out"; exit 77; fi
+source "$(dirname "$0")/job_setup.sh"
+pick_launcher
+export OMP_NUM_THREADS=1  # both launchers pass the environment on to the ranks here
 device=${TILEGRAD_TEST_DEVICE:-cpu}  # cuda: NCCL (two ranks on one GPU need NCCL_MULTI_RANK_GPU_ENABLE=1)
 
-work=$(mktemp -d)
-trap 'pkill -KILL -f "$work" 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
-for i in $(seq 400); do echo "In the beginning $((i % 7)) the word was $((i * 13 % 11))."; done >"$work/text.txt"
-"$tilegrad" prepare --text "$work/text.txt" --out "$work/data" --val-fraction 0.1 >/dev/null || exit 1
+make_work_and_corpus "$tilegrad"
 cat >"$work/config.yaml" <<YAML
 model: {n_layer: 1, n_head: 2, d_model: 16, max_seq_len: 16}
 data: {train: "$work/data/train_*.bin", val: "$work/data/val_*.bin"}
 train: {batch_size: 2, seq_len: 16, max_steps: 1000000, warmup_steps: 2}
 run: {device: $device, log_every: 1, eval_every: 0, ckpt_every: 50, keep_last: 2, comm_timeout_s: 5}
 YAML
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
 # Starts the job into run directory $1, waits for its first checkpoint; sets job (the launcher's
 # pid) and pid (rank 1's).

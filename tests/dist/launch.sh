@@ -8,33 +8,15 @@
 # Usage: [LAUNCHER=srun] tests/dist/launch.sh path/to/tilegrad      (exit 77: skipped, with the reason)
 set -uo pipefail
 tilegrad=$(realpath "$1")
-launcher=${LAUNCHER:-mpirun}
-mpirun_args=(--allow-run-as-root --oversubscribe --bind-to none)
-case $launcher in
-  mpirun)
-    if ! command -v mpirun >/dev/null; then echo "SKIP: mpirun is not installed (openmpi-bin)"; exit 77; fi
-    launch=(mpirun "${mpirun_args[@]}" -np 2)
-    probe=(mpirun --allow-run-as-root -np 1 true) ;;
-  srun)
-    if ! command -v srun >/dev/null; then echo "SKIP: srun is not installed (Slurm)"; exit 77; fi
-    launch=(srun --mpi=pmix --cpu-bind=none --overcommit -n 2)
-    probe=(srun -n 1 true) ;;
-  *) echo "LAUNCHER must be mpirun or srun, not '$launcher'"; exit 2 ;;
-esac
-if ! out=$(timeout 20 "${probe[@]}" 2>&1); then echo "SKIP: $launcher cannot start a job here: $out"; exit 77; fi
-
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-for i in $(seq 400); do echo "In the beginning $((i % 7)) the word was $((i * 13 % 11))."; done >"$work/text.txt"
-"$tilegrad" prepare --text "$work/text.txt" --out "$work/data" --val-fraction 0.1 >/dev/null || exit 1
+source "$(dirname "$0")/job_setup.sh"
+pick_launcher
+make_work_and_corpus "$tilegrad"
 cat >"$work/config.yaml" <<YAML
 model: {n_layer: 1, n_head: 2, d_model: 16, max_seq_len: 16}
 data: {train: "$work/data/train_*.bin", val: "$work/data/val_*.bin"}
 train: {batch_size: 2, seq_len: 16, max_steps: 6, warmup_steps: 2}
 run: {device: cpu, log_every: 1, eval_every: 0, sample_every: 0, comm_timeout_s: 60}
 YAML
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 train() {  # train RUN_NAME LAUNCH…: the job's output in $work/RUN_NAME.out
   local name=$1
   shift

@@ -18,8 +18,8 @@ if ! why=$(unshare --uts --mount true 2>&1); then
   echo "SKIP: cannot make a node's namespaces here (unshare --uts --mount needs root): $why"
   exit 77
 fi
-work=$(mktemp -d)
-trap 'pkill -KILL -f "$work" 2>/dev/null; rm -rf "$work"' EXIT
+source "$(dirname "$0")/job_setup.sh"
+make_work_and_corpus "$tilegrad"
 mkdir -p "$work/runs"
 
 # The stand-in for ssh: `node_shell [options] HOST COMMAND…` runs COMMAND in a new UTS and mount
@@ -43,16 +43,12 @@ if ! why=$(timeout 60 "${mpi[@]}" -np 4 hostname 2>&1) || [ "$(echo "$why" | sor
   exit 77
 fi
 
-for i in $(seq 400); do echo "In the beginning $((i % 7)) the word was $((i * 13 % 11))."; done >"$work/text.txt"
-"$tilegrad" prepare --text "$work/text.txt" --out "$work/data" --val-fraction 0.1 >/dev/null || exit 1
 cat >"$work/config.yaml" <<YAML
 model: {n_layer: 2, n_head: 2, d_model: 32, max_seq_len: 16, dropout: 0.1}
 data: {train: "$work/data/train_*.bin", val: "$work/data/val_*.bin"}
 train: {batch_size: 2, seq_len: 16, max_steps: 20, warmup_steps: 2}
 run: {device: cpu, log_every: 1, eval_every: 10, eval_steps: 2, sample_every: 0, ckpt_every: 10, comm_timeout_s: 60}
 YAML
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 train() {  # train RUN_NAME [mpirun -np N | nothing] -- [train args…]
   local name=$1
   shift
