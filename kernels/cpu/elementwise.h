@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cpu/vector_math.h"
+
 namespace tg::cpu {
 
 constexpr int64_t kParallelGrain = 1 << 15;  // below this, thread start-up costs more than it saves
@@ -63,7 +65,7 @@ void gelu_forward(const T* x, T* out, int64_t n) {
 #pragma omp parallel for simd if (n > kParallelGrain)
   for (int64_t i = 0; i < n; ++i) {
     T v = x[i];
-    out[i] = T(0.5) * v * (T(1) + std::tanh(k * (v + T(0.044715) * v * v * v)));
+    out[i] = T(0.5) * v * (T(1) + tanh_vectorizable(k * (v + T(0.044715) * v * v * v)));
   }
 }
 
@@ -74,7 +76,7 @@ void gelu_backward(const T* x, const T* dout, T* dx, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     T v = x[i];
     T inner = k * (v + T(0.044715) * v * v * v);
-    T th = std::tanh(inner);
+    T th = tanh_vectorizable(inner);
     T sech2 = T(1) - th * th;
     T local = T(0.5) * (T(1) + th) + T(0.5) * v * sech2 * k * (T(1) + T(3) * T(0.044715) * v * v);
     dx[i] = local * dout[i];

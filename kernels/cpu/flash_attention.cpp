@@ -6,13 +6,15 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/vector_math.h"
+
 namespace tg::cpu {
 namespace {
 
 // Tile sizes. With D ≤ 128 in double, one Br×D or Bc×D tile is ≤ 32 KiB, so a thread's working
-// set (forward: Q, K, V, acc tiles + the Br×Bc score tile ≈ 136 KiB; backward: six D-wide tiles +
-// two score tiles ≈ 208 KiB) fits a per-core L2 while each loaded K/V (or Q/dO) tile is reused
-// across 32 rows. Not tuned beyond that: this kernel is the specification and the CPU fallback.
+// set (forward: Q, Kᵀ, V, acc tiles + the Br×Bc score tile ≈ 136 KiB; backward: eight D-wide
+// tiles + two score tiles ≈ 272 KiB) fits a per-core L2 while each loaded K/V (or Q/dO) tile is
+// reused across 32 rows. The products' inner loops run along a contiguous row of 32 or D values.
 // Br == Bc makes at most one key block straddle the diagonal for each query block.
 constexpr int64_t kBr = 32;  // query rows per tile
 constexpr int64_t kBc = 32;  // key columns per tile
@@ -59,17 +61,27 @@ void load_tile(T* dst, HeadRows<const T> src, int64_t t0, int64_t n, int64_t D) 
   for (int64_t r = 0; r < n; ++r) std::copy_n(src.row(t0 + r), D, dst + r * D);
 }
 
+// Copies rows [t0, t0 + n) of a head transposed into a D×kBc tile (row stride kBc), so that a
+// product with it runs along the keys in contiguous memory.
+template <typename T>
+void load_tile_transposed(T* dst, HeadRows<const T> src, int64_t t0, int64_t n, int64_t D) {
+  for (int64_t r = 0; r < n; ++r) {
+    const T* row = src.row(t0 + r);
+    for (int64_t d = 0; d < D; ++d) dst[d * kBc + r] = row[d];
+  }
+}
+
 // Writes a contiguous n×D tile back to rows [t0, t0 + n) of a head.
 template <typename T>
 void store_tile(HeadRows<T> dst, const T* src, int64_t t0, int64_t n, int64_t D) {
   for (int64_t r = 0; r < n; ++r) std::copy_n(src + r * D, D, dst.row(t0 + r));
 }
 
-// The summation order is fixed at compile time, so results are bitwise reproducible.
+// Sums over d in order, as scores() does: Delta = rowsum(dO ∘ O) then matches dP = dO Vᵀ to the
+// bit where a row sees one key (O = V), and dS = P ∘ (dP − Delta) is exactly 0 as it should be.
 template <typename T>
 T dot(const T* a, const T* b, int64_t D) {
   T sum = 0;
-#pragma omp simd reduction(+ : sum)
   for (int64_t d = 0; d < D; ++d) sum += a[d] * b[d];
   return sum;
 }
@@ -81,12 +93,26 @@ void axpy(T* y, T alpha, const T* x, int64_t D) {
   for (int64_t d = 0; d < D; ++d) y[d] += alpha * x[d];
 }
 
-// S = scale · A Bᵀ for an nr×D tile A and an nc×D tile B; S is nr×kBc (row stride kBc).
-// Used for both S = scale·Q Kᵀ and (with scale 1) dP = dO Vᵀ.
+// S = scale · A Bᵀ for an nr×D tile A and the D×kBc transposed tile Bt of an nc×D tile B; S is
+// nr×kBc (row stride kBc). Used for both S = scale·Q Kᵀ and (with scale 1) dP = dO Vᵀ. Each
+// score sums over d in order, a row of scores at a time: the inner loop runs along the keys,
+// contiguous in Bt and S, where a dot product per score would end every D-long sum in a
+// horizontal reduction.
 template <typename T>
-void scores(T* S, const T* A, const T* B, int64_t nr, int64_t nc, int64_t D, T scale) {
-  for (int64_t r = 0; r < nr; ++r)
-    for (int64_t c = 0; c < nc; ++c) S[r * kBc + c] = scale * dot(A + r * D, B + c * D, D);
+void scores(T* S, const T* A, const T* Bt, int64_t nr, int64_t nc, int64_t D, T scale) {
+  for (int64_t r = 0; r < nr; ++r) {
+    T* S_row = S + r * kBc;
+    const T* a = A + r * D;
+    std::fill_n(S_row, nc, T(0));
+    for (int64_t d = 0; d < D; ++d) {
+      const T ad = a[d];
+      const T* b = Bt + d * kBc;
+#pragma omp simd
+      for (int64_t c = 0; c < nc; ++c) S_row[c] += ad * b[c];
+    }
+#pragma omp simd
+    for (int64_t c = 0; c < nc; ++c) S_row[c] *= scale;
+  }
 }
 
 // Excludes key k0 + c from query q0 + r when it lies in its future, or (structured masks) before
@@ -118,14 +144,14 @@ void rescale(T& l, T* acc_row, T m_old, T m_new, int64_t D) {
   for (int64_t d = 0; d < D; ++d) acc_row[d] *= alpha;
 }
 
-// P = exp(S − m) in place; returns rowsum(P). Masked entries (−inf) become exactly 0.
+// P = exp(S − m) in place; returns rowsum(P), summed in order. Masked entries (−inf) become
+// exactly 0.
 template <typename T>
 T exp_row_sum(T* S_row, T m, int64_t nc) {
+#pragma omp simd
+  for (int64_t c = 0; c < nc; ++c) S_row[c] = exp_vectorizable(S_row[c] - m);
   T sum = 0;
-  for (int64_t c = 0; c < nc; ++c) {
-    S_row[c] = std::exp(S_row[c] - m);
-    sum += S_row[c];
-  }
+  for (int64_t c = 0; c < nc; ++c) sum += S_row[c];
   return sum;
 }
 
@@ -169,17 +195,22 @@ void online_softmax(T* S, T* m, T* l, T* acc, int64_t nr, int64_t nc, int64_t D)
 // P = exp(S − lse) in place: the forward's final softmax, rebuilt without any running max.
 template <typename T>
 void softmax_from_lse(T* S, const T* lse, int64_t nr, int64_t nc) {
-  for (int64_t r = 0; r < nr; ++r)
-    for (int64_t c = 0; c < nc; ++c) S[r * kBc + c] = std::exp(S[r * kBc + c] - lse[r]);
+  for (int64_t r = 0; r < nr; ++r) {
+    const T l = lse[r];
+#pragma omp simd
+    for (int64_t c = 0; c < nc; ++c) S[r * kBc + c] = exp_vectorizable(S[r * kBc + c] - l);
+  }
 }
 
 // dS = scale · P ∘ (dP − Delta) in place over dP. Folding the softmax scale in here once means
 // dQ += dS K and dK += dSᵀ Q below need no further scaling.
 template <typename T>
 void softmax_backward(T* dP, const T* P, const T* Delta, T scale, int64_t nr, int64_t nc) {
-  for (int64_t r = 0; r < nr; ++r)
-    for (int64_t c = 0; c < nc; ++c)
-      dP[r * kBc + c] = scale * P[r * kBc + c] * (dP[r * kBc + c] - Delta[r]);
+  for (int64_t r = 0; r < nr; ++r) {
+    const T delta = Delta[r];
+#pragma omp simd
+    for (int64_t c = 0; c < nc; ++c) dP[r * kBc + c] = scale * P[r * kBc + c] * (dP[r * kBc + c] - delta);
+  }
 }
 
 // Number of key blocks a query block [q0, q1) must visit: under the causal rule the blocks
@@ -207,7 +238,7 @@ void flash_attention_forward(const T* q, const T* k, const T* v, T* o, T* lse,
 #pragma omp parallel
   {
     // Per-thread scratch, O(Br·D + Bc·D + Br·Bc).
-    std::vector<T> Qi(kBr * D), Kj(kBc * D), Vj(kBc * D), acc(kBr * D), S(kBr * kBc);
+    std::vector<T> Qi(kBr * D), Kt(D * kBc), Vj(kBc * D), acc(kBr * D), S(kBr * kBc);
     std::vector<T> m(kBr), l(kBr);
 
     // Causal query blocks differ in cost (later ones see more keys), hence dynamic scheduling.
@@ -231,9 +262,9 @@ void flash_attention_forward(const T* q, const T* k, const T* v, T* o, T* lse,
           const int64_t lo_last = s.causal ? first_visible(s, b, q1 - 1) : 0;
           for (int64_t j = j_begin; j < key_block_end(q1, Tn, s.causal); ++j) {
             const int64_t k0 = j * kBc, k1 = std::min(k0 + kBc, Tn), nc = k1 - k0;
-            load_tile(Kj.data(), K, k0, nc, D);
+            load_tile_transposed(Kt.data(), K, k0, nc, D);
             load_tile(Vj.data(), V, k0, nc, D);
-            scores(S.data(), Qi.data(), Kj.data(), nr, nc, D, scale);
+            scores(S.data(), Qi.data(), Kt.data(), nr, nc, D, scale);
             if (classify(q0, k0, k1, lo_last, s.causal) == BlockKind::kBoundary)
               mask_tile(S.data(), s, b, q0, k0, nr, nc);
 
@@ -274,7 +305,7 @@ void flash_attention_backward(const T* q, const T* k, const T* v, const T* o, co
 #pragma omp parallel
   {
     // Per-thread scratch, O(Br·D + Bc·D + Br·Bc).
-    std::vector<T> Kj(kBc * D), Vj(kBc * D), dKj(kBc * D), dVj(kBc * D);
+    std::vector<T> Kj(kBc * D), Kt(D * kBc), Vt(D * kBc), dKj(kBc * D), dVj(kBc * D);
     std::vector<T> Qi(kBr * D), dOi(kBr * D), P(kBr * kBc), dS(kBr * kBc);
 
     // One thread owns a whole (b, h): dQ rows receive contributions from every key block, and
@@ -293,7 +324,8 @@ void flash_attention_backward(const T* q, const T* k, const T* v, const T* o, co
         for (int64_t j = 0; j < n_kblocks; ++j) {
           const int64_t k0 = j * kBc, k1 = std::min(k0 + kBc, Tn), nc = k1 - k0;
           load_tile(Kj.data(), K, k0, nc, D);
-          load_tile(Vj.data(), V, k0, nc, D);
+          load_tile_transposed(Kt.data(), K, k0, nc, D);
+          load_tile_transposed(Vt.data(), V, k0, nc, D);
           std::fill(dKj.begin(), dKj.end(), T(0));
           std::fill(dVj.begin(), dVj.end(), T(0));
 
@@ -307,14 +339,14 @@ void flash_attention_backward(const T* q, const T* k, const T* v, const T* o, co
             load_tile(dOi.data(), dO, q0, nr, D);
 
             // P = exp(scale·Q_i K_jᵀ − L_i): the forward's softmax, rebuilt tile by tile.
-            scores(P.data(), Qi.data(), Kj.data(), nr, nc, D, scale);
+            scores(P.data(), Qi.data(), Kt.data(), nr, nc, D, scale);
             if (classify(q0, k0, k1, lo_last, s.causal) == BlockKind::kBoundary)
               mask_tile(P.data(), s, b, q0, k0, nr, nc);
             softmax_from_lse(P.data(), L + q0, nr, nc);
 
             add_atb(dVj.data(), P.data(), dOi.data(), nr, nc, D);  // dV_j += Pᵀ dO_i
 
-            scores(dS.data(), dOi.data(), Vj.data(), nr, nc, D, T(1));  // dP = dO_i V_jᵀ
+            scores(dS.data(), dOi.data(), Vt.data(), nr, nc, D, T(1));  // dP = dO_i V_jᵀ
             softmax_backward(dS.data(), P.data(), Delta + q0, scale, nr, nc);
 
             add_ab(dQ.row(q0), dQ.stride, dS.data(), Kj.data(), nr, nc, D);  // dQ_i += scale·dS K_j
