@@ -372,24 +372,27 @@ int main(int argc, char** argv) {
         std::cout << cli::help_text(kProgram, c);
         return 0;
       }
-    // In a job of several ranks an error names the rank and host it happened on.
-    auto where = [] {
-      const std::string w = dist::rank_and_host();
-      return w.empty() ? w : w + ": ";
+    // In a job of several ranks an error names the rank and host it happened on, and goes out in
+    // one write, so that the lines of ranks failing together do not interleave.
+    auto report = [](const char* kind, const std::string& what) {
+      const std::string where = dist::rank_and_host();
+      const std::string line = std::string(kind) + ": " + (where.empty() ? "" : where + ": ") + what + "\n";
+      std::fwrite(line.data(), 1, line.size(), stderr);
+      std::fflush(stderr);
     };
     try {
       return c.run(cli::parse(kProgram, c, rest));
     } catch (const Error& e) {
-      std::cerr << "error: " << where() << e.what() << std::endl;
+      report("error", e.what());
       dist::leave_job_on_error(1);  // a rank that fails alone ends its data-parallel job
       return 1;
     } catch (const std::bad_alloc&) {
-      std::cerr << "error: " << where() << "out of memory: an allocation failed; make the model or the batch smaller "
-                   "(model.n_layer, model.d_model, train.batch_size, train.seq_len)" << std::endl;
+      report("error", "out of memory: an allocation failed; make the model or the batch smaller "
+                      "(model.n_layer, model.d_model, train.batch_size, train.seq_len)");
       dist::leave_job_on_error(1);
       return 1;
     } catch (const std::exception& e) {
-      std::cerr << "internal error: " << where() << e.what() << std::endl;
+      report("internal error", e.what());
       dist::leave_job_on_error(3);
       return 3;
     }
