@@ -6,15 +6,16 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/vector_math.h"
 
 namespace tg::cpu {
 namespace {
 
 // Tile sizes. With D ≤ 128 in double, one Br×D or Bc×D tile is ≤ 32 KiB, so a thread's working
-// set (forward: Q, Kᵀ, V, acc tiles + the Br×Bc score tile ≈ 136 KiB; backward: eight D-wide
-// tiles + two score tiles ≈ 272 KiB) fits a per-core L2 while each loaded K/V (or Q/dO) tile is
-// reused across 32 rows. The products' inner loops run along a contiguous row of 32 or D values.
+// set (forward: Q, K, V, acc tiles + the Br×Bc score tile ≈ 136 KiB; backward: six D-wide tiles +
+// two score tiles ≈ 208 KiB) fits a per-core L2 while each loaded K/V (or Q/dO) tile is reused
+// across 32 rows.
 // Br == Bc makes at most one key block straddle the diagonal for each query block.
 constexpr int64_t kBr = 32;  // query rows per tile
 constexpr int64_t kBc = 32;  // key columns per tile
@@ -61,58 +62,28 @@ void load_tile(T* dst, HeadRows<const T> src, int64_t t0, int64_t n, int64_t D) 
   for (int64_t r = 0; r < n; ++r) std::copy_n(src.row(t0 + r), D, dst + r * D);
 }
 
-// Copies rows [t0, t0 + n) of a head transposed into a D×kBc tile (row stride kBc), so that a
-// product with it runs along the keys in contiguous memory.
-template <typename T>
-void load_tile_transposed(T* dst, HeadRows<const T> src, int64_t t0, int64_t n, int64_t D) {
-  for (int64_t r = 0; r < n; ++r) {
-    const T* row = src.row(t0 + r);
-    for (int64_t d = 0; d < D; ++d) dst[d * kBc + r] = row[d];
-  }
-}
-
 // Writes a contiguous n×D tile back to rows [t0, t0 + n) of a head.
 template <typename T>
 void store_tile(HeadRows<T> dst, const T* src, int64_t t0, int64_t n, int64_t D) {
   for (int64_t r = 0; r < n; ++r) std::copy_n(src + r * D, D, dst.row(t0 + r));
 }
 
-// Sums over d in order, as scores() does: Delta = rowsum(dO ∘ O) then matches dP = dO Vᵀ to the
-// bit where a row sees one key (O = V), and dS = P ∘ (dP − Delta) is exactly 0 as it should be.
+// The summation order is fixed at compile time, so results are bitwise reproducible.
 template <typename T>
 T dot(const T* a, const T* b, int64_t D) {
   T sum = 0;
+#pragma omp simd reduction(+ : sum)
   for (int64_t d = 0; d < D; ++d) sum += a[d] * b[d];
   return sum;
 }
 
-// y += alpha · x over D contiguous values.
+// S = scale · A Bᵀ for an nr×D tile A and an nc×D tile B; S is nr×kBc (row stride kBc).
+// Used for both S = scale·Q Kᵀ and (with scale 1) dP = dO Vᵀ. The tile products are BLAS calls
+// (single-threaded: they run inside the kernels' own parallel loops), 1.16× the CPU training
+// step's speed over loops of our own (docs/performance.md, "CPU").
 template <typename T>
-void axpy(T* y, T alpha, const T* x, int64_t D) {
-#pragma omp simd
-  for (int64_t d = 0; d < D; ++d) y[d] += alpha * x[d];
-}
-
-// S = scale · A Bᵀ for an nr×D tile A and the D×kBc transposed tile Bt of an nc×D tile B; S is
-// nr×kBc (row stride kBc). Used for both S = scale·Q Kᵀ and (with scale 1) dP = dO Vᵀ. Each
-// score sums over d in order, a row of scores at a time: the inner loop runs along the keys,
-// contiguous in Bt and S, where a dot product per score would end every D-long sum in a
-// horizontal reduction.
-template <typename T>
-void scores(T* S, const T* A, const T* Bt, int64_t nr, int64_t nc, int64_t D, T scale) {
-  for (int64_t r = 0; r < nr; ++r) {
-    T* S_row = S + r * kBc;
-    const T* a = A + r * D;
-    std::fill_n(S_row, nc, T(0));
-    for (int64_t d = 0; d < D; ++d) {
-      const T ad = a[d];
-      const T* b = Bt + d * kBc;
-#pragma omp simd
-      for (int64_t c = 0; c < nc; ++c) S_row[c] += ad * b[c];
-    }
-#pragma omp simd
-    for (int64_t c = 0; c < nc; ++c) S_row[c] *= scale;
-  }
+void scores(T* S, const T* A, const T* B, int64_t nr, int64_t nc, int64_t D, T scale) {
+  gemm(false, true, nr, nc, D, scale, A, D, B, D, T(0), S, kBc);
 }
 
 // Excludes key k0 + c from query q0 + r when it lies in its future, or (structured masks) before
@@ -156,18 +127,16 @@ T exp_row_sum(T* S_row, T m, int64_t nc) {
 }
 
 // C += A B. A: nr×nc (row stride kBc), B: nc×D, C: nr×D with row stride ldc (so C may be the
-// output rows of a head directly). Loops run over D innermost, contiguous in B and C.
+// output rows of a head directly).
 template <typename T>
 void add_ab(T* C, int64_t ldc, const T* A, const T* B, int64_t nr, int64_t nc, int64_t D) {
-  for (int64_t r = 0; r < nr; ++r)
-    for (int64_t c = 0; c < nc; ++c) axpy(C + r * ldc, A[r * kBc + c], B + c * D, D);
+  gemm(false, false, nr, D, nc, T(1), A, kBc, B, D, T(1), C, ldc);
 }
 
 // C += Aᵀ B. A: nr×nc (row stride kBc), B: nr×D, C: nc×D.
 template <typename T>
 void add_atb(T* C, const T* A, const T* B, int64_t nr, int64_t nc, int64_t D) {
-  for (int64_t r = 0; r < nr; ++r)
-    for (int64_t c = 0; c < nc; ++c) axpy(C + c * D, A[r * kBc + c], B + r * D, D);
+  gemm(true, false, nc, D, nr, T(1), A, kBc, B, D, T(1), C, D);
 }
 
 // Online-softmax step for one tile: fold the scores S (nr×nc) into the running max m, running
@@ -238,7 +207,7 @@ void flash_attention_forward(const T* q, const T* k, const T* v, T* o, T* lse,
 #pragma omp parallel
   {
     // Per-thread scratch, O(Br·D + Bc·D + Br·Bc).
-    std::vector<T> Qi(kBr * D), Kt(D * kBc), Vj(kBc * D), acc(kBr * D), S(kBr * kBc);
+    std::vector<T> Qi(kBr * D), Kj(kBc * D), Vj(kBc * D), acc(kBr * D), S(kBr * kBc);
     std::vector<T> m(kBr), l(kBr);
 
     // Causal query blocks differ in cost (later ones see more keys), hence dynamic scheduling.
@@ -262,9 +231,9 @@ void flash_attention_forward(const T* q, const T* k, const T* v, T* o, T* lse,
           const int64_t lo_last = s.causal ? first_visible(s, b, q1 - 1) : 0;
           for (int64_t j = j_begin; j < key_block_end(q1, Tn, s.causal); ++j) {
             const int64_t k0 = j * kBc, k1 = std::min(k0 + kBc, Tn), nc = k1 - k0;
-            load_tile_transposed(Kt.data(), K, k0, nc, D);
+            load_tile(Kj.data(), K, k0, nc, D);
             load_tile(Vj.data(), V, k0, nc, D);
-            scores(S.data(), Qi.data(), Kt.data(), nr, nc, D, scale);
+            scores(S.data(), Qi.data(), Kj.data(), nr, nc, D, scale);
             if (classify(q0, k0, k1, lo_last, s.causal) == BlockKind::kBoundary)
               mask_tile(S.data(), s, b, q0, k0, nr, nc);
 
@@ -305,7 +274,7 @@ void flash_attention_backward(const T* q, const T* k, const T* v, const T* o, co
 #pragma omp parallel
   {
     // Per-thread scratch, O(Br·D + Bc·D + Br·Bc).
-    std::vector<T> Kj(kBc * D), Kt(D * kBc), Vt(D * kBc), dKj(kBc * D), dVj(kBc * D);
+    std::vector<T> Kj(kBc * D), Vj(kBc * D), dKj(kBc * D), dVj(kBc * D);
     std::vector<T> Qi(kBr * D), dOi(kBr * D), P(kBr * kBc), dS(kBr * kBc);
 
     // One thread owns a whole (b, h): dQ rows receive contributions from every key block, and
@@ -324,8 +293,7 @@ void flash_attention_backward(const T* q, const T* k, const T* v, const T* o, co
         for (int64_t j = 0; j < n_kblocks; ++j) {
           const int64_t k0 = j * kBc, k1 = std::min(k0 + kBc, Tn), nc = k1 - k0;
           load_tile(Kj.data(), K, k0, nc, D);
-          load_tile_transposed(Kt.data(), K, k0, nc, D);
-          load_tile_transposed(Vt.data(), V, k0, nc, D);
+          load_tile(Vj.data(), V, k0, nc, D);
           std::fill(dKj.begin(), dKj.end(), T(0));
           std::fill(dVj.begin(), dVj.end(), T(0));
 
@@ -339,14 +307,14 @@ void flash_attention_backward(const T* q, const T* k, const T* v, const T* o, co
             load_tile(dOi.data(), dO, q0, nr, D);
 
             // P = exp(scale·Q_i K_jᵀ − L_i): the forward's softmax, rebuilt tile by tile.
-            scores(P.data(), Qi.data(), Kt.data(), nr, nc, D, scale);
+            scores(P.data(), Qi.data(), Kj.data(), nr, nc, D, scale);
             if (classify(q0, k0, k1, lo_last, s.causal) == BlockKind::kBoundary)
               mask_tile(P.data(), s, b, q0, k0, nr, nc);
             softmax_from_lse(P.data(), L + q0, nr, nc);
 
             add_atb(dVj.data(), P.data(), dOi.data(), nr, nc, D);  // dV_j += Pᵀ dO_i
 
-            scores(dS.data(), dOi.data(), Vt.data(), nr, nc, D, T(1));  // dP = dO_i V_jᵀ
+            scores(dS.data(), dOi.data(), Vj.data(), nr, nc, D, T(1));  // dP = dO_i V_jᵀ
             softmax_backward(dS.data(), P.data(), Delta + q0, scale, nr, nc);
 
             add_ab(dQ.row(q0), dQ.stride, dS.data(), Kj.data(), nr, nc, D);  // dQ_i += scale·dS K_j
