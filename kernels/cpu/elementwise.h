@@ -1,8 +1,10 @@
 // CPU reference kernels for elementwise ops: add (with trailing broadcast), mul, scale, GELU,
 // and the reductions their backwards need. Plain loops; OpenMP where the size pays for it.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cpu/vector_math.h"
 
@@ -58,28 +60,42 @@ T sum_all(const T* x, int64_t n) {
   return s;
 }
 
-// GELU, tanh form (GPT-2): 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
+// GELU, tanh form (GPT-2): 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), and its derivative.
+template <typename T>
+inline T gelu_value(T v) {
+  const T k = T(0.7978845608028654);  // √(2/π)
+  return T(0.5) * v * (T(1) + tanh_vectorizable(k * (v + T(0.044715) * v * v * v)));
+}
+
+template <typename T>
+inline T gelu_derivative(T v) {
+  const T k = T(0.7978845608028654);
+  const T th = tanh_vectorizable(k * (v + T(0.044715) * v * v * v));
+  const T sech2 = T(1) - th * th;
+  return T(0.5) * (T(1) + th) + T(0.5) * v * sech2 * k * (T(1) + T(3) * T(0.044715) * v * v);
+}
+
+// Float runs the loops of kernels/cpu/gelu_f32.cpp, built for AVX2 as well.
+void gelu_forward_f32(const float* x, float* out, int64_t n);
+void gelu_backward_f32(const float* x, const float* dout, float* dx, int64_t n);
+
 template <typename T>
 void gelu_forward(const T* x, T* out, int64_t n) {
-  const T k = T(0.7978845608028654);  // √(2/π)
+  if constexpr (std::is_same_v<T, float>) {
+    gelu_forward_f32(x, out, n);
+  } else {
 #pragma omp parallel for simd if (n > kParallelGrain)
-  for (int64_t i = 0; i < n; ++i) {
-    T v = x[i];
-    out[i] = T(0.5) * v * (T(1) + tanh_vectorizable(k * (v + T(0.044715) * v * v * v)));
+    for (int64_t i = 0; i < n; ++i) out[i] = gelu_value(x[i]);
   }
 }
 
 template <typename T>
 void gelu_backward(const T* x, const T* dout, T* dx, int64_t n) {
-  const T k = T(0.7978845608028654);
+  if constexpr (std::is_same_v<T, float>) {
+    gelu_backward_f32(x, dout, dx, n);
+  } else {
 #pragma omp parallel for simd if (n > kParallelGrain)
-  for (int64_t i = 0; i < n; ++i) {
-    T v = x[i];
-    T inner = k * (v + T(0.044715) * v * v * v);
-    T th = tanh_vectorizable(inner);
-    T sech2 = T(1) - th * th;
-    T local = T(0.5) * (T(1) + th) + T(0.5) * v * sech2 * k * (T(1) + T(3) * T(0.044715) * v * v);
-    dx[i] = local * dout[i];
+    for (int64_t i = 0; i < n; ++i) dx[i] = gelu_derivative(x[i]) * dout[i];
   }
 }
 

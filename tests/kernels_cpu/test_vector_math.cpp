@@ -4,7 +4,9 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
+#include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/vector_math.h"
 
 namespace tg::cpu {
@@ -47,6 +49,26 @@ TEST(VectorMath, TanhIsCloseEverywhere) {
   EXPECT_EQ(tanh_vectorizable(100.0f), 1.0f);
   EXPECT_EQ(tanh_vectorizable(-std::numeric_limits<float>::infinity()), -1.0f);
   EXPECT_TRUE(std::isnan(tanh_vectorizable(std::numeric_limits<float>::quiet_NaN())));
+}
+
+// The float GELU runs the AVX2 build of its loops where the CPU has AVX2: it computes every
+// element as this file's plain code (built for any x86-64) does, to the bit.
+TEST(VectorMath, GeluGivesTheSameBitsOnEveryCpu) {
+  std::vector<float> x, dout;
+  for (float v = -12.0f; v <= 12.0f; v += 0.001953125f) x.push_back(v), dout.push_back(0.5f - v / 7.0f);
+  std::vector<float> y(x.size()), dx(x.size());
+  gelu_forward(x.data(), y.data(), int64_t(x.size()));
+  gelu_backward(x.data(), dout.data(), dx.data(), int64_t(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) {
+#ifndef __FMA__
+    ASSERT_EQ(y[i], gelu_value(x[i])) << "x = " << x[i];
+    ASSERT_EQ(dx[i], gelu_derivative(x[i]) * dout[i]) << "x = " << x[i];
+#else  // -DTILEGRAD_NATIVE=ON: this file may contract into FMAs, gelu_f32.cpp never does
+    ASSERT_NEAR(y[i], gelu_value(x[i]), 1e-6f * (1 + std::fabs(y[i]))) << "x = " << x[i];
+    ASSERT_NEAR(dx[i], gelu_derivative(x[i]) * dout[i], 1e-6f * (1 + std::fabs(dx[i]))) << "x = " << x[i];
+#endif
+  }
+  EXPECT_NEAR(gelu_value(1.0f), 0.841192, 1e-6);  // 0.5·(1 + tanh(√(2/π)·1.044715))
 }
 
 }  // namespace
