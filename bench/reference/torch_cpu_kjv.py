@@ -5,10 +5,16 @@ a text file, trained with PyTorch on the CPU: AdamW (lr 1e-3, betas 0.9/0.99, we
 
     /usr/bin/python3 bench/reference/torch_cpu_kjv.py TEXT [ITERS=2000] [THREADS=2]
 
+Started by mpirun with several ranks it trains with DistributedDataParallel (gloo, buckets of
+25 MiB, rank 0's address 127.0.0.1: one node), each rank on batches of its own, as
+bench/cpu_data_parallel.sh runs it. (Debian's torchrun does not start under Python 3.11.)
+
 Needs Debian's python3-torch and libopenblas-dev. Prints the loss and validation loss every 500
-steps and, last, "params … iters … time …s tokens/s N" (bench/cpu_vs_torch.sh reads that line).
+steps and, last, "params … iters … time …s tokens/s N" with N over all ranks
+(bench/cpu_vs_torch.sh reads that line).
 """
 import math
+import os
 import sys
 import time
 
@@ -24,7 +30,9 @@ def main():
     text = open(sys.argv[1], "rb").read()
     iters = int(sys.argv[2]) if len(sys.argv) > 2 else 2000
     torch.set_num_threads(int(sys.argv[3]) if len(sys.argv) > 3 else 2)
-    torch.manual_seed(1337)
+    world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+    torch.manual_seed(1337 + rank)  # each rank its own batches; DDP gives every rank rank 0's weights
     L, H, D, T, B, V = 4, 4, 128, 64, 12, 256
     data = torch.tensor(list(text), dtype=torch.long)
     split = int(0.99 * len(data))
@@ -65,6 +73,13 @@ def main():
     for p in model.parameters():
         if p.dim() == 2:
             nn.init.normal_(p, std=0.02)
+    net = model
+    if world > 1:
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ.get('TORCH_PORT', '29511')}",
+                                rank=rank, world_size=world)
+        net = DistributedDataParallel(model, bucket_cap_mb=25)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99))
 
     @torch.no_grad()
@@ -74,20 +89,31 @@ def main():
         model.train()
         return loss
 
-    t0 = time.time()
+    # The clock starts after the first steps (allocations, thread start-up), as build/cpu_train's
+    # does after its warm-up, and stops while the validation loss is computed.
+    start = min(10, iters)
+    t0, eval_seconds = time.time(), 0.0
     for it in range(iters + 1):
+        if it == start:
+            t0 = time.time()
         lr = 1e-3 * min(1, (it + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(it, iters) / iters)))
         for group in opt.param_groups:
             group["lr"] = lr
-        loss = model(*batch(train))
+        loss = net(*batch(train))
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if it % 500 == 0:
-            print(f"iter {it} loss {loss.item():.3f} val {evaluate():.3f} {time.time() - t0:.1f}s", flush=True)
-    seconds = time.time() - t0
-    print(f"params {sum(p.numel() for p in model.parameters())} iters {iters} time {seconds:.1f}s "
-          f"tokens/s {iters * B * T / seconds:.0f}")
+        if it % 500 == 0 and rank == 0:
+            t_eval = time.time()
+            val_loss = evaluate()
+            if it >= start:
+                eval_seconds += time.time() - t_eval
+            print(f"iter {it} loss {loss.item():.3f} val {val_loss:.3f} {time.time() - t0:.1f}s", flush=True)
+    seconds = time.time() - t0 - eval_seconds
+    if rank == 0:
+        timed = iters + 1 - start
+        print(f"params {sum(p.numel() for p in model.parameters())} iters {iters} time {seconds:.1f}s "
+              f"tokens/s {world * timed * B * T / seconds:.0f}")
 
 
 if __name__ == "__main__":
