@@ -19,6 +19,7 @@ if ! why=$(unshare --uts --mount true 2>&1); then
   exit 77
 fi
 source "$(dirname "$0")/job_setup.sh"
+unset OMP_NUM_THREADS  # the ranks share each node's CPUs out themselves (checked below)
 make_work_and_corpus "$tilegrad"
 mkdir -p "$work/runs"
 
