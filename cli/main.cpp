@@ -78,6 +78,7 @@ int cmd_train(const cli::Args& a) {
   Config cfg = load_config(a.positional[0], a.all("set"), true);
   Trainer trainer(cfg);
   TrainResult r = trainer.run(a.get("resume", ""));
+  if (trainer.communicator().rank() != 0) return 0;  // rank 0 reports for the job
   std::cout << "done: step " << r.final_step << ", loss " << r.last_loss;
   if (r.last_val_loss >= 0) std::cout << ", val loss " << r.last_val_loss;
   std::cout << (r.interrupted ? " (interrupted; resume with --resume latest)" : "") << "\n";
@@ -217,7 +218,9 @@ std::vector<cli::Command> commands() {
        "train.bucket_mb and run.comm_timeout_s.",
        {{"CONFIG", "the YAML config file, e.g. configs/kjv-tiny.yaml"}},
        {{"--set", "KEY=VALUE", "override config keys, e.g. --set train.lr=3e-4 run.out_dir=runs/x", "", true},
-        {"--resume", "latest|PATH", "resume from the run directory's latest complete checkpoint or a given file", ""}},
+        {"--resume", "latest|auto|PATH",
+         "resume from the run directory's latest complete checkpoint or a given file; auto: latest when the run "
+         "directory has a checkpoint, else start fresh (for a job resubmitted after a time limit)", ""}},
        cmd_train,
        [] {
          std::ostringstream os;

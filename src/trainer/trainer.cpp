@@ -355,7 +355,8 @@ void Trainer::log_sample(int64_t step) {
   metrics("{\"type\":\"sample\",\"step\":" + std::to_string(step) + ",\"text\":" + json_string(text) + "}");
 }
 
-TrainResult Trainer::run(const std::string& resume) {
+TrainResult Trainer::run(const std::string& resume_option) {
+  std::string resume = resume_option;
   const TrainConfig& tc = config_.train;
   const RunConfig& rc = config_.run;
   const dist::Placement placement = dist::placement_from_environment();
@@ -375,6 +376,7 @@ TrainResult Trainer::run(const std::string& resume) {
     TG_CHECK(::access(out.c_str(), W_OK | X_OK) == 0, "run.out_dir: the run directory ", out,
              " is not writable (", std::strerror(errno), "); choose another run.out_dir or fix its permissions");
     run_lock = std::make_unique<RunDirectoryLock>(out);
+    if (resume == "auto") resume = list_checkpoints(out).empty() ? "" : "latest";
     if (resume.empty()) {
       TG_CHECK(list_checkpoints(out).empty(), "run directory ", out,
                " already has checkpoints; resume with --resume latest, or choose another run.out_dir");
@@ -387,6 +389,13 @@ TrainResult Trainer::run(const std::string& resume) {
     cfg.close();
     TG_CHECK(cfg.good(), "run.out_dir: cannot write ", cfg_path, " (is the disk full?)");
   });
+  if (resume_option == "auto") {  // rank 0 looked; the ranks resume (and broadcast) together or not at all
+    const bool found = comm_->all_reduce_values({resume == "latest" ? 1.0 : 0.0}, dist::ReduceOp::max,
+                                                "--resume auto")[0] > 0;
+    resume = found ? "latest" : "";
+    log_line(found ? "--resume auto: resuming from the run directory's latest checkpoint"
+                   : "--resume auto: no checkpoint in the run directory; starting fresh");
+  }
   log_line("tilegrad train: resolved config (" + config_.source_path + ")\n" + config_yaml_);
   log_line("device: " + device.str() + " (run.device: " + rc.device + "), precision: " + tc.precision +
            ", cpu threads: " + std::to_string(omp_get_max_threads()) +

@@ -37,8 +37,9 @@ class Trainer {
   explicit Trainer(const Config& config, std::unique_ptr<dist::Communicator> comm = nullptr);
   ~Trainer();
 
-  // resume: "" (start fresh; refuses a run directory that already has checkpoints),
-  // "latest", or a checkpoint path.
+  // resume: "" (start fresh; refuses a run directory that already has checkpoints), "latest",
+  // a checkpoint path, or "auto": "latest" when the run directory has a checkpoint, else a fresh
+  // start (a job resubmitted after a time limit or a preemption runs the same command).
   TrainResult run(const std::string& resume = "");
 
   // Test hook: called after backward and before clipping, with the step about to be taken;

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "src/data/bpe.h"
@@ -103,6 +104,29 @@ std::vector<double> expect_exact_resume(const Config& straight, const Config& fi
         << fa.arrays[i].name;
   }
   return a.losses();
+}
+
+// --resume auto, as a resubmitted job runs it: a fresh start in an empty run directory, then,
+// after a stop by signal, a resume from its latest checkpoint, bit for bit the straight run.
+TEST(Trainer, ResumeAutoStartsFreshThenContinues) {
+  const Config straight = tiny_config("auto_straight", "cpu"), first = tiny_config("auto_resumed", "cpu");
+  Trainer a(straight);
+  a.run();
+  Trainer b(first);
+  b.set_step_hook([](int64_t step) { if (step == 6) std::raise(SIGTERM); });
+  const TrainResult rb = b.run("auto");
+  ASSERT_TRUE(rb.interrupted);
+  EXPECT_EQ(rb.final_step, 6);
+  Trainer c(first);
+  const TrainResult rc = c.run("auto");
+  EXPECT_EQ(rc.final_step, 12);
+  std::vector<double> joined = b.losses();
+  joined.insert(joined.end(), c.losses().begin(), c.losses().end());
+  EXPECT_EQ(joined, a.losses());
+  std::ifstream log_file(first.run.out_dir + "/train.log");
+  const std::string log((std::istreambuf_iterator<char>(log_file)), std::istreambuf_iterator<char>());
+  EXPECT_NE(log.find("--resume auto: no checkpoint in the run directory; starting fresh"), std::string::npos);
+  EXPECT_NE(log.find("--resume auto: resuming from the run directory's latest checkpoint"), std::string::npos);
 }
 
 class ExactResume : public ::testing::TestWithParam<std::pair<std::string, std::string>> {};
@@ -612,7 +636,7 @@ TEST(Command, HelpOfEachSubcommand) {
     EXPECT_NE(out.find(std::string("usage: tilegrad ") + cmd), std::string::npos) << out;
   }
   auto [rc, out] = shell(kBinary + " train --help");
-  EXPECT_NE(out.find("--resume latest|PATH"), std::string::npos) << out;
+  EXPECT_NE(out.find("--resume latest|auto|PATH"), std::string::npos) << out;
   EXPECT_NE(out.find("--set KEY=VALUE…"), std::string::npos) << out;
   auto [rc2, out2] = shell(kBinary + " sample x --temprature 2");
   EXPECT_EQ(rc2, 1);
