@@ -6,8 +6,9 @@
 #     run `tilegrad bench train configs/kjv-tiny.yaml` under mpirun.
 #   - PyTorch: bench/reference/torch_cpu_kjv.py, at its best: Debian's torch calls OpenBLAS, whose
 #     own thread pool beside torch's OpenMP threads oversubscribes the cores (2 threads of each on
-#     2 cores ran 2.6× slower than 1), so on THREADS threads it runs both ways — torch's threads
-#     with OpenBLAS on one, and one torch thread with OpenBLAS on THREADS — and the faster counts.
+#     2 cores ran 2.6× slower than 1; docs/performance.md, "CPU"), so on THREADS threads it runs
+#     both ways — torch's threads with OpenBLAS on one, and one torch thread with OpenBLAS on
+#     THREADS — and the faster counts.
 #     The ranks are DistributedDataParallel over gloo under mpirun.
 # Both leave out their first 10 steps and any evaluation from the clock.
 # Usage: bench/cpu_vs_torch.sh [threads=2] [steps=300]

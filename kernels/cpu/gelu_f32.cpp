@@ -13,6 +13,14 @@ namespace {
 // into a function of its own, which target_clones would not reach.
 constexpr int64_t kChunk = 1 << 14;
 
+// f(begin, length) over [0, n) in chunks of kChunk, shared among the OpenMP threads.
+template <typename F>
+void for_each_chunk(int64_t n, F&& f) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for if (n > kParallelGrain)
+  for (int64_t c = 0; c < chunks; ++c) f(c * kChunk, std::min(kChunk, n - c * kChunk));
+}
+
 __attribute__((target_clones("arch=x86-64-v3", "default")))
 void gelu_forward_span(const float* x, float* out, int64_t n) {
 #pragma omp simd
@@ -28,21 +36,11 @@ void gelu_backward_span(const float* x, const float* dout, float* dx, int64_t n)
 }  // namespace
 
 void gelu_forward_f32(const float* x, float* out, int64_t n) {
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for if (n > kParallelGrain)
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t begin = c * kChunk;
-    gelu_forward_span(x + begin, out + begin, std::min(kChunk, n - begin));
-  }
+  for_each_chunk(n, [&](int64_t begin, int64_t len) { gelu_forward_span(x + begin, out + begin, len); });
 }
 
 void gelu_backward_f32(const float* x, const float* dout, float* dx, int64_t n) {
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for if (n > kParallelGrain)
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t begin = c * kChunk;
-    gelu_backward_span(x + begin, dout + begin, dx + begin, std::min(kChunk, n - begin));
-  }
+  for_each_chunk(n, [&](int64_t begin, int64_t len) { gelu_backward_span(x + begin, dout + begin, dx + begin, len); });
 }
 
 }  // namespace tg::cpu

@@ -1,7 +1,7 @@
 // exp and tanh for the CPU kernels' elementwise loops, in straight-line code the compiler turns
 // into vector instructions (with -fno-trapping-math, which CMakeLists.txt sets: otherwise GCC
 // keeps the selects as branches). libm's expf and tanhf are calls the compiler cannot vectorize:
-// GELU's tanh alone took 30 % of the CPU training step (docs/performance.md, "CPU"). The double
+// GELU's tanh alone took 29 % of the CPU training step (docs/performance.md, "CPU"). The double
 // overloads are libm's: double-precision runs are the reference the tests measure against.
 #pragma once
 #include <cmath>

@@ -29,6 +29,13 @@ int env_int(const char* name, int fallback) {
   return int(x);
 }
 
+// This machine's name, as every rank's messages give it.
+std::string host_name() {
+  char host[256] = "?";
+  gethostname(host, sizeof host - 1);
+  return host;
+}
+
 class SingleCommunicator final : public Communicator {
  public:
   explicit SingleCommunicator(Device device) : Communicator(Placement{}, device) {}
@@ -77,9 +84,8 @@ std::string Communicator::timeout_text() const {
 }
 
 void Communicator::give_up(const std::string& message) {
-  char host[256] = "?";
-  gethostname(host, sizeof host - 1);
-  std::fprintf(stderr, "tilegrad: rank %d of %d (host %s): %s\n", rank_, world_size_, host, message.c_str());
+  std::fprintf(stderr, "tilegrad: rank %d of %d (host %s): %s\n", rank_, world_size_, host_name().c_str(),
+               message.c_str());
   std::fflush(stderr);
   std::fflush(stdout);
   abort_backend();
@@ -170,9 +176,7 @@ std::string rank_and_host() {
     return "";  // the launcher's variables are unreadable; the error at hand says more
   }
   if (p.world_size == 1) return "";
-  char host[256] = "?";
-  gethostname(host, sizeof host - 1);
-  return detail::concat("rank ", p.rank, " of ", p.world_size, " on host ", host);
+  return detail::concat("rank ", p.rank, " of ", p.world_size, " on host ", host_name());
 }
 
 int cpu_threads_of_share(const cpu_set_t& mine, const std::vector<cpu_set_t>& on_node) {
@@ -187,9 +191,7 @@ int cpu_threads_of_share(const cpu_set_t& mine, const std::vector<cpu_set_t>& on
 }
 
 std::string describe_placement(const Placement& p, Device device) {
-  char host[256] = "?";
-  gethostname(host, sizeof host - 1);
-  return detail::concat("rank ", p.rank, " of ", p.world_size, " (local rank ", p.local_rank, ") on host ", host,
+  return detail::concat("rank ", p.rank, " of ", p.world_size, " (local rank ", p.local_rank, ") on host ", host_name(),
                         ", device ", device_description(device));
 }
 

@@ -90,7 +90,7 @@ std::string mpi_error(int rc) {
 // Shares the node's CPUs out among the ranks on it, and says how (for the log). OpenMP's default
 // is one thread per CPU of the process's affinity mask; mpirun binds each of two ranks to a core
 // but more ranks to a whole socket, and srun binds nothing unless Slurm's task plugin does, so
-// ranks that share CPUs would each run a thread on every one of them: W threads per core, 2.8×
+// ranks that share CPUs would each run a thread on every one of them: W threads per core, 2–3×
 // slower for two ranks on two cores (docs/data-parallel.md, "Launching"). Each rank runs its share
 // of its CPUs (cpu_threads_of_share). OMP_NUM_THREADS, when set, is the user's choice and is left
 // alone.

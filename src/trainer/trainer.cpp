@@ -376,9 +376,10 @@ TrainResult Trainer::run(const std::string& resume_option) {
     TG_CHECK(::access(out.c_str(), W_OK | X_OK) == 0, "run.out_dir: the run directory ", out,
              " is not writable (", std::strerror(errno), "); choose another run.out_dir or fix its permissions");
     run_lock = std::make_unique<RunDirectoryLock>(out);
-    if (resume == "auto") resume = list_checkpoints(out).empty() ? "" : "latest";
+    const bool has_checkpoints = !list_checkpoints(out).empty();
+    if (resume == "auto") resume = has_checkpoints ? "latest" : "";
     if (resume.empty()) {
-      TG_CHECK(list_checkpoints(out).empty(), "run directory ", out,
+      TG_CHECK(!has_checkpoints, "run directory ", out,
                " already has checkpoints; resume with --resume latest, or choose another run.out_dir");
     }
     log_file_.open((fs::path(out) / "train.log").string());
