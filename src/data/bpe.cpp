@@ -26,6 +26,7 @@ namespace {
 
 const char* kPattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 const std::string kEot = "<|endoftext|>";
+constexpr int64_t kMaxTokenIds = 65536;
 
 std::string utf8(char32_t c) {
   std::string s;
@@ -111,8 +112,12 @@ std::map<std::string, int32_t> parse_vocab(const nlohmann::json& v, const std::s
   TG_CHECK(v.is_object(), "tokenizer: ", where, " is not a JSON object of token: id");
   std::map<std::string, int32_t> vocab;
   for (auto it = v.begin(); it != v.end(); ++it) {
-    TG_CHECK(it->is_number_integer() && it->get<int64_t>() >= 0 && it->get<int64_t>() < (1 << 30), "tokenizer: ", where,
-             ": the id of '", it.key(), "' is ", it->dump(), ", not a natural number");
+    TG_CHECK(it->is_number_integer() && it->get<int64_t>() >= 0, "tokenizer: ", where, ": the id of '", it.key(),
+             "' is ", it->dump(), ", not a natural number");
+    // Shards store ids in 16 bits (and model.vocab_size is capped to match): a larger id could
+    // never be written or trained, and would size the id table by it.
+    TG_CHECK(it->get<int64_t>() < kMaxTokenIds, "tokenizer: ", where, ": the id of '", it.key(), "' is ", it->dump(),
+             "; token ids are stored in 16 bits, so a vocabulary holds at most ", kMaxTokenIds, " ids");
     vocab[it.key()] = it->get<int32_t>();
   }
   return vocab;
@@ -177,17 +182,30 @@ BpeTokenizer BpeTokenizer::load(const std::string& dir) {
   }
   TG_CHECK(fs::exists(d / "tokenizer.json"), "tokenizer: ", dir, " has neither vocab.json and merges.txt nor tokenizer.json");
   const std::string where = (d / "tokenizer.json").string();
-  nlohmann::json j = parse_json(read_text(d / "tokenizer.json"), where);
-  TG_CHECK(j.contains("model") && j["model"].value("type", "") == "BPE", "tokenizer: ", where, " is not a BPE model");
-  auto pre = j.value("pre_tokenizer", nlohmann::json());
-  TG_CHECK(pre.is_object() && pre.value("type", "") == "ByteLevel", "tokenizer: ", where,
-           ": the pre_tokenizer is ", pre.dump(), "; only GPT-2's ByteLevel pre-tokenization is implemented");
-  TG_CHECK(!pre.value("add_prefix_space", false), "tokenizer: ", where, ": add_prefix_space true is not implemented");
-  TG_CHECK(j.value("normalizer", nlohmann::json()).is_null(), "tokenizer: ", where, ": normalizers are not implemented");
-  std::map<std::string, int32_t> vocab = parse_vocab(j["model"]["vocab"], where + " model.vocab");
+  const nlohmann::json j = parse_json(read_text(d / "tokenizer.json"), where);
+  // Each part is checked for its JSON type before it is read: nlohmann's accessors throw their
+  // own exceptions (or convert out-of-range numbers) on a part of another type.
+  auto string_at = [](const nlohmann::json& o, const char* key) {
+    return o.is_object() && o.contains(key) && o[key].is_string() ? o[key].get<std::string>() : std::string();
+  };
+  TG_CHECK(j.is_object() && j.contains("model") && string_at(j["model"], "type") == "BPE", "tokenizer: ", where,
+           " is not a BPE model (its \"model\" needs \"type\": \"BPE\")");
+  const nlohmann::json& model = j["model"];
+  const nlohmann::json pre = j.contains("pre_tokenizer") ? j["pre_tokenizer"] : nlohmann::json();
+  TG_CHECK(string_at(pre, "type") == "ByteLevel", "tokenizer: ", where, ": the pre_tokenizer is ", pre.dump(),
+           "; only GPT-2's ByteLevel pre-tokenization is implemented");
+  TG_CHECK(!pre.contains("add_prefix_space") || pre["add_prefix_space"] == false, "tokenizer: ", where,
+           ": add_prefix_space ", pre["add_prefix_space"].dump(), " is not implemented (only false is)");
+  TG_CHECK(!j.contains("normalizer") || j["normalizer"].is_null(), "tokenizer: ", where,
+           ": normalizers are not implemented");
+  std::map<std::string, int32_t> vocab =
+      parse_vocab(model.contains("vocab") ? model["vocab"] : nlohmann::json(), where + " model.vocab");
   std::vector<std::pair<std::string, std::string>> merges;
   std::string merges_text = "#version: 0.2\n";
-  for (const auto& m : j["model"]["merges"]) {
+  const nlohmann::json no_merges = nlohmann::json::array();
+  const nlohmann::json& merge_list = model.contains("merges") ? model["merges"] : no_merges;
+  TG_CHECK(merge_list.is_array(), "tokenizer: ", where, ": model.merges is not a list");
+  for (const auto& m : merge_list) {
     std::pair<std::string, std::string> p;
     if (m.is_string()) {
       auto one = parse_merges(m.get<std::string>(), where + " model.merges");
@@ -201,10 +219,16 @@ BpeTokenizer BpeTokenizer::load(const std::string& dir) {
     merges_text += p.first + " " + p.second + "\n";
   }
   std::vector<std::pair<std::string, int32_t>> specials;
-  for (const auto& a : j.value("added_tokens", nlohmann::json::array())) {
-    const std::string content = a.value("content", "");
-    const int32_t id = a.value("id", -1);
-    TG_CHECK(!content.empty() && id >= 0, "tokenizer: ", where, ": bad added token ", a.dump());
+  const nlohmann::json no_tokens = nlohmann::json::array();
+  const nlohmann::json& added = j.contains("added_tokens") ? j["added_tokens"] : no_tokens;
+  TG_CHECK(added.is_array(), "tokenizer: ", where, ": added_tokens is not a list");
+  for (const auto& a : added) {
+    const std::string content = string_at(a, "content");
+    const bool id_ok = a.is_object() && a.contains("id") && a["id"].is_number_integer() && a["id"].get<int64_t>() >= 0 &&
+                       a["id"].get<int64_t>() < kMaxTokenIds;
+    TG_CHECK(!content.empty() && id_ok, "tokenizer: ", where, ": bad added token ", a.dump(),
+             " (needs a non-empty \"content\" and an \"id\" in [0, ", kMaxTokenIds, "))");
+    const int32_t id = a["id"].get<int32_t>();
     vocab[content] = id;
     specials.push_back({content, id});
   }

@@ -141,11 +141,17 @@ SafetensorsFile read_safetensors(const std::string& path) {
     if (dtype_size(en.dtype) == 0)
       bad("dtype " + e["dtype"].dump() + " is not supported (F32, F16, BF16, F64 are)");
     if (!e["shape"].is_array()) bad("shape is not a list");
+    // The element count is checked against the data's size as it grows, so no product of
+    // dimensions can wrap around to a size that fits.
     uint64_t numel = 1;
     for (const auto& d : e["shape"]) {
       if (!d.is_number_unsigned()) bad("shape " + e["shape"].dump() + " has a non-natural dimension");
-      en.shape.push_back(d.get<int64_t>());
-      numel *= d.get<uint64_t>();
+      const uint64_t dim = d.get<uint64_t>();
+      if (dim > uint64_t(INT64_MAX) || (dim != 0 && numel > data_size / dim))
+        bad("shape " + e["shape"].dump() + " holds more values than the file's " + std::to_string(data_size) +
+            " bytes of data");
+      en.shape.push_back(int64_t(dim));
+      numel *= dim;
     }
     const auto& off = e["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())

@@ -3,7 +3,6 @@
 // never another exception, a hang or a crash. Inputs that once failed otherwise are kept below
 // as regression cases.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -13,6 +12,7 @@
 #include "src/io/checkpoint.h"
 #include "src/io/config.h"
 #include "src/util/error.h"
+#include "tests/fuzz_util.h"
 
 #ifndef TILEGRAD_SOURCE_DIR
 #define TILEGRAD_SOURCE_DIR "."
@@ -20,62 +20,14 @@
 
 namespace fs = std::filesystem;
 using namespace tg;
+using tg::testing::in_child;
+using tg::testing::mutate;
 
 namespace {
 
 std::string read_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-// One to four mutations: flip a bit, replace a byte (by one of the bytes that matter to a YAML
-// or binary parser), insert or delete a run, duplicate a slice, or truncate.
-std::string mutate(std::string s, std::mt19937_64& rng) {
-  static const char kInteresting[] = {'\0', '\n', ':', '-', '[', '{', '"', '\'', '#', '&', '*', '!', '|', '>',
-                                      '%', '9', ' ', '\t', '\xff', '\x80', '.', 'e'};
-  const int n = 1 + int(rng() % 4);
-  for (int k = 0; k < n; ++k) {
-    const size_t len = s.size();
-    const size_t at = len ? size_t(rng() % len) : 0;
-    switch (rng() % 7) {
-      case 0:
-        if (len) s[at] = char(s[at] ^ (1 << (rng() % 8)));
-        break;
-      case 1:
-        if (len) s[at] = kInteresting[rng() % sizeof kInteresting];
-        break;
-      case 2: s.insert(at, std::string(1 + rng() % 8, kInteresting[rng() % sizeof kInteresting])); break;
-      case 3:
-        if (len) s.erase(at, 1 + rng() % std::min<size_t>(16, len - at));
-        break;
-      case 4:
-        if (len) s.insert(at, s.substr(rng() % len, 1 + rng() % 32));
-        break;
-      case 5:
-        s.resize(len ? size_t(rng() % len) : 0);
-        break;
-      case 6:  // a digit run: absurd numbers
-        s.insert(at, std::string(1 + rng() % 24, char('0' + rng() % 10)));
-        break;
-    }
-  }
-  return s;
-}
-
-// Runs fn in a child process; returns "" if it exited 0, else how it ended.
-std::string in_child(const std::function<void()>& fn) {
-  std::fflush(nullptr);
-  pid_t pid = fork();
-  if (pid == 0) {
-    alarm(120);
-    fn();
-    _exit(0);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
-  if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
-  return "exit status " + std::to_string(WEXITSTATUS(status));
 }
 
 // Inputs kept from earlier fuzzing (each once escaped as something other than tg::Error).
