@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <regex>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -93,15 +93,13 @@ std::vector<TorchPoint> read_torch_memory(const std::string& path) {
   std::istringstream in(read_regular_file(path, "tilegrad bench memory: --torch-csv"));
   std::vector<TorchPoint> out;
   std::string line;
-  const std::regex series_re("\"series\":\\s*\"([^\"]+)\""), t_re("\"T\":\\s*(\\d+)"),
-      peak_re("\"peak_gib\":\\s*([-0-9.eE+]+)");
   while (std::getline(in, line)) {
     if (line.empty()) continue;
     if (line[0] == '{') {
-      std::smatch s, t, p;
-      if (std::regex_search(line, s, series_re) && std::regex_search(line, t, t_re) &&
-          std::regex_search(line, p, peak_re))
-        out.push_back({s[1], std::stoll(t[1]), std::stod(p[1])});
+      const nlohmann::json r = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (r.is_object() && r.contains("series") && r["series"].is_string() && r.contains("T") &&
+          r["T"].is_number_integer() && r.contains("peak_gib") && r["peak_gib"].is_number())
+        out.push_back({r["series"].get<std::string>(), r["T"].get<int64_t>(), r["peak_gib"].get<double>()});
       continue;
     }
     std::stringstream cells(line);

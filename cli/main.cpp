@@ -6,7 +6,7 @@
 #include <fstream>
 #include <iostream>
 #include <optional>
-#include <regex>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "src/data/bpe.h"
@@ -164,15 +164,18 @@ int cmd_plot(const cli::Args& a) {
   fs::path out = a.get("out", (dir / "loss.png").string());
   fs::path train_dat = dir / ".plot_train.dat", val_dat = dir / ".plot_val.dat";
   std::ofstream tr(train_dat), va(val_dat);
-  std::regex type_re("\"type\":\"(\\w+)\""), step_re("\"step\":(\\d+)"), loss_re("\"loss\":([-0-9.eE+]+)"),
-      val_re("\"val_loss\":([-0-9.eE+]+)");
   std::string line;
   int n_train = 0, n_val = 0;
   while (std::getline(in, line)) {
-    std::smatch t, s, l;
-    if (!std::regex_search(line, t, type_re) || !std::regex_search(line, s, step_re)) continue;
-    if (t[1] == "train" && std::regex_search(line, l, loss_re)) { tr << s[1] << " " << l[1] << "\n"; ++n_train; }
-    if (t[1] == "eval" && std::regex_search(line, l, val_re)) { va << s[1] << " " << l[1] << "\n"; ++n_val; }
+    // Records as the trainer writes them; a line that is not one (a torn last line) is skipped.
+    const nlohmann::json r = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!r.is_object() || !r.contains("type") || !r["type"].is_string() || !r.contains("step") ||
+        !r["step"].is_number_integer())
+      continue;
+    const std::string type = r["type"].get<std::string>(), key = type == "train" ? "loss" : "val_loss";
+    if ((type != "train" && type != "eval") || !r.contains(key) || !r[key].is_number()) continue;
+    (type == "train" ? tr : va) << r["step"].get<int64_t>() << " " << r[key].dump() << "\n";
+    ++(type == "train" ? n_train : n_val);
   }
   tr.close();
   va.close();

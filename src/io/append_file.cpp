@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <regex>
+#include <nlohmann/json.hpp>
 
 #include "src/util/error.h"
 #include "src/util/files.h"
@@ -65,12 +65,14 @@ int64_t drop_records_after_step(const std::string& path, int64_t step) {
   TG_CHECK(problem.empty(), "cannot read ", path, ": it ", problem);
   std::ifstream in(path);
   if (!in) return 0;
-  static const std::regex step_re("\"step\":(-?[0-9]+)");
   std::string kept, line;
   int64_t dropped = 0;
   while (std::getline(in, line)) {
-    std::smatch m;
-    if (std::regex_search(line, m, step_re) && std::stoll(m[1]) > step) {
+    // Each line parsed as the JSON object it is (any length, any content: a line that is not
+    // one, or has no integer step, stays).
+    const nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (record.is_object() && record.contains("step") && record["step"].is_number_integer() &&
+        record["step"].get<int64_t>() > step) {
       ++dropped;
       continue;
     }

@@ -178,6 +178,35 @@ TEST(Robustness, ResumeLeavesOneMetricsRecordPerStep) {
   for (auto [step, n] : eval_records) EXPECT_EQ(n, 1) << "eval record of step " << step;
 }
 
+// The resume's rewind of metrics.jsonl reads each line as JSON: lines of any length, torn lines,
+// steps of another type or past 64 bits are kept or dropped, never an exception or a crash.
+TEST(Robustness, MetricsRewindReadsLinesOfAnyContent) {
+  const fs::path path = fs::temp_directory_path() / ("tg_metrics_rewind_" + std::to_string(getpid()) + ".jsonl");
+  const std::string long_line = "{\"type\":\"train\",\"step\":3,\"loss\":" + std::string(300000, '1') + "}";
+  const std::vector<std::string> lines = {
+      "{\"type\":\"train\",\"step\":4,\"loss\":2.5}",  // kept
+      long_line,                                            // kept (step 3)
+      "{\"type\":\"train\",\"step\":7,\"loss\":2.0}",  // dropped
+      "{\"type\":\"eval\",\"step\":9,\"val_loss\":1}",  // dropped
+      "{\"type\":\"train\",\"step\":8,\"lo",            // torn: kept
+      "{\"type\":\"train\",\"step\":\"9\"}",           // no integer step: kept
+      "{\"step\":" + std::string(40, '9') + "}",             // a step past 64 bits parses as a float: kept
+      "[1, 2]",                                                // kept
+  };
+  {
+    std::ofstream out(path);
+    for (const std::string& l : lines) out << l << "\n";
+  }
+  EXPECT_EQ(drop_records_after_step(path.string(), 5), 2);
+  std::vector<std::string> kept = lines_of(path);
+  ASSERT_EQ(kept.size(), 6u);
+  EXPECT_EQ(kept[0], lines[0]);
+  EXPECT_EQ(kept[1], long_line);
+  EXPECT_EQ(kept[2], lines[4]);
+  EXPECT_EQ(kept[5], lines[7]);
+  fs::remove(path);
+}
+
 TEST(Robustness, ResumeAtOrBeyondMaxStepsIsAnError) {
   Config cfg = tiny_config("beyond");
   cfg.train.max_steps = 8;
