@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <sstream>
 
 #include "kernels/cpu/dropout.h"
 #include "src/nn/gpt.h"
@@ -214,6 +215,76 @@ TEST(GPT, SameSeedGivesBitwiseEqualLosses) {
   std::vector<double> d;
   train_steps(m3, ids, tgt, 1, &d);
   EXPECT_NE(d[0], a[0]);
+}
+
+// Random small configurations — head dims 1 to 9 (even with RoPE), sequences of 1 to 19 positions, vocabularies
+// of 2 to 40, windows and document masks, the chunked head, recomputed blocks and blocks in pieces,
+// all drawn together — against the plain model of the same configuration and weights (the
+// materialised attention, nothing chunked or recomputed), in float64: the same loss and gradients;
+// and decoding one token at a time through the key/value cache gives the full forward's logits.
+// The fixed-shape tests above check each feature alone; this checks them in combination and at
+// the sizes where index arithmetic breaks (one position, one head dim, a window past T).
+TEST(GPT, RandomConfigurationsAgreeWithThePlainModel) {
+  for (uint64_t trial = 0; trial < 60; ++trial) {
+    auto draw = [&, k = uint64_t(0)](int64_t lo, int64_t hi) mutable {  // uniform in [lo, hi]
+      return lo + int64_t(cpu::hash64(trial * 7919 + k++) % uint64_t(hi - lo + 1));
+    };
+    nn::GPTConfig c;
+    c.n_layer = draw(1, 2);
+    c.n_head = draw(1, 3);
+    c.pos_embedding = draw(0, 1) ? nn::PosEmbedding::rope : nn::PosEmbedding::learned;
+    // RoPE rotates pairs of a head's columns: its head dims are even.
+    c.d_model = c.n_head * (c.pos_embedding == nn::PosEmbedding::rope ? 2 * draw(1, 4) : draw(1, 9));
+    c.vocab_size = draw(2, 40);
+    const int64_t B = draw(1, 3), T = draw(1, 19);
+    c.max_seq_len = c.pos_embedding == nn::PosEmbedding::learned ? T + draw(0, 3) : draw(1, 4);
+    c.bias = draw(0, 3) != 0;
+    c.attention_window = draw(0, 2) ? 0 : draw(1, T + 2);
+    const int32_t eot = draw(0, 1) ? int32_t(draw(0, c.vocab_size - 1)) : -1;
+    const int64_t chunk = draw(0, 1) ? draw(1, B * T + 1) : 0, pieces = draw(0, 1) ? draw(1, T + 1) : 0;
+    const bool recompute = draw(0, 1);
+    std::ostringstream what;
+    what << "trial " << trial << ": layers " << c.n_layer << ", heads " << c.n_head << " × " << c.d_model / c.n_head
+         << ", V " << c.vocab_size << ", B " << B << ", T " << T << ", " << (c.pos_embedding == nn::PosEmbedding::rope ? "rope" : "learned")
+         << ", bias " << c.bias << ", window " << c.attention_window << ", eot " << eot << ", chunk " << chunk
+         << ", pieces " << pieces << ", recompute " << recompute;
+    SCOPED_TRACE(what.str());
+
+    nn::GPT model(c, trial + 1, DType::f64);
+    model.set_lm_head_chunk(chunk);
+    model.set_recompute_rows(pieces);
+    model.set_recompute(recompute);
+    model.set_document_eot(eot);
+    nn::GPTConfig plain_config = c;
+    plain_config.attention = ops::AttentionKind::naive;
+    nn::GPT plain(plain_config, trial + 1, DType::f64);
+    plain.set_document_eot(eot);
+    auto [ids, tgt] = batch(B, T, c.vocab_size, trial);
+    Tensor l = model.loss(ids, tgt), lp = plain.loss(ids, tgt);
+    ASSERT_TRUE(std::isfinite(l.item()));
+    EXPECT_NEAR(l.item(), lp.item(), 1e-12);
+    l.backward();
+    lp.backward();
+    EXPECT_LT(testing::rel_error(model.params().flat_grads().to_double_vector(),
+                                 plain.params().flat_grads().to_double_vector()), 1e-11);
+
+    // The first row decoded token by token from a prompt of one or more tokens.
+    NoGradGuard no_grad;
+    model.set_training(false);
+    std::vector<int32_t> row(static_cast<size_t>(T));  // batch()'s first row
+    for (size_t i = 0; i < row.size(); ++i) row[i] = int32_t(cpu::hash64(trial * 1000003 + i) % uint64_t(c.vocab_size));
+    const std::vector<double> full = model.forward(Tensor::from_ints(row, {1, T})).to_double_vector();
+    const int64_t prompt = draw(1, T);
+    nn::KVCache cache;
+    std::vector<double> decoded =
+        model.forward_cached(Tensor::from_ints(std::vector<int32_t>(row.begin(), row.begin() + prompt), {1, prompt}), cache)
+            .to_double_vector();
+    for (int64_t t = prompt; t < T; ++t) {
+      const std::vector<double> one = model.forward_cached(Tensor::from_ints({row[size_t(t)]}, {1, 1}), cache).to_double_vector();
+      decoded.insert(decoded.end(), one.begin(), one.end());
+    }
+    EXPECT_LT(testing::rel_error(decoded, full), 1e-12);
+  }
 }
 
 }  // namespace
