@@ -90,7 +90,9 @@ int cmd_sample(const cli::Args& a) {
   so.tokens = a.get_int("tokens", 200);
   so.temperature = a.get_double("temperature", 1.0);
   so.top_k = a.get_int("top-k", 0);
-  so.seed = uint64_t(a.get_int("seed", 1337));
+  const int64_t seed = a.get_int("seed", 1337);
+  TG_CHECK(seed >= 0, "tilegrad sample: --seed must be ≥ 0 (as train.seed), got ", seed);
+  so.seed = uint64_t(seed);
   TG_CHECK(so.tokens >= 1, "tilegrad sample: --tokens must be ≥ 1, got ", so.tokens);
   TG_CHECK(std::isfinite(so.temperature) && so.temperature >= 0, "tilegrad sample: --temperature must be a finite "
            "number ≥ 0 (0 = greedy), got ", a.get("temperature", ""));
