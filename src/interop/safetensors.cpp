@@ -179,7 +179,7 @@ SafetensorsFile read_safetensors(const std::string& path) {
     TG_CHECK(in.good(), "safetensors ", path, ": cannot read tensor '", e.name, "'");
     CheckpointArray a{e.name, e.shape, std::vector<float>(count)};
     if (e.dtype == "F32") {
-      std::memcpy(a.data.data(), bytes.data(), bytes.size());
+      if (count > 0) std::memcpy(a.data.data(), bytes.data(), bytes.size());  // an empty vector's data() may be null
     } else if (e.dtype == "F64") {
       for (size_t i = 0; i < count; ++i) {
         double v;
