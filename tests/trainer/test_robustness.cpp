@@ -17,13 +17,16 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <regex>
 
 #include "src/data/prepare.h"
+#include "src/interop/hf.h"
 #include "src/io/append_file.h"
 #include "src/trainer/footprint.h"
 #include "src/trainer/generate.h"
 #include "src/trainer/trainer.h"
+#include "tests/fuzz_util.h"
 #include "tests/test_util.h"
 
 #ifndef TILEGRAD_BINARY_DIR
@@ -308,6 +311,119 @@ TEST(Robustness, InconsistentCheckpointStateIsAUserError) {
   save_checkpoint(cfg.run.out_dir, 7, d, 0);
   err = error_of([&] { Trainer(more).run(file); });
   EXPECT_NE(err.find("'bad_steps_in_row' is -1"), std::string::npos) << err;
+}
+
+// A checkpoint whose checksum is right but whose content is not what tilegrad wrote — arrays
+// missing, reshaped or non-finite, counters negative, zero or past any run, the loader cursor
+// and RNG states cut or stretched, the stored config mutated — resumes, starts a run from it
+// (train.init_from), exports or samples, or fails with tg::Error: never another exception or a
+// crash. Seeded structural mutations of a real checkpoint, each saved with its checksum.
+TEST(Robustness, CheckpointsOfMutatedContentOnlyEverFailWithTgError) {
+  Config cfg;
+  const CheckpointData original = saved_run("mutated_content", &cfg);
+  std::mt19937_64 rng(5);
+  const int64_t kInts[] = {-1, 0, 1, 3, 4, 5, 1000, int64_t(1) << 40, INT64_MAX, INT64_MIN};
+  int resumed = 0, rejected = 0;
+  for (int trial = 0; trial < 120; ++trial) {
+    CheckpointData d = original;
+    const int n = 1 + int(rng() % 3);
+    std::string what;
+    for (int k = 0; k < n; ++k) {
+      switch (rng() % 7) {
+        case 0: {  // an array removed
+          const size_t i = rng() % d.arrays.size();
+          what += "removed " + d.arrays[i].name + "; ";
+          d.arrays.erase(d.arrays.begin() + long(i));
+          break;
+        }
+        case 1: {  // an array reshaped (its values resized to match)
+          CheckpointArray& a = d.arrays[rng() % d.arrays.size()];
+          if (rng() % 2 || a.shape.empty()) a.shape.push_back(int64_t(1 + rng() % 3));
+          else a.shape[rng() % a.shape.size()] = int64_t(rng() % 20);
+          int64_t numel = 1;
+          for (int64_t dim : a.shape) numel *= dim;
+          a.data.resize(size_t(numel), 0.25f);
+          what += "reshaped " + a.name + "; ";
+          break;
+        }
+        case 2: {  // a non-finite value
+          CheckpointArray& a = d.arrays[rng() % d.arrays.size()];
+          if (!a.data.empty()) a.data[rng() % a.data.size()] = rng() % 2 ? NAN : -INFINITY;
+          what += "non-finite in " + a.name + "; ";
+          break;
+        }
+        case 3: {  // a counter set to an edge value, or removed
+          auto it = d.ints.begin();
+          std::advance(it, long(rng() % d.ints.size()));
+          if (rng() % 5 == 0) {
+            what += "removed int " + it->first + "; ";
+            d.ints.erase(it);
+          } else {
+            it->second = kInts[rng() % (sizeof kInts / sizeof kInts[0])];
+            what += "int " + it->first + " = " + std::to_string(it->second) + "; ";
+          }
+          break;
+        }
+        case 4: {  // a u64 array cut, stretched or filled with extremes
+          if (d.u64_arrays.empty()) break;
+          auto it = d.u64_arrays.begin();
+          std::advance(it, long(rng() % d.u64_arrays.size()));
+          switch (rng() % 3) {
+            case 0: it->second.resize(rng() % (it->second.size() + 1)); break;
+            case 1: it->second.push_back(rng()); break;
+            case 2: for (uint64_t& v : it->second) v = rng() % 2 ? UINT64_MAX : rng(); break;
+          }
+          what += "u64 " + it->first + "; ";
+          break;
+        }
+        case 5: {  // the stored config mutated
+          auto it = d.strings.find("config_yaml");
+          if (it != d.strings.end()) it->second = tg::testing::mutate(it->second, rng);
+          what += "config_yaml; ";
+          break;
+        }
+        case 6:  // the format's name or version
+          if (rng() % 2) d.version = int(rng() % 5) - 1;
+          else d.format = "other";
+          what += "format; ";
+          break;
+      }
+    }
+    const std::string run_dir = (fs::path(cfg.run.out_dir) / ("t" + std::to_string(trial))).string();
+    std::string file;
+    try {
+      file = save_checkpoint(run_dir, 4, d, 0);
+    } catch (const Error&) {
+      continue;  // a shape the writer itself refuses
+    }
+    SCOPED_TRACE("trial " + std::to_string(trial) + ": " + what);
+    Config more = cfg;
+    more.run.out_dir = run_dir;
+    more.train.max_steps = 6;
+    more.run.eval_every = 0;
+    auto each = [&](const char* use, const std::function<void()>& fn) {
+      try {
+        fn();
+        ++resumed;
+      } catch (const Error&) {
+        ++rejected;
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << use << " escaped as " << typeid(e).name() << ": " << e.what();
+      }
+    };
+    each("resume", [&] { Trainer(more).run(file); });
+    each("export", [&] {
+      auto [path, data] = resolve_and_load(file, "latest");
+      export_hf(data, path, run_dir + "/hf", true);
+    });
+    each("init_from", [&] {
+      nn::GPT target(gpt_config_from(cfg.model), 1);
+      load_initial_parameters(target, cfg.model, file);
+    });
+  }
+  std::cout << "  " << resumed << " uses succeeded, " << rejected << " were refused with tg::Error\n";
+  EXPECT_GT(rejected, 100);
+  EXPECT_GT(resumed, 20);
 }
 
 // ---------------------------------------------------------------------------------------------
