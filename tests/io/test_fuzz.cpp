@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <yaml-cpp/yaml.h>
 
 #include "src/io/checkpoint.h"
 #include "src/io/config.h"
@@ -71,6 +72,58 @@ TEST(Fuzz, ConfigParserOnlyEverThrowsTgError) {
   }
   std::cout << "  " << inputs.size() << " configs: " << parsed << " parsed, " << rejected << " rejected\n";
   EXPECT_GT(rejected, 100);
+}
+
+// Configs that are valid YAML but not what the parser expects: a value somewhere replaced by one
+// of another YAML type or an edge value, a key renamed or removed, a section replaced whole.
+TEST(Fuzz, ConfigParserOnlyEverThrowsTgErrorOnWellFormedYaml) {
+  const std::string seed = read_file(fs::path(TILEGRAD_SOURCE_DIR) / "configs" / "gpt2-124m-long.yaml");
+  ASSERT_FALSE(seed.empty());
+  const char* const kValues[] = {"[1, 2]", "{a: 1}", "~", "-1", "0", "1e999", "-1e999", ".nan", ".inf", "0x10",
+                                 "0o17", "true", "\"\"", "\"x\"", "99999999999999999999", "-9223372036854775809",
+                                 "2147483648", "1.5", "!!binary aGVsbG8=", "&a 3", "[[[[]]]]", "\"\\u0000\""};
+  std::mt19937_64 rng(77);
+  int parsed = 0, rejected = 0;
+  for (int i = 0; i < 2000; ++i) {
+    YAML::Node root = YAML::Load(seed);
+    const int n = 1 + int(rng() % 3);
+    for (int k = 0; k < n; ++k) {
+      std::vector<std::string> sections;
+      for (auto it = root.begin(); it != root.end(); ++it) sections.push_back(it->first.as<std::string>());
+      if (sections.empty()) break;
+      const std::string section = sections[rng() % sections.size()];
+      if (rng() % 8 == 0) {  // a whole section replaced
+        root[section] = YAML::Load(kValues[rng() % std::size(kValues)]);
+        continue;
+      }
+      YAML::Node sec = root[section];
+      if (!sec.IsMap() || sec.size() == 0) continue;
+      std::vector<std::string> keys;
+      for (auto it = sec.begin(); it != sec.end(); ++it) keys.push_back(it->first.as<std::string>());
+      const std::string key = keys[rng() % keys.size()];
+      switch (rng() % 4) {
+        case 0: sec.remove(key); break;
+        case 1: sec[key + "x"] = sec[key]; sec.remove(key); break;
+        default: sec[key] = YAML::Load(kValues[rng() % std::size(kValues)]); break;
+      }
+    }
+    YAML::Emitter out;
+    out << root;
+    const std::string text = out.c_str();
+    try {
+      Config c = parse_config(text, "fuzz.yaml", {}, false);
+      validate_config(c);
+      ++parsed;
+    } catch (const Error&) {
+      ++rejected;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "input " << i << " escaped as " << typeid(e).name() << ": " << e.what() << "\n---\n" << text
+                    << "\n---";
+    }
+  }
+  std::cout << "  2000 well-formed configs: " << parsed << " parsed, " << rejected << " rejected\n";
+  EXPECT_GT(rejected, 1000);
+  EXPECT_GT(parsed, 20);
 }
 
 // Checkpoints: with their checksum every mutation is rejected before HDF5 opens the file; the
