@@ -4,9 +4,9 @@
 # RelWithDebInfo (reports name source lines), and runs ctest there. A report — an out-of-bounds
 # access, a use after free, a signed overflow, a misaligned or null-pointer access — ends the
 # process it happens in, so the test fails and its output holds the report. The kernel emulator's
-# tests (label dev) run the attention kernels' CUDA source on the CPU, so their indexing is
-# checked too, in about 40 minutes on 2 cores; the rest of the suite takes about 5 after a
-# 15-minute build. CI runs it after ./test.sh with -LE dev. Needs what ./test.sh installs.
+# tests run the attention kernels' CUDA source on the CPU, so their indexing is checked too. On
+# 2 cores: the build about 15 minutes, the kernel emulator's tests (label dev) about 15, the rest
+# about 5. CI runs it after ./test.sh. Needs what ./test.sh installs.
 # Usage: tools/sanitize_check.sh [ctest arguments, e.g. -R 'Fuzz|Checkpoint']
 set -euo pipefail
 cd "$(dirname "$0")/.."
