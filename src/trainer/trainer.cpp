@@ -95,6 +95,66 @@ std::string json_number(double v) {
   return buf;
 }
 
+
+// What the ranks of a job must share to train one model alike: the resolved config, less the
+// paths that only rank 0 reads or that each node may spell its own way (the data globs,
+// run.out_dir, train.init_from), and the shard files each data glob found, by name and size.
+std::string rank_agreement_text(const Config& config, const DataLoader& train, const DataLoader* val) {
+  Config shared = config;
+  shared.data.train = shared.data.val = shared.run.out_dir = shared.train.init_from = "";
+  std::string text = config_to_yaml(shared);
+  for (const DataLoader* d : {&train, val}) {
+    if (!d) continue;
+    text += d == &train ? "data.train shards:\n" : "data.val shards:\n";
+    for (const std::string& f : d->files()) {
+      std::error_code ec;
+      const uintmax_t bytes = fs::file_size(f, ec);
+      text += "  " + fs::path(f).filename().string() + ", " + (ec ? "size unknown" : std::to_string(bytes) + " bytes") + "\n";
+    }
+  }
+  return text;
+}
+
+// Rank 0's `text` on every rank: its length, then its bytes eight to a double (a broadcast copies
+// bits), through the communicator's device.
+std::string broadcast_text(dist::Communicator& comm, Device device, const std::string& text, const char* what) {
+  auto through = [&](Tensor host) {
+    Tensor t = device.is_cpu() ? host : host.to(device);
+    comm.broadcast(t, 0, what);
+    return device.is_cpu() ? t : t.to(Device::cpu());
+  };
+  Tensor length = Tensor::empty({1}, DType::f64, Device::cpu());
+  length.data<double>()[0] = double(text.size());
+  const size_t n = size_t(through(length).data<double>()[0]);
+  Tensor packed = Tensor::zeros({int64_t((n + 7) / 8)}, DType::f64, Device::cpu());
+  if (comm.rank() == 0) std::memcpy(packed.raw(), text.data(), n);
+  if (n == 0) return "";
+  packed = through(packed);
+  return std::string(static_cast<const char*>(packed.raw()), n);
+}
+
+// The first line where `mine` and `theirs` (rank 0's) differ, named by its section:
+// "train.batch_size: 3 (rank 0: 2)", or "data.train shards: 'train_000000.bin, 1024 bytes' (rank 0: …)".
+std::string first_difference(const std::string& mine, const std::string& theirs) {
+  std::istringstream a(mine), b(theirs);
+  std::string la, lb, section;
+  auto trim = [](const std::string& l) { return l.substr(std::min(l.find_first_not_of(' '), l.size())); };
+  while (true) {
+    const bool more_a = bool(std::getline(a, la)), more_b = bool(std::getline(b, lb));
+    if (!more_a && !more_b) return "(none)";
+    if (more_a && more_b && la == lb) {
+      if (!la.empty() && la[0] != ' ' && la[0] != '#' && la.back() == ':') section = la.substr(0, la.size() - 1);
+      continue;
+    }
+    const std::string ta = more_a ? trim(la) : "(nothing)", tb = more_b ? trim(lb) : "(nothing)";
+    const size_t ka = ta.find(": "), kb = tb.find(": ");
+    if (!section.empty() && ka != std::string::npos && kb != std::string::npos && ta.compare(0, ka, tb, 0, kb) == 0 &&
+        ta.find(',') == std::string::npos)
+      return section + "." + ta + " (rank 0: " + tb.substr(kb + 2) + ")";
+    return (section.empty() ? "" : section + ": ") + "'" + ta + "' (rank 0: '" + tb + "')";
+  }
+}
+
 }  // namespace
 
 // Length of the well-formed UTF-8 sequence starting at s[i] (RFC 3629: no overlong forms, no
@@ -355,6 +415,22 @@ void Trainer::log_sample(int64_t step) {
   metrics("{\"type\":\"sample\",\"step\":" + std::to_string(step) + ",\"text\":" + json_string(text) + "}");
 }
 
+void Trainer::check_ranks_agree(Device device) {
+  if (comm_->world_size() == 1) return;
+  // The first collective that depends on the config: ranks of another model or batch would
+  // otherwise meet in collectives of other sizes, and ranks reading other data would train
+  // another model than one process would, silently.
+  const std::string mine = rank_agreement_text(config_, *train_data_, val_data_.get());
+  const std::string rank0 = broadcast_text(*comm_, device, mine, "the config and data of rank 0");
+  const bool same = mine == rank0;
+  if (comm_->all_agree(same, "checking the ranks' configs and data")) return;
+  TG_CHECK(!same, "the ranks of this job were given different configs or data (see the error of the rank that "
+           "differs); every rank needs the same config and the same data shards");
+  TG_CHECK(false, "this rank's config or data differs from rank 0's, at ", first_difference(mine, rank0),
+           "; every rank of a job needs the same config and the same data shards (on several nodes: the same "
+           "files on each)");
+}
+
 TrainResult Trainer::run(const std::string& resume_option) {
   std::string resume = resume_option;
   const TrainConfig& tc = config_.train;
@@ -450,6 +526,7 @@ TrainResult Trainer::run(const std::string& resume_option) {
              config_.model.vocab_size, "; set model.vocab_size to at least ", codec_.bpe->vocab_size());
     log_line("tokenizer: " + codec_.describe() + " from the training data's folder");
   }
+  check_ranks_agree(device);
   log_line("model: " + std::to_string(model_->params().numel()) + " parameters; train data " +
            std::to_string(train_data_->total_tokens()) + " tokens, val data " +
            (val_data_ ? std::to_string(val_data_->total_tokens()) + " tokens" : std::string("none (run.eval_every 0)")));

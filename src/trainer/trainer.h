@@ -66,6 +66,9 @@ class Trainer {
   // Runs fn on rank 0 only; every rank learns whether it threw and throws too (rank 0 its own
   // error), so no rank is left waiting in a collective for a rank that failed alone.
   void on_rank0(const char* what, const std::function<void()>& fn);
+  // Several ranks: every rank compares its resolved config and data shards with rank 0's, and all
+  // stop with the first difference named when one differs.
+  void check_ranks_agree(Device device);
   void resume_from(const std::string& resume);
   void init_from(const std::string& path);  // train.init_from
   bool lead() const { return comm_->rank() == 0; }

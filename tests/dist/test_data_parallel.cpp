@@ -361,6 +361,45 @@ TEST(DataParallel, ResumesExactlyAtTheSameWorldSize) {
 }
 
 // SIGTERM reaching the last rank alone: every rank stops after the same step, one checkpoint.
+// Ranks given another config or other data stop together at the start, before the run's first
+// collective of their sizes, the rank that differs naming the first difference. (The paths may
+// differ: every rank of these tests reads a corpus folder of its own, as nodes without a shared
+// file system would.)
+TEST(DataParallel, RanksWithAnotherConfigOrOtherDataStopNamingTheDifference) {
+  if (W() == 1) GTEST_SKIP() << "needs several ranks (tests/dist/mpirun_test.sh starts them)";
+  const bool odd_one = rank() == W() - 1;
+  auto error_of = [](const Config& c) {
+    try {
+      Trainer(c).run();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  Config c = dp_config("dp_other_config", 2, 1);
+  if (odd_one) c.train.batch_size = 3;
+  std::string err = error_of(c);
+  if (odd_one) EXPECT_NE(err.find("differs from rank 0's, at train.batch_size: 3 (rank 0: 2)"), std::string::npos) << err;
+  else EXPECT_NE(err.find("were given different configs or data"), std::string::npos) << err;
+
+  Config d = dp_config("dp_other_data", 2, 1);
+  if (odd_one) {
+    const fs::path other = corpus_dir() / "other";
+    fs::create_directories(other);
+    std::ofstream f(other / "text.txt");
+    for (int i = 0; i < 500; ++i) f << "Another text " << i % 5 << ".\n";
+    f.close();
+    prepare_text({(other / "text.txt").string()}, (other / "data").string(), 0.1, false);
+    d.data.train = (other / "data" / "train_*.bin").string();
+    d.data.val = (other / "data" / "val_*.bin").string();
+  }
+  err = error_of(d);
+  if (odd_one) EXPECT_NE(err.find("differs from rank 0's, at data.train shards: 'train_000000.bin, "), std::string::npos) << err;
+  else EXPECT_NE(err.find("were given different configs or data"), std::string::npos) << err;
+  // The job goes on: no rank is left waiting in a collective.
+  job().barrier("test: after the refused runs");
+}
+
 TEST(DataParallel, SignalToOneRankStopsAllAfterTheSameStep) {
   Config c = dp_config("dp_signal", 2, 1);
   Trainer t(c);
