@@ -14,6 +14,10 @@ namespace tg {
 
 nn::GPTConfig gpt_config_from(const ModelConfig& m);
 
+// The checkpoint string naming the training shards of the run that wrote it, by name and size: a
+// resume on other shards says so (the data order continues by step over whatever the glob finds).
+constexpr const char* kCheckpointTrainShards = "train_shards";
+
 // Counters that, with parameters and moments, make a resumed run bitwise equal to a straight one.
 struct TrainState {
   int64_t step = 0;         // optimizer steps completed

@@ -96,22 +96,25 @@ std::string json_number(double v) {
 }
 
 
+// The shard files a data loader reads, one line each: its name and size.
+std::string shard_listing(const DataLoader& d) {
+  std::string text;
+  for (const std::string& f : d.files()) {
+    std::error_code ec;
+    const uintmax_t bytes = fs::file_size(f, ec);
+    text += "  " + fs::path(f).filename().string() + ", " + (ec ? "size unknown" : std::to_string(bytes) + " bytes") + "\n";
+  }
+  return text;
+}
+
 // What the ranks of a job must share to train one model alike: the resolved config, less the
 // paths that only rank 0 reads or that each node may spell its own way (the data globs,
 // run.out_dir, train.init_from), and the shard files each data glob found, by name and size.
 std::string rank_agreement_text(const Config& config, const DataLoader& train, const DataLoader* val) {
   Config shared = config;
   shared.data.train = shared.data.val = shared.run.out_dir = shared.train.init_from = "";
-  std::string text = config_to_yaml(shared);
-  for (const DataLoader* d : {&train, val}) {
-    if (!d) continue;
-    text += d == &train ? "data.train shards:\n" : "data.val shards:\n";
-    for (const std::string& f : d->files()) {
-      std::error_code ec;
-      const uintmax_t bytes = fs::file_size(f, ec);
-      text += "  " + fs::path(f).filename().string() + ", " + (ec ? "size unknown" : std::to_string(bytes) + " bytes") + "\n";
-    }
-  }
+  std::string text = config_to_yaml(shared) + "data.train shards:\n" + shard_listing(train);
+  if (val) text += "data.val shards:\n" + shard_listing(*val);
   return text;
 }
 
@@ -133,9 +136,9 @@ std::string broadcast_text(dist::Communicator& comm, Device device, const std::s
   return std::string(static_cast<const char*>(packed.raw()), n);
 }
 
-// The first line where `mine` and `theirs` (rank 0's) differ, named by its section:
+// The first line where `mine` and `theirs` differ, named by its section, `whose` naming theirs:
 // "train.batch_size: 3 (rank 0: 2)", or "data.train shards: 'train_000000.bin, 1024 bytes' (rank 0: …)".
-std::string first_difference(const std::string& mine, const std::string& theirs) {
+std::string first_difference(const std::string& mine, const std::string& theirs, const std::string& whose) {
   std::istringstream a(mine), b(theirs);
   std::string la, lb, section;
   auto trim = [](const std::string& l) { return l.substr(std::min(l.find_first_not_of(' '), l.size())); };
@@ -150,8 +153,8 @@ std::string first_difference(const std::string& mine, const std::string& theirs)
     const size_t ka = ta.find(": "), kb = tb.find(": ");
     if (!section.empty() && ka != std::string::npos && kb != std::string::npos && ta.compare(0, ka, tb, 0, kb) == 0 &&
         ta.find(',') == std::string::npos)
-      return section + "." + ta + " (rank 0: " + tb.substr(kb + 2) + ")";
-    return (section.empty() ? "" : section + ": ") + "'" + ta + "' (rank 0: '" + tb + "')";
+      return section + "." + ta + " (" + whose + ": " + tb.substr(kb + 2) + ")";
+    return (section.empty() ? "" : section + ": ") + "'" + ta + "' (" + whose + ": '" + tb + "')";
   }
 }
 
@@ -299,6 +302,7 @@ std::string Trainer::save(const char* why, bool prune) {
   std::string path;
   on_rank0("writing the checkpoint", [&] {
     CheckpointData data = make_checkpoint(*model_, m, v, opt_->steps_taken(), state_, config_yaml_);
+    data.strings[kCheckpointTrainShards] = "data.train shards:\n" + shard_listing(*train_data_);
     if (codec_.bpe) {  // the run's tokenizer travels with its weights (sample, eval, export read it)
       data.strings[kCheckpointVocab] = codec_.bpe->vocab_json();
       data.strings[kCheckpointMerges] = codec_.bpe->merges_txt();
@@ -329,11 +333,15 @@ void Trainer::resume_from(const std::string& resume) {
     m = Tensor::zeros({params.numel()}, DType::f32, model_->device());
     v = Tensor::zeros({params.numel()}, DType::f32, model_->device());
   }
-  std::string path;
+  std::string path, shards_differ;
   int64_t optimizer_steps = 0, dropped_records = 0;
   on_rank0("reading the checkpoint", [&] {
     auto [found, ckpt] = resolve_and_load(config_.run.out_dir, resume);
     path = found;
+    if (auto it = ckpt.strings.find(kCheckpointTrainShards); it != ckpt.strings.end()) {
+      const std::string now = "data.train shards:\n" + shard_listing(*train_data_);
+      if (it->second != now) shards_differ = first_difference(now, it->second, "the checkpoint's run");
+    }
     check_model_compatible(config_.model, checkpoint_config(ckpt, path).model, path);
     restore_parameters(*model_, ckpt, path);
     optimizer_steps = restore_moments(m, v, *model_, ckpt, path);
@@ -381,6 +389,10 @@ void Trainer::resume_from(const std::string& resume) {
   log_line("resumed from " + path + " at step " + std::to_string(state_.step) + " (written by " +
            std::to_string(state_.world_size) + (state_.world_size == 1 ? " rank" : " ranks") + ", this run has " +
            std::to_string(comm_->world_size()) + ")");
+  if (!shards_differ.empty())
+    log_line("note: the training shards differ from those the checkpoint's run read, at " + shards_differ +
+             ": the data order continues by step over these shards, so the batches from here are not those the "
+             "interrupted run would have trained on");
   if (dropped_records > 0)
     log_line("metrics.jsonl: removed " + std::to_string(dropped_records) + " records of steps after " +
              std::to_string(state_.step) + " (they are trained again)");
@@ -426,7 +438,7 @@ void Trainer::check_ranks_agree(Device device) {
   if (comm_->all_agree(same, "checking the ranks' configs and data")) return;
   TG_CHECK(!same, "the ranks of this job were given different configs or data (see the error of the rank that "
            "differs); every rank needs the same config and the same data shards");
-  TG_CHECK(false, "this rank's config or data differs from rank 0's, at ", first_difference(mine, rank0),
+  TG_CHECK(false, "this rank's config or data differs from rank 0's, at ", first_difference(mine, rank0, "rank 0"),
            "; every rank of a job needs the same config and the same data shards (on several nodes: the same "
            "files on each)");
 }

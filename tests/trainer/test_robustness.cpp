@@ -210,6 +210,40 @@ TEST(Robustness, MetricsRewindReadsLinesOfAnyContent) {
   fs::remove(path);
 }
 
+// A resume on other training shards (a shard added to the glob's folder) says so in train.log,
+// naming the shard; a resume on the same shards says nothing.
+TEST(Robustness, ResumeOnOtherTrainingShardsSaysSo) {
+  Config cfg = tiny_config("other_shards");
+  const fs::path data = fs::path(cfg.run.out_dir).parent_path() / "other_shards_data";
+  fs::remove_all(data);
+  fs::create_directories(data);
+  fs::copy_file(corpus_dir() / "data" / "train_000000.bin", data / "train_000000.bin");
+  cfg.data.train = (data / "train_*.bin").string();
+  cfg.train.max_steps = 4;
+  cfg.run.eval_every = 0;
+  Trainer(cfg).run();
+  const fs::path log = fs::path(cfg.run.out_dir) / "train.log";
+  auto notes = [&] {
+    int n = 0;
+    std::string last;
+    for (const std::string& line : lines_of(log))
+      if (line.find("training shards differ") != std::string::npos) ++n, last = line;
+    return std::make_pair(n, last);
+  };
+  Config more = cfg;
+  more.train.max_steps = 6;
+  Trainer(more).run("latest");
+  EXPECT_EQ(notes().first, 0);
+  fs::copy_file(data / "train_000000.bin", data / "train_000001.bin");
+  more.train.max_steps = 8;
+  Trainer(more).run("latest");
+  const auto [n, line] = notes();
+  EXPECT_EQ(n, 1);
+  EXPECT_NE(line.find("at data.train shards: 'train_000001.bin, " + std::to_string(fs::file_size(data / "train_000001.bin")) +
+                      " bytes' (the checkpoint's run: '(nothing)')"), std::string::npos) << line;
+  fs::remove_all(data);
+}
+
 TEST(Robustness, ResumeAtOrBeyondMaxStepsIsAnError) {
   Config cfg = tiny_config("beyond");
   cfg.train.max_steps = 8;
