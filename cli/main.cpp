@@ -90,6 +90,7 @@ int cmd_sample(const cli::Args& a) {
   so.tokens = a.get_int("tokens", 200);
   so.temperature = a.get_double("temperature", 1.0);
   so.top_k = a.get_int("top-k", 0);
+  so.top_p = a.get_double("top-p", 1.0);
   const int64_t seed = a.get_int("seed", 1337);
   TG_CHECK(seed >= 0, "tilegrad sample: --seed must be ≥ 0 (as train.seed), got ", seed);
   so.seed = uint64_t(seed);
@@ -97,6 +98,8 @@ int cmd_sample(const cli::Args& a) {
   TG_CHECK(std::isfinite(so.temperature) && so.temperature >= 0, "tilegrad sample: --temperature must be a finite "
            "number ≥ 0 (0 = greedy), got ", a.get("temperature", ""));
   TG_CHECK(so.top_k >= 0, "tilegrad sample: --top-k must be ≥ 0 (0 = all tokens), got ", so.top_k);
+  TG_CHECK(so.top_p > 0 && so.top_p <= 1, "tilegrad sample: --top-p must be in (0, 1] (1 = all tokens), got ",
+           a.get("top-p", ""));
   so.kv_cache = !a.has("no-kv-cache");
   auto [model, cfg, codec] = load_model(a.positional[0], a.get("device", "auto"));
   so.drawable_ids = codec.vocab_size();
@@ -241,6 +244,8 @@ std::vector<cli::Command> commands() {
         {"--tokens", "N", "number of tokens to generate", "200"},
         {"--temperature", "T", "softmax temperature; 0 = greedy", "1.0"},
         {"--top-k", "K", "sample only among the K most likely tokens; 0 = all", "0"},
+        {"--top-p", "P", "sample only among the most likely tokens whose probabilities first sum to P (nucleus); 1 = all",
+         "1"},
         {"--seed", "S", "sampling seed (same seed, same text)", "1337"},
         {"--device", "D", "auto (the GPU when there is one), cpu or cuda", "auto"},
         {"--no-kv-cache", "", "recompute the whole context for every token instead of caching keys and values", ""}},

@@ -1,4 +1,4 @@
-// Sampling (temperature, top-k) and deterministic validation loss.
+// Sampling (temperature, top-k, top-p) and deterministic validation loss.
 #include "src/trainer/generate.h"
 
 #include <algorithm>
@@ -22,6 +22,7 @@ struct EvalMode {
 std::vector<int32_t> generate(nn::GPT& model, const std::vector<int32_t>& prompt, const SampleOptions& opt) {
   TG_CHECK(opt.temperature >= 0, "sample: temperature must be ≥ 0, got ", opt.temperature);
   TG_CHECK(opt.top_k >= 0, "sample: top-k must be ≥ 0, got ", opt.top_k);
+  TG_CHECK(opt.top_p > 0 && opt.top_p <= 1, "sample: top-p must be in (0, 1], got ", opt.top_p);
   TG_CHECK(opt.tokens >= 0, "sample: the number of tokens must be ≥ 0, got ", opt.tokens);
   NoGradGuard no_grad;
   EvalMode eval(model);
@@ -65,6 +66,13 @@ std::vector<int32_t> generate(nn::GPT& model, const std::vector<int32_t>& prompt
       double mx = l[size_t(idx[0])], z = 0;
       std::vector<double> p(static_cast<size_t>(k));
       for (int64_t j = 0; j < k; ++j) z += p[size_t(j)] = std::exp((l[size_t(idx[size_t(j)])] - mx) / opt.temperature);
+      if (opt.top_p < 1) {  // the nucleus: the shortest run of the most likely holding top_p of the mass
+        const double target = opt.top_p * z;
+        double mass = 0;
+        int64_t kept = 0;
+        while (kept < k && mass < target) mass += p[size_t(kept++)];
+        k = kept, z = mass;
+      }
       double u = double(cpu::uniform_from(opt.seed, uint64_t(i))) * z, acc = 0;
       next = idx[size_t(k - 1)];
       for (int64_t j = 0; j < k; ++j) {

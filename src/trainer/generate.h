@@ -14,6 +14,9 @@ struct SampleOptions {
   int64_t tokens = 200;
   double temperature = 1.0;  // 0 → greedy
   int64_t top_k = 0;         // 0 → the whole vocabulary
+  // Nucleus sampling: only the most likely tokens whose probabilities (after temperature and
+  // top-k) first sum to at least top_p are drawn from; 1 → all of them.
+  double top_p = 1.0;
   uint64_t seed = 1337;
   // Ids from this one on are never drawn: a model's vocabulary padded past its tokenizer's
   // (GPT-2's 50257 to 50304) has ids no text holds and no decoder knows. 0: every id.

@@ -827,6 +827,8 @@ TEST(Robustness, BadCommandValuesAreUserErrors) {
       {" sample " + dir + " --tokens -5", "--tokens must be ≥ 1"},
       {" sample " + dir + " --top-k -1", "--top-k must be ≥ 0"},
       {" sample " + dir + " --seed -5", "--seed must be ≥ 0"},
+      {" sample " + dir + " --top-p 0", "--top-p must be in (0, 1]"},
+      {" sample " + dir + " --top-p 1.5", "--top-p must be in (0, 1]"},
       {" sample " + dir + " --temperature nan", "--temperature must be"},
       {" prepare --text x --out y --val-fraction 2", "--val-fraction must be in (0, 1)"},
       {" prepare --text x --out y --val-fraction 0", "--val-fraction must be in (0, 1)"},

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <sstream>
 
 #include "src/data/bpe.h"
@@ -487,6 +488,48 @@ TEST(Sampling, DeterministicForASeed) {
   auto g1 = generate(model, {65}, o);
   o.temperature = 0;
   EXPECT_EQ(generate(model, {65}, o), g1);
+}
+
+// Nucleus sampling: top-p 1 draws what sampling without it draws; a nucleus smaller than the
+// most likely token's probability holds that token alone (greedy); in between, every token drawn
+// lies in the nucleus of its step, and the nucleus shrinks what is drawn.
+TEST(Sampling, TopPDrawsFromTheNucleus) {
+  nn::GPTConfig g;
+  g.n_layer = 1; g.n_head = 2; g.d_model = 16; g.max_seq_len = 64;
+  nn::GPT model(g, 3);
+  SampleOptions o;
+  o.tokens = 40; o.seed = 5; o.temperature = 3;  // flat enough that the nucleus holds many tokens
+  const std::vector<int32_t> all = generate(model, {65, 66}, o);
+  o.top_p = 1;
+  EXPECT_EQ(generate(model, {65, 66}, o), all);
+  o.top_p = 1e-9;
+  const std::vector<int32_t> tiny = generate(model, {65, 66}, o);
+  SampleOptions greedy = o;
+  greedy.temperature = 0, greedy.top_p = 1;
+  EXPECT_EQ(tiny, generate(model, {65, 66}, greedy));
+  // Each token of a top-p 0.5 run is among the most likely ids whose probabilities first reach 0.5.
+  o.top_p = 0.5;
+  const std::vector<int32_t> half = generate(model, {65, 66}, o);
+  std::vector<int32_t> seq = {65, 66};
+  std::set<int32_t> distinct;
+  for (int32_t t : half) {
+    NoGradGuard no_grad;
+    model.set_training(false);
+    const int64_t n = int64_t(seq.size()), V = g.vocab_size;
+    const std::vector<double> logits = model.forward(Tensor::from_ints(seq, {1, n})).to_double_vector();
+    std::vector<double> p(logits.end() - V, logits.end());
+    const double mx = *std::max_element(p.begin(), p.end());
+    double z = 0;
+    for (double& v : p) z += v = std::exp((v - mx) / o.temperature);
+    double above = 0;  // the mass of the ids more likely than the drawn one
+    for (double v : p) if (v > p[size_t(t)]) above += v;
+    EXPECT_LT(above, 0.5 * z) << "token " << t << " is outside the nucleus";
+    seq.push_back(t);
+    distinct.insert(t);
+  }
+  EXPECT_GT(distinct.size(), 3u);
+  EXPECT_THROW(generate(model, {65}, SampleOptions{.top_p = 0}), Error);
+  EXPECT_THROW(generate(model, {65}, SampleOptions{.top_p = 1.5}), Error);
 }
 
 // A vocabulary padded past the tokenizer's: ids from drawable_ids on are never drawn, greedy or
