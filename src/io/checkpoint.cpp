@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -482,11 +483,14 @@ void durable_rename(const std::string& from, const std::string& to, const std::s
   fsync_path(dir, true);
 }
 
-std::optional<std::string> read_latest_name(const std::string& dir) {
-  const std::string path = (fs::path(dir) / "latest").string();
+// The file name a pointer (`latest`, `best`) holds on its first line; nullopt when there is no
+// pointer.
+std::optional<std::string> read_pointer_name(const std::string& dir, const char* pointer) {
+  const std::string path = (fs::path(dir) / pointer).string();
   if (!path_exists(path)) return std::nullopt;
-  // `latest` holds one file name; anything else (a device, a pipe, a large file) names nothing,
-  // and the newest checkpoint that loads is taken instead.
+  // A pointer holds one file name (`best` a second line with its val loss); anything else (a
+  // device, a pipe, a large file) names nothing, and the newest checkpoint that loads is taken
+  // instead of `latest`.
   std::string text;
   try {
     text = read_regular_file(path, "checkpoint", 4096);
@@ -532,11 +536,12 @@ void prune(const std::string& dir, int keep_last) {
   }
   if (keep_last <= 0) return;
   std::vector<std::string> all = list_checkpoints(dir);
-  std::string latest = read_latest_name(dir).value_or("");
+  const std::string latest = read_pointer_name(dir, "latest").value_or("");
+  const std::string best = read_pointer_name(dir, "best").value_or("");
   if (all.size() <= static_cast<size_t>(keep_last)) return;
   size_t n_delete = all.size() - static_cast<size_t>(keep_last);
   for (size_t i = 0; i < n_delete && i + 1 < all.size(); ++i) {
-    if (fs::path(all[i]).filename() == latest) continue;
+    if (fs::path(all[i]).filename() == latest || fs::path(all[i]).filename() == best) continue;
     std::error_code rm_ec;
     fs::remove(all[i], rm_ec);
     if (!rm_ec) fs::remove(all[i] + ".sum", rm_ec);
@@ -775,6 +780,42 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const Checkpoi
   return final_path;
 }
 
+void mark_best(const std::string& dir, int64_t step, double val_loss, int keep_last) {
+  const std::string name = "ckpt-" + std::to_string(step) + ".h5";
+  const fs::path d(dir);
+  TG_CHECK(fs::is_regular_file(d / name), "mark_best: ", (d / name).string(), " does not exist");
+  char loss[64];
+  std::snprintf(loss, sizeof loss, "%.17g", val_loss);
+  const std::string text = name + "\nval_loss " + loss + "\n", tmp = (d / ".best.tmp").string();
+  try {
+    write_bytes(tmp, text.data(), text.size());
+    durable_rename(tmp, (d / "best").string(), dir);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    throw;
+  }
+  prune(dir, keep_last);  // the previous best is an ordinary checkpoint now
+}
+
+std::optional<std::pair<std::string, double>> read_best(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "best").string();
+  auto name = read_pointer_name(dir, "best");
+  if (!name || !parse_step(*name) || !fs::is_regular_file(fs::path(dir) / *name)) return std::nullopt;
+  std::string text;
+  try {
+    text = read_regular_file(path, "checkpoint", 4096);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+  const size_t at = text.find("\nval_loss ");
+  if (at == std::string::npos) return std::nullopt;
+  char* end = nullptr;
+  const double loss = std::strtod(text.c_str() + at + 10, &end);
+  if (end == text.c_str() + at + 10 || !std::isfinite(loss)) return std::nullopt;
+  return std::make_pair((fs::path(dir) / *name).string(), loss);
+}
+
 CheckpointData load_checkpoint(const std::string& path) {
   std::lock_guard<std::recursive_mutex> lock(h5_mutex());
   quiet_hdf5();
@@ -799,6 +840,19 @@ std::pair<std::string, CheckpointData> resolve_and_load(const std::string& dir_o
   std::lock_guard<std::recursive_mutex> lock(h5_mutex());
   quiet_hdf5();
   std::error_code ec;
+  // A pointer given as the path (RUN/latest, RUN/best): what it names.
+  const fs::path as_path(dir_or_path);
+  if ((as_path.filename() == "latest" || as_path.filename() == "best") && fs::is_regular_file(as_path, ec) &&
+      which == "latest")
+    return resolve_and_load(as_path.parent_path().empty() ? "." : as_path.parent_path().string(),
+                            as_path.filename().string());
+  if (which == "best") {
+    // The best checkpoint exactly, or an error: another file would not be the best.
+    auto best = read_best(dir_or_path);
+    TG_CHECK(best, "no best checkpoint in ", dir_or_path, ": its `best` file is missing or names no checkpoint "
+             "there (a run with run.keep_best: true writes it at each evaluation that lowers the val loss)");
+    return {best->first, load_impl(best->first)};
+  }
   if (which != "latest") {
     // An explicit request is honored exactly: falling back to another file would be a surprise.
     fs::path p(which);
@@ -814,7 +868,7 @@ std::pair<std::string, CheckpointData> resolve_and_load(const std::string& dir_o
 
   const std::string latest_file = (fs::path(dir_or_path) / "latest").string();
   std::string tried;
-  auto latest = read_latest_name(dir_or_path);
+  auto latest = read_pointer_name(dir_or_path, "latest");
   if (!latest) {
     std::cerr << "[checkpoint] " << latest_file << " is missing; falling back to the newest complete checkpoint\n";
   } else if (latest->empty() || latest->find('/') != std::string::npos || !parse_step(*latest)) {

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -45,10 +46,20 @@ CheckpointData load_checkpoint(const std::string& path);
 
 // which == "latest": reads `dir_or_path/latest`; if it is missing or names a file that does not
 // load, says so on stderr and falls back to the newest complete ckpt-*.h5 that loads (temporary
-// files are never considered). If dir_or_path is itself a file, loads that file.
+// files are never considered). If dir_or_path is itself a file, loads that file; a pointer file
+// (RUN/latest, RUN/best) is followed as which == its name.
+// which == "best": the checkpoint `dir_or_path/best` names, exactly (an error when there is none).
 // Otherwise `which` is a path (absolute, relative to the working directory, or relative to
 // dir_or_path); it is loaded without fallback. Returns the path actually loaded and its data.
 std::pair<std::string, CheckpointData> resolve_and_load(const std::string& dir_or_path, const std::string& which);
+
+// Names `dir/ckpt-<step>.h5` (which must exist) in the pointer `dir/best`, with its val loss on a
+// second line, written atomically like `latest`, then prunes to `keep_last` as save_checkpoint
+// does. Pruning never deletes the checkpoint `best` names.
+void mark_best(const std::string& dir, int64_t step, double val_loss, int keep_last);
+// The checkpoint `dir/best` names (its path) and its val loss; nullopt when there is no `best`,
+// or it names no checkpoint file there.
+std::optional<std::pair<std::string, double>> read_best(const std::string& dir);
 
 // Complete checkpoints (files named ckpt-<step>.h5) in `dir`, sorted by step ascending.
 // Empty if the directory does not exist.

@@ -233,6 +233,10 @@ const std::vector<Field>& fields() {
     t.push_back(TG_FIELD(run, sample_tokens, "Tokens per generated sample.").min(1));
     t.push_back(TG_FIELD(run, ckpt_every, "Steps between checkpoints; 0 = never.").min(0));
     t.push_back(TG_FIELD(run, keep_last, "Checkpoints kept on disk; 0 keeps all.").min(0));
+    t.push_back(TG_FIELD(run, keep_best,
+                         "After each evaluation whose val loss is the lowest so far, keep that step's checkpoint "
+                         "(written then if the step has none) and name it in RUN_DIR/best, which keep_last never "
+                         "prunes; `tilegrad sample RUN_DIR/best` reads it. Needs run.eval_every > 0."));
     t.push_back(TG_FIELD(run, comm_timeout_s,
                          "Data parallelism: seconds a collective may wait for the other ranks before this rank "
                          "gives up, naming the collective and the step, and exits non-zero.")
@@ -552,6 +556,10 @@ void validate(const Config& c, const Locations& loc) {
              std::to_string(m.max_seq_len) + ", " + loc.note("model.max_seq_len") +
              "); the learned position table has max_seq_len rows: lower train.seq_len or raise "
              "model.max_seq_len");
+  if (c.run.keep_best && c.run.eval_every == 0)
+    fail(loc.of_either("run.keep_best", "run.eval_every"), "run.keep_best",
+         "true needs evaluations to choose the best checkpoint by, but run.eval_every is 0 (" +
+             loc.note("run.eval_every") + "); set run.eval_every, or run.keep_best: false");
   if (c.data.document_mask && c.data.eot_token >= m.vocab_size)
     fail(loc.of_either("data.eot_token", "model.vocab_size"), "data.eot_token",
          std::to_string(c.data.eot_token) + loc.if_default("data.eot_token") +

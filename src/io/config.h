@@ -73,6 +73,7 @@ struct RunConfig {
   int sample_tokens = 200;               // tokens per generated sample
   std::int64_t ckpt_every = 500;         // steps between checkpoints; 0 = never
   int keep_last = 3;                     // checkpoints kept on disk; 0 keeps all
+  bool keep_best = false;                // keep the checkpoint of the lowest val loss as RUN_DIR/best
   double comm_timeout_s = 600.0;         // data parallelism: seconds a collective may take before the rank gives up
   bool operator==(const RunConfig&) const = default;
 };

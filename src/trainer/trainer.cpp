@@ -552,6 +552,17 @@ TrainResult Trainer::run(const std::string& resume_option) {
 
   optim::LRSchedule schedule{tc.lr_schedule == "constant" ? optim::Schedule::constant : optim::Schedule::cosine,
                              tc.lr, tc.min_lr, tc.warmup_steps, tc.max_steps};
+  // run.keep_best: the val loss to beat, from the run directory's `best` (a resumed run's); rank 0
+  // reads it and the ranks take its value.
+  double best_val_loss = INFINITY;
+  if (rc.keep_best) {
+    on_rank0("reading the best checkpoint's val loss", [&] {
+      if (auto best = read_best(out)) best_val_loss = best->second;
+    });
+    if (W > 1)
+      best_val_loss = comm_->all_reduce_values({lead() ? best_val_loss : INFINITY}, dist::ReduceOp::min,
+                                               "the best val loss")[0];
+  }
   install_stop_handlers();
   TrainResult result;
   const int64_t B = tc.batch_size, T = tc.seq_len, k = tc.grad_accum;
@@ -764,6 +775,14 @@ TrainResult Trainer::run(const std::string& resume_option) {
       log_line("step " + std::to_string(done) + " | val loss " + fmt("%.4f", result.last_val_loss));
       metrics("{\"type\":\"eval\",\"step\":" + std::to_string(done) + ",\"val_loss\":" +
               json_number(result.last_val_loss) + "}");
+      // The val loss is the ranks' mean, the same on each: they save (a collective) alike.
+      if (rc.keep_best && result.last_val_loss < best_val_loss) {
+        best_val_loss = result.last_val_loss;
+        if (!save_now && !stopping) result.last_checkpoint = save("the lowest val loss so far");
+        on_rank0("marking the best checkpoint", [&] { mark_best(out, done, best_val_loss, rc.keep_last); });
+        log_line("step " + std::to_string(done) + " | the lowest val loss so far: ckpt-" + std::to_string(done) +
+                 ".h5 kept as " + (fs::path(out) / "best").string());
+      }
     }
     if (rc.sample_every > 0 && done % rc.sample_every == 0 && lead()) log_sample(done);
     if (stopping) {

@@ -19,6 +19,7 @@
 #include <map>
 #include <random>
 #include <regex>
+#include <set>
 
 #include "src/data/prepare.h"
 #include "src/interop/hf.h"
@@ -242,6 +243,58 @@ TEST(Robustness, ResumeOnOtherTrainingShardsSaysSo) {
   EXPECT_NE(line.find("at data.train shards: 'train_000001.bin, " + std::to_string(fs::file_size(data / "train_000001.bin")) +
                       " bytes' (the checkpoint's run: '(nothing)')"), std::string::npos) << line;
   fs::remove_all(data);
+}
+
+// run.keep_best: after every evaluation the run directory's `best` names the checkpoint of the
+// lowest val loss so far — written at that step when no periodic checkpoint fell there, kept
+// through keep_last's pruning, carried on by a resumed run — and RUN/best loads it.
+TEST(Robustness, KeepBestKeepsTheCheckpointOfTheLowestValLoss) {
+  Config cfg = tiny_config("keep_best");
+  cfg.train.max_steps = 5;
+  cfg.train.lr = 0.3;  // a loss that rises as well as falls
+  cfg.run.eval_every = 1;
+  cfg.run.ckpt_every = 5;
+  cfg.run.keep_last = 1;
+  cfg.run.keep_best = true;
+  const std::string out = cfg.run.out_dir;
+  auto lowest = [&] {  // (step, val loss) of the lowest eval record so far
+    std::pair<int64_t, double> best{-1, INFINITY};
+    std::regex eval_re("\"type\":\"eval\",\"step\":([0-9]+),\"val_loss\":([-0-9.e+]+)");
+    for (const std::string& line : lines_of(fs::path(out) / "metrics.jsonl")) {
+      std::smatch m;
+      if (std::regex_search(line, m, eval_re) && std::stod(m[2]) < best.second) best = {std::stoll(m[1]), std::stod(m[2])};
+    }
+    return best;
+  };
+  auto expect_best = [&](const char* when) {
+    SCOPED_TRACE(when);
+    const auto [step, loss] = lowest();
+    ASSERT_GT(step, 0);
+    const auto best = read_best(out);
+    ASSERT_TRUE(best.has_value());
+    EXPECT_EQ(fs::path(best->first).filename(), "ckpt-" + std::to_string(step) + ".h5");
+    EXPECT_NEAR(best->second, loss, 1e-8 * std::abs(loss));  // metrics.jsonl keeps 10 digits
+    EXPECT_EQ(resolve_and_load(out + "/best", "latest").first, best->first);  // the pointer as a path
+    EXPECT_EQ(resolve_and_load(out, "best").first, best->first);
+    // keep_last 1: the latest and the best, nothing else.
+    std::set<std::string> kept;
+    for (const std::string& p : list_checkpoints(out)) kept.insert(fs::path(p).filename().string());
+    std::set<std::string> want = {fs::path(best->first).filename().string(), lines_of(fs::path(out) / "latest").front()};
+    EXPECT_EQ(kept, want);
+  };
+  Trainer(cfg).run();
+  ASSERT_LT(lowest().first, 5) << "the test needs a val loss that rose after its lowest";
+  expect_best("first run");
+  Config more = cfg;
+  more.train.max_steps = 20;
+  Trainer(more).run("latest");
+  expect_best("resumed run");
+  // Without `best`, asking for it is an error; keep_best needs evaluations.
+  EXPECT_NE(error_of([&] { resolve_and_load(corpus_dir().string(), "best"); }).find("no best checkpoint in"),
+            std::string::npos);
+  Config no_eval = cfg;
+  no_eval.run.eval_every = 0;
+  EXPECT_NE(error_of([&] { validate_config(no_eval); }).find("run.keep_best: true needs evaluations"), std::string::npos);
 }
 
 TEST(Robustness, ResumeAtOrBeyondMaxStepsIsAnError) {
