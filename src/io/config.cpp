@@ -164,10 +164,17 @@ const std::vector<Field>& fields() {
     t.push_back(TG_FIELD(train, grad_accum, "Micro-batches accumulated per optimizer step.").min(1));
     t.push_back(TG_FIELD(train, max_steps, "Optimizer steps to train for.").min(1));
     t.push_back(TG_FIELD(train, lr, "Peak learning rate, reached at the end of warmup.").positive());
-    t.push_back(TG_FIELD(train, min_lr, "Final learning rate of the cosine schedule; <= lr.").min(0));
+    t.push_back(TG_FIELD(train, min_lr, "Final learning rate of the cosine and wsd schedules; <= lr.").min(0));
     t.push_back(TG_FIELD(train, warmup_steps, "Steps of linear warmup from 0 to lr; <= max_steps.").min(0));
-    t.push_back(TG_FIELD(train, lr_schedule, "After warmup: cosine decay to min_lr, or constant lr.")
-                    .one_of({"cosine", "constant"}));
+    t.push_back(TG_FIELD(train, lr_schedule,
+                         "After warmup: cosine decay to min_lr; constant lr; or wsd (warmup, stable, decay): lr, "
+                         "then a linear decay to min_lr over the last train.decay_steps, so that a run resumed with "
+                         "a larger max_steps keeps its learning rates up to the new decay.")
+                    .one_of({"cosine", "constant", "wsd"}));
+    t.push_back(TG_FIELD(train, decay_steps,
+                         "With lr_schedule wsd: steps of the final linear decay to min_lr; 0 = the last fifth of "
+                         "max_steps; <= max_steps - warmup_steps.")
+                    .min(0));
     t.push_back(TG_FIELD(train, weight_decay, "AdamW decoupled weight decay (matrices only).").min(0));
     t.push_back(TG_FIELD(train, beta1, "AdamW first-moment decay.").unit_open());
     t.push_back(TG_FIELD(train, beta2, "AdamW second-moment decay.").unit_open());
@@ -583,6 +590,10 @@ void validate(const Config& c, const Locations& loc) {
          std::to_string(t.warmup_steps) + loc.if_default("train.warmup_steps") +
              " must be <= train.max_steps (" + std::to_string(t.max_steps) + ", " +
              loc.note("train.max_steps") + ")");
+  if (t.decay_steps > t.max_steps - t.warmup_steps)
+    fail(loc.of_either("train.decay_steps", "train.max_steps"), "train.decay_steps",
+         std::to_string(t.decay_steps) + " exceeds train.max_steps - train.warmup_steps (" +
+             std::to_string(t.max_steps - t.warmup_steps) + "); the decay follows the warmup");
   if (t.offload_activations && !t.recompute)
     fail(loc.of_either("train.offload_activations", "train.recompute"), "train.offload_activations",
          "parks the inputs of recomputed blocks, but train.recompute is false (" + loc.note("train.recompute") +

@@ -38,10 +38,11 @@ struct TrainConfig {
   int grad_accum = 1;               // micro-batches accumulated per optimizer step
   std::int64_t max_steps = 1000;    // optimizer steps
   double lr = 1e-3;                 // peak learning rate, reached after warmup
-  double min_lr = 1e-4;             // floor of the cosine decay; <= lr
+  double min_lr = 1e-4;             // floor of the cosine and wsd decays; <= lr
   std::int64_t warmup_steps = 100;  // linear warmup from 0 to lr; <= max_steps
   std::string lr_schedule =
-      "cosine";                    // "cosine" (warmup then cosine to min_lr) or "constant" (warmup then lr)
+      "cosine";                    // "cosine" (warmup then cosine to min_lr), "constant" or "wsd"
+  std::int64_t decay_steps = 0;    // wsd: steps of the final linear decay to min_lr; 0 = max_steps / 5
   double weight_decay = 0.1;       // AdamW decoupled decay, applied to matrices only
   double beta1 = 0.9;              // AdamW first-moment decay
   double beta2 = 0.95;             // AdamW second-moment decay

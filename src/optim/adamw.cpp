@@ -229,6 +229,13 @@ double LRSchedule::at(int64_t step) const {
   if (warmup_steps > 0 && step < warmup_steps) return lr * double(step + 1) / double(warmup_steps);
   if (kind == Schedule::constant) return lr;
   if (step >= max_steps) return min_lr;
+  if (kind == Schedule::wsd) {
+    const int64_t decay = std::min(decay_steps > 0 ? decay_steps : std::max<int64_t>(1, max_steps / 5),
+                                   std::max<int64_t>(1, max_steps - warmup_steps));
+    const int64_t start = max_steps - decay;
+    if (step < start) return lr;
+    return lr - (lr - min_lr) * double(step - start + 1) / double(decay);
+  }
   double progress = double(step - warmup_steps) / double(std::max<int64_t>(1, max_steps - warmup_steps));
   return min_lr + 0.5 * (1.0 + std::cos(M_PI * progress)) * (lr - min_lr);
 }

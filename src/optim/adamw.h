@@ -83,16 +83,19 @@ double clip_factor(double norm, double max_norm);
 // clipping. (For callers that need the clipped gradients themselves.)
 double clip_grad_norm(nn::ParameterStore& params, double max_norm);
 
-enum class Schedule { cosine, constant };
+enum class Schedule { cosine, constant, wsd };
 
 // Linear warmup from lr/warmup to lr over `warmup_steps`, then cosine to min_lr at max_steps
-// (cosine) or flat at lr (constant). step counts from 0.
+// (cosine), flat at lr (constant), or flat at lr and then linear to min_lr over the last
+// `decay_steps` (wsd: warmup, stable, decay; 0 decay steps: the last fifth of max_steps). A
+// wsd run resumed with a larger max_steps is unchanged up to its new decay. step counts from 0.
 struct LRSchedule {
   Schedule kind = Schedule::cosine;
   double lr = 1e-3;
   double min_lr = 1e-4;
   int64_t warmup_steps = 0;
   int64_t max_steps = 1;
+  int64_t decay_steps = 0;
   double at(int64_t step) const;
 };
 

@@ -550,8 +550,10 @@ TrainResult Trainer::run(const std::string& resume_option) {
     init_from(tc.init_from);
   }
 
-  optim::LRSchedule schedule{tc.lr_schedule == "constant" ? optim::Schedule::constant : optim::Schedule::cosine,
-                             tc.lr, tc.min_lr, tc.warmup_steps, tc.max_steps};
+  const optim::Schedule kind = tc.lr_schedule == "constant" ? optim::Schedule::constant
+                               : tc.lr_schedule == "wsd"    ? optim::Schedule::wsd
+                                                            : optim::Schedule::cosine;
+  optim::LRSchedule schedule{kind, tc.lr, tc.min_lr, tc.warmup_steps, tc.max_steps, tc.decay_steps};
   // run.keep_best: the val loss to beat, from the run directory's `best` (a resumed run's); rank 0
   // reads it and the ranks take its value.
   double best_val_loss = INFINITY;

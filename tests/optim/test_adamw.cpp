@@ -196,5 +196,29 @@ TEST(LRSchedule, WarmupThenCosineToMinimum) {
   EXPECT_NEAR(c.at(100), 1e-3, 1e-12);
 }
 
+TEST(LRSchedule, WarmupStableDecay) {
+  optim::LRSchedule s{optim::Schedule::wsd, 1e-3, 1e-4, 10, 110, 20};
+  EXPECT_NEAR(s.at(0), 1e-4, 1e-12);
+  EXPECT_NEAR(s.at(9), 1e-3, 1e-12);
+  EXPECT_NEAR(s.at(50), 1e-3, 1e-12);
+  EXPECT_NEAR(s.at(89), 1e-3, 1e-12);           // the last stable step
+  EXPECT_NEAR(s.at(90), 1e-3 - 9e-4 / 20, 1e-12);  // the decay's first
+  EXPECT_NEAR(s.at(99), 1e-3 - 9e-4 / 2, 1e-12);
+  EXPECT_NEAR(s.at(109), 1e-4, 1e-12);          // the last step trains at min_lr
+  EXPECT_NEAR(s.at(500), 1e-4, 1e-12);
+  // A longer run (a resume with a larger max_steps) has the same rates until its own decay.
+  optim::LRSchedule longer = s;
+  longer.max_steps = 210;
+  for (int64_t step = 0; step < 90; ++step) EXPECT_EQ(longer.at(step), s.at(step)) << step;
+  EXPECT_NEAR(longer.at(189), 1e-3, 1e-12);
+  // Decay steps 0: the last fifth; never into the warmup.
+  optim::LRSchedule fifth{optim::Schedule::wsd, 1e-3, 1e-4, 10, 110, 0};
+  EXPECT_NEAR(fifth.at(87), 1e-3, 1e-12);
+  EXPECT_LT(fifth.at(88), 1e-3);
+  optim::LRSchedule short_run{optim::Schedule::wsd, 1e-3, 1e-4, 100, 110, 0};
+  EXPECT_NEAR(short_run.at(99), 1e-3, 1e-12);
+  EXPECT_NEAR(short_run.at(100), 1e-3 - 9e-4 / 10, 1e-12);
+}
+
 }  // namespace
 }  // namespace tg
