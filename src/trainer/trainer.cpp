@@ -109,10 +109,11 @@ std::string shard_listing(const DataLoader& d) {
 
 // What the ranks of a job must share to train one model alike: the resolved config, less the
 // paths that only rank 0 reads or that each node may spell its own way (the data globs,
-// run.out_dir, train.init_from), and the shard files each data glob found, by name and size.
+// run.out_dir, train.init_from, the config file's own), and the shard files each data glob
+// found, by name and size.
 std::string rank_agreement_text(const Config& config, const DataLoader& train, const DataLoader* val) {
   Config shared = config;
-  shared.data.train = shared.data.val = shared.run.out_dir = shared.train.init_from = "";
+  shared.data.train = shared.data.val = shared.run.out_dir = shared.train.init_from = shared.source_path = "";
   std::string text = config_to_yaml(shared) + "data.train shards:\n" + shard_listing(train);
   if (val) text += "data.val shards:\n" + shard_listing(*val);
   return text;
