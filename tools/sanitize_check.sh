@@ -5,8 +5,9 @@
 # access, a use after free, a signed overflow, a misaligned or null-pointer access — ends the
 # process it happens in, so the test fails and its output holds the report. The kernel emulator's
 # tests run the attention kernels' CUDA source on the CPU, so their indexing is checked too. On
-# 2 cores: the build about 15 minutes, the kernel emulator's tests (label dev) about 15, the rest
-# about 5. CI runs it after ./test.sh. Needs what ./test.sh installs.
+# 2 cores (`.ci/run` on a clean clone, 2026-12-05): the suite 17 minutes, most of it the kernel
+# emulator's tests (label dev), and the build about 11. CI runs it after ./test.sh. Needs what
+# ./test.sh installs.
 # Usage: tools/sanitize_check.sh [ctest arguments, e.g. -R 'Fuzz|Checkpoint']
 set -euo pipefail
 cd "$(dirname "$0")/.."

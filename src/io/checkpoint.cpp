@@ -20,6 +20,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <sstream>
 
 #include "src/util/crc32c.h"
 #include "src/util/error.h"
@@ -483,26 +484,51 @@ void durable_rename(const std::string& from, const std::string& to, const std::s
   fsync_path(dir, true);
 }
 
-// The file name a pointer (`latest`, `best`) holds on its first line; nullopt when there is no
-// pointer.
-std::optional<std::string> read_pointer_name(const std::string& dir, const char* pointer) {
+// A pointer's (`latest`, `best`) lines: the file name it holds first, trimmed (`best` holds its
+// val loss on a second line). nullopt when there is no pointer; one empty line when it cannot be
+// read as one (a device, a pipe, a large file): it names nothing, and the newest checkpoint that
+// loads is taken instead of `latest`.
+std::optional<std::vector<std::string>> read_pointer(const std::string& dir, const char* pointer) {
   const std::string path = (fs::path(dir) / pointer).string();
   if (!path_exists(path)) return std::nullopt;
-  // A pointer holds one file name (`best` a second line with its val loss); anything else (a
-  // device, a pipe, a large file) names nothing, and the newest checkpoint that loads is taken
-  // instead of `latest`.
   std::string text;
   try {
     text = read_regular_file(path, "checkpoint", 4096);
   } catch (const Error& e) {
     std::cerr << "[checkpoint] " << e.what() << "\n";
-    return std::string();
+    return std::vector<std::string>{""};
   }
-  std::string line = text.substr(0, text.find('\n'));
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  if (lines.empty()) lines.push_back("");
   auto not_space = [](unsigned char c) { return !std::isspace(c); };
-  line.erase(line.begin(), std::find_if(line.begin(), line.end(), not_space));
-  line.erase(std::find_if(line.rbegin(), line.rend(), not_space).base(), line.end());
-  return line;
+  std::string& name = lines[0];
+  name.erase(name.begin(), std::find_if(name.begin(), name.end(), not_space));
+  name.erase(std::find_if(name.rbegin(), name.rend(), not_space).base(), name.end());
+  return lines;
+}
+
+std::optional<std::string> read_pointer_name(const std::string& dir, const char* pointer) {
+  auto lines = read_pointer(dir, pointer);
+  if (!lines) return std::nullopt;
+  return lines->front();
+}
+
+// Replaces `dir/pointer` with `text` atomically and durably (a temporary, fsync, rename, fsync
+// of the directory), so it always names a complete file.
+void write_pointer(const std::string& dir, const char* pointer, const std::string& text) {
+  std::string tmp_name = ".";  // ".latest.tmp", ".best.tmp"
+  tmp_name.append(pointer).append(".tmp");
+  const std::string tmp = (fs::path(dir) / tmp_name).string();
+  try {
+    write_bytes(tmp, text.data(), text.size());
+    durable_rename(tmp, (fs::path(dir) / pointer).string(), dir);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    throw;
+  }
 }
 
 // Parses "ckpt-<digits>.h5"; temporaries (".ckpt-*.h5.tmp") never match.
@@ -742,7 +768,6 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const Checkpoi
   const fs::path d(dir);
   const std::string final_path = (d / name).string(), tmp_path = (d / ("." + name + ".tmp")).string();
   const std::string sum_path = final_path + ".sum", sum_tmp = (d / ("." + name + ".sum.tmp")).string();
-  const std::string latest_tmp = (d / ".latest.tmp").string();
   bool sum_renamed = false;
   try {
     size_t size = 0;
@@ -765,14 +790,11 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const Checkpoi
     sum_renamed = true;
     durable_rename(tmp_path, final_path, dir);
     // The pointer is written after the checkpoint is durable, so it never names a partial file.
-    const std::string latest_line = name + "\n";
-    write_bytes(latest_tmp, latest_line.data(), latest_line.size());
-    durable_rename(latest_tmp, (d / "latest").string(), dir);
+    write_pointer(dir, "latest", name + "\n");
   } catch (...) {
     // Never leave a half-written file behind; `latest` and the complete checkpoints are untouched.
     fs::remove(tmp_path, ec);
     fs::remove(sum_tmp, ec);
-    fs::remove(latest_tmp, ec);
     if (sum_renamed && !fs::exists(final_path, ec)) fs::remove(sum_path, ec);
     throw;
   }
@@ -786,34 +808,20 @@ void mark_best(const std::string& dir, int64_t step, double val_loss, int keep_l
   TG_CHECK(fs::is_regular_file(d / name), "mark_best: ", (d / name).string(), " does not exist");
   char loss[64];
   std::snprintf(loss, sizeof loss, "%.17g", val_loss);
-  const std::string text = name + "\nval_loss " + loss + "\n", tmp = (d / ".best.tmp").string();
-  try {
-    write_bytes(tmp, text.data(), text.size());
-    durable_rename(tmp, (d / "best").string(), dir);
-  } catch (...) {
-    std::error_code ec;
-    fs::remove(tmp, ec);
-    throw;
-  }
+  write_pointer(dir, "best", name + "\nval_loss " + loss + "\n");
   prune(dir, keep_last);  // the previous best is an ordinary checkpoint now
 }
 
 std::optional<std::pair<std::string, double>> read_best(const std::string& dir) {
-  const std::string path = (fs::path(dir) / "best").string();
-  auto name = read_pointer_name(dir, "best");
-  if (!name || !parse_step(*name) || !fs::is_regular_file(fs::path(dir) / *name)) return std::nullopt;
-  std::string text;
-  try {
-    text = read_regular_file(path, "checkpoint", 4096);
-  } catch (const Error&) {
+  auto lines = read_pointer(dir, "best");
+  if (!lines || lines->size() < 2 || !parse_step(lines->front()) || !fs::is_regular_file(fs::path(dir) / lines->front()) ||
+      (*lines)[1].rfind("val_loss ", 0) != 0)
     return std::nullopt;
-  }
-  const size_t at = text.find("\nval_loss ");
-  if (at == std::string::npos) return std::nullopt;
+  const char* number = (*lines)[1].c_str() + 9;
   char* end = nullptr;
-  const double loss = std::strtod(text.c_str() + at + 10, &end);
-  if (end == text.c_str() + at + 10 || !std::isfinite(loss)) return std::nullopt;
-  return std::make_pair((fs::path(dir) / *name).string(), loss);
+  const double loss = std::strtod(number, &end);
+  if (end == number || !std::isfinite(loss)) return std::nullopt;
+  return std::make_pair((fs::path(dir) / lines->front()).string(), loss);
 }
 
 CheckpointData load_checkpoint(const std::string& path) {

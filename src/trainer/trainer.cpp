@@ -95,7 +95,6 @@ std::string json_number(double v) {
   return buf;
 }
 
-
 // The shard files a data loader reads, one line each: its name and size.
 std::string shard_listing(const DataLoader& d) {
   std::string text;
@@ -111,10 +110,10 @@ std::string shard_listing(const DataLoader& d) {
 // paths that only rank 0 reads or that each node may spell its own way (the data globs,
 // run.out_dir, train.init_from, the config file's own), and the shard files each data glob
 // found, by name and size.
-std::string rank_agreement_text(const Config& config, const DataLoader& train, const DataLoader* val) {
+std::string rank_agreement_text(const Config& config, const std::string& train_shards, const DataLoader* val) {
   Config shared = config;
   shared.data.train = shared.data.val = shared.run.out_dir = shared.train.init_from = shared.source_path = "";
-  std::string text = config_to_yaml(shared) + "data.train shards:\n" + shard_listing(train);
+  std::string text = config_to_yaml(shared) + train_shards;
   if (val) text += "data.val shards:\n" + shard_listing(*val);
   return text;
 }
@@ -303,7 +302,7 @@ std::string Trainer::save(const char* why, bool prune) {
   std::string path;
   on_rank0("writing the checkpoint", [&] {
     CheckpointData data = make_checkpoint(*model_, m, v, opt_->steps_taken(), state_, config_yaml_);
-    data.strings[kCheckpointTrainShards] = "data.train shards:\n" + shard_listing(*train_data_);
+    data.strings[kCheckpointTrainShards] = train_shards_;
     if (codec_.bpe) {  // the run's tokenizer travels with its weights (sample, eval, export read it)
       data.strings[kCheckpointVocab] = codec_.bpe->vocab_json();
       data.strings[kCheckpointMerges] = codec_.bpe->merges_txt();
@@ -340,8 +339,7 @@ void Trainer::resume_from(const std::string& resume) {
     auto [found, ckpt] = resolve_and_load(config_.run.out_dir, resume);
     path = found;
     if (auto it = ckpt.strings.find(kCheckpointTrainShards); it != ckpt.strings.end()) {
-      const std::string now = "data.train shards:\n" + shard_listing(*train_data_);
-      if (it->second != now) shards_differ = first_difference(now, it->second, "the checkpoint's run");
+      if (it->second != train_shards_) shards_differ = first_difference(train_shards_, it->second, "the checkpoint's run");
     }
     check_model_compatible(config_.model, checkpoint_config(ckpt, path).model, path);
     restore_parameters(*model_, ckpt, path);
@@ -433,7 +431,7 @@ void Trainer::check_ranks_agree(Device device) {
   // The first collective that depends on the config: ranks of another model or batch would
   // otherwise meet in collectives of other sizes, and ranks reading other data would train
   // another model than one process would, silently.
-  const std::string mine = rank_agreement_text(config_, *train_data_, val_data_.get());
+  const std::string mine = rank_agreement_text(config_, train_shards_, val_data_.get());
   const std::string rank0 = broadcast_text(*comm_, device, mine, "the config and data of rank 0");
   const bool same = mine == rank0;
   if (comm_->all_agree(same, "checking the ranks' configs and data")) return;
@@ -517,6 +515,7 @@ TrainResult Trainer::run(const std::string& resume_option) {
                                         sync_->owned());
   train_data_ = std::make_unique<DataLoader>(config_.data.train, config_.model.vocab_size, tc.batch_size, tc.seq_len,
                                              uint64_t(tc.seed), rank, W);
+  train_shards_ = "data.train shards:\n" + shard_listing(*train_data_);
   // A run that never evaluates needs no validation data; given, it is still checked.
   if (!config_.data.val.empty())
     val_data_ = std::make_unique<DataLoader>(config_.data.val, config_.model.vocab_size, tc.batch_size, tc.seq_len,

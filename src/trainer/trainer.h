@@ -77,6 +77,9 @@ class Trainer {
   std::unique_ptr<dist::Communicator> comm_;
   std::unique_ptr<dist::GradientSync> sync_;
   std::string config_yaml_;
+  // "data.train shards:\n  train_000000.bin, N bytes\n…": the files the run reads, listed once
+  // as its loader opens them; checkpoints keep it and the ranks compare it.
+  std::string train_shards_;
   std::unique_ptr<nn::GPT> model_;
   std::unique_ptr<optim::AdamW> opt_;
   std::unique_ptr<DataLoader> train_data_, val_data_;
