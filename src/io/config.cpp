@@ -589,7 +589,8 @@ void validate(const Config& c, const Locations& loc) {
     fail(loc.of_either("train.warmup_steps", "train.max_steps"), "train.warmup_steps",
          std::to_string(t.warmup_steps) + loc.if_default("train.warmup_steps") +
              " must be <= train.max_steps (" + std::to_string(t.max_steps) + ", " +
-             loc.note("train.max_steps") + ")");
+             loc.note("train.max_steps") + "); for a short run lower it too, e.g. --set train.warmup_steps=" +
+             std::to_string(t.max_steps / 10));
   if (t.decay_steps > t.max_steps - t.warmup_steps)
     fail(loc.of_either("train.decay_steps", "train.max_steps"), "train.decay_steps",
          std::to_string(t.decay_steps) + " exceeds train.max_steps - train.warmup_steps (" +

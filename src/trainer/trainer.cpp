@@ -494,6 +494,10 @@ TrainResult Trainer::run(const std::string& resume_option) {
     if (lead()) log_line("data parallel: " + std::to_string(W) + " ranks over " + comm_->backend() + " (ZeRO-" +
                          std::to_string(tc.zero) + ", buckets of " + fmt("%g", tc.bucket_mb) + " MiB); " + where);
     else std::cout << where << std::endl;
+  } else if (!placement.launcher.empty()) {
+    // One rank under a launcher: the log shows that the launcher was seen, and what it gave.
+    log_line("launched by " + placement.launcher + " as one rank (communicator: " + comm_->backend() + "); " +
+             dist::describe_placement(placement, device));
   }
 
   TG_CHECK(tc.precision == "fp32" || device.is_cuda(), "train.precision: bf16 needs a GPU, but this run is on ",

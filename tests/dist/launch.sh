@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # How ranks start. Under LAUNCHER=mpirun (the default): two CPU ranks not bound to cores, started
 # without OMP_NUM_THREADS, run max(1, CPUs / 2) OpenMP threads each and say so in the log; with
-# OMP_NUM_THREADS=1 they keep it. Under LAUNCHER=srun (a Slurm cluster that answers) the same with
+# OMP_NUM_THREADS=1 they keep it; rank 0's log names the ranks and where they run. One rank under
+# the launcher logs that it was launched and trains as one process does. Under LAUNCHER=srun (a Slurm cluster that answers) the same with
 # `srun --mpi=pmix`, and: one task without an MPI plugin trains as one process; two tasks without
 # one stop at once with the error naming --mpi=pmix; mpirun inside an allocation (salloc) gives
 # the same losses as srun.
@@ -35,6 +36,15 @@ echo "two unbound ranks on $cpus CPUs: $line"
 OMP_NUM_THREADS=1 train chosen "${launch[@]}" || fail "OMP_NUM_THREADS=1: exit $?"
 grep -q 'cpu threads: 1 (OMP_NUM_THREADS)' "$work/chosen/train.log" || fail "OMP_NUM_THREADS=1 not kept"
 [ "$(losses shared)" = "$(losses chosen)" ] || fail "the threads changed the losses: $(losses shared) / $(losses chosen)"
+grep -q "data parallel: 2 ranks over mpi .*rank 0 of 2 (local rank 0) on host" "$work/chosen/train.log" ||
+  fail "the two-rank log does not name its ranks and placement"
+# One rank under the launcher says in its log that the launcher was seen, and trains as one process.
+OMP_NUM_THREADS=1 train one_rank "${launch_one[@]}" || { fail "one rank under $launcher: exit $?"; cat "$work/one_rank.out"; }
+grep -q "launched by $launcher as one rank (communicator: .*rank 0 of 1 (local rank 0) on host" "$work/one_rank/train.log" ||
+  fail "one rank under $launcher: no line naming the launcher: $(grep -m1 -i 'launched\|rank' "$work/one_rank/train.log")"
+OMP_NUM_THREADS=1 train plain || fail "no launcher: exit $?"
+! grep -q "launched by\|data parallel" "$work/plain/train.log" || fail "a process without a launcher logged a placement"
+[ "$(losses one_rank)" = "$(losses plain)" ] || fail "one rank under $launcher: losses $(losses one_rank), one process's $(losses plain)"
 
 if [ "$launcher" = srun ]; then
   export OMP_NUM_THREADS=1

@@ -384,7 +384,8 @@ TEST(ConfigError, CrossFieldChecks) {
       load_error("minlr.yaml", "train:\n  lr: 1e-3\n  min_lr: 1e-2\n"),
       AllOf(HasSubstr("minlr.yaml:3:"), HasSubstr("train.min_lr"), HasSubstr("train.lr (0.001, line 2)")));
   EXPECT_THAT(load_error("warmup.yaml", "train:\n  max_steps: 10\n"),
-              AllOf(HasSubstr("warmup.yaml:2:"), HasSubstr("train.warmup_steps")));
+              AllOf(HasSubstr("warmup.yaml:2:"), HasSubstr("train.warmup_steps"),
+                    HasSubstr("--set train.warmup_steps=1")));
   EXPECT_THAT(load_error("bf16.yaml", "train:\n  precision: bf16\nrun:\n  device: cpu\n"),
               AllOf(HasSubstr("bf16.yaml:2:"), HasSubstr("train.precision"), HasSubstr("line 4")));
   EXPECT_THAT(load_error("oddrope.yaml", "model:\n  pos_embedding: rope\n  n_head: 2\n  d_model: 6\n"),
