@@ -252,7 +252,14 @@ std::pair<Tensor, Tensor> GPT::features(const Tensor& ids, KVCache* cache) {
   // a decoded token's masks are the start of its key range (cached_attention).
   mask_ = ops::AttentionMask{};
   mask_.window = config_.attention_window;
-  const Tensor host_ids = document_eot_ >= 0 ? (ids.device().is_cpu() ? ids : ids.to(Device::cpu())) : Tensor();
+  // The ids on the host, for the document starts: the copy set_host_ids gave, or the ids
+  // themselves on the CPU, or else read back from the device.
+  Tensor host_ids;
+  if (document_eot_ >= 0)
+    host_ids = host_ids_.defined() ? host_ids_ : ids.device().is_cpu() ? ids : ids.to(Device::cpu());
+  host_ids_ = Tensor();
+  TG_CHECK(!host_ids.defined() || host_ids.shape() == ids.shape(), "GPT.forward: the host ids given by set_host_ids ",
+           host_ids.desc(), " are not the shape of the forward's ids ", ids.desc());
   if (document_eot_ >= 0 && first == 0) {
     mask_.doc_start = ops::document_starts(host_ids, document_eot_);
     // On a GPU, copied there once for every layer's attention (forward and backward).

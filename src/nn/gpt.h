@@ -82,6 +82,10 @@ class GPT {
   // from its ids (ops::document_starts) and tokens attend only within their document; −1: off.
   void set_document_eot(int32_t eot) { document_eot_ = eot; }
   int32_t document_eot() const { return document_eot_; }
+  // The host copy of the next forward's ids, where the caller has one (the training loop's
+  // prefetched batch): its document starts are computed from it, not from ids read back from the
+  // device, which would make the host wait for the GPU every step. Used by that forward only.
+  void set_host_ids(Tensor host_ids) { host_ids_ = std::move(host_ids); }
   bool recompute() const { return recompute_; }
 
   void set_training(bool training) { training_ = training; }
@@ -138,6 +142,7 @@ class GPT {
   int64_t recompute_rows_ = 0;
   bool offload_activations_ = false;
   int32_t document_eot_ = -1;
+  Tensor host_ids_;  // set_host_ids: the next forward's ids on the host
   ops::AttentionMask mask_;  // during forward(): the window and this batch's document starts
   // The ids 0 … max_seq_len−1 on the model's device, made at the first pass with learned
   // positions; positions() hands out views of it (a recorded step reads them at a fixed address).

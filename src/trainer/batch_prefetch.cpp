@@ -115,7 +115,7 @@ void BatchPrefetcher::fill_loop() {
   }
 }
 
-std::pair<Tensor, Tensor> BatchPrefetcher::next() {
+std::pair<Tensor, Tensor> BatchPrefetcher::next(Tensor* host_inputs) {
   {
     std::unique_lock<std::mutex> lock(mutex_);
     changed_.wait(lock, [&] { return produced_ > consumed_ || !error_.empty(); });
@@ -135,6 +135,10 @@ std::pair<Tensor, Tensor> BatchPrefetcher::next() {
   if (!s->pinned) {
     std::memcpy(x.raw(), s->inputs, bytes);
     std::memcpy(y.raw(), s->targets, bytes);
+  }
+  if (host_inputs) {
+    *host_inputs = Tensor::empty({B_, T_}, DType::i32, Device::cpu());
+    std::memcpy(host_inputs->raw(), s->inputs, bytes);
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -25,8 +25,9 @@ class BatchPrefetcher {
   BatchPrefetcher& operator=(const BatchPrefetcher&) = delete;
 
   // The next micro-batch's (inputs, targets), i32 (B, T) on the device; the copy is queued on the
-  // compute stream, so the tensors may be used at once.
-  std::pair<Tensor, Tensor> next();
+  // compute stream, so the tensors may be used at once. With host_inputs, also a CPU copy of the
+  // inputs there (what the document masks are computed from, without reading the device).
+  std::pair<Tensor, Tensor> next(Tensor* host_inputs = nullptr);
 
  private:
   struct Slot;

@@ -695,7 +695,9 @@ TrainResult Trainer::run(const std::string& resume_option) {
       // This rank's rows of the global batch, and their dropout masks: keyed by the optimizer
       // step and the global row, whatever the world size and accumulation split.
       const int64_t first_row = (micro * W + rank) * B;
-      auto [x, y] = batches.next();  // rows first_row…: BatchPrefetcher reads them in this order
+      Tensor host_x;  // with document masks, the inputs' host copy, for their document starts
+      auto [x, y] = batches.next(config_.data.document_mask ? &host_x : nullptr);  // rows first_row…, in order
+      if (host_x.defined()) model_->set_host_ids(host_x);
       model_->set_dropout_counter(uint64_t(step));
       model_->set_dropout_first_row(first_row);
       if (!use_graph || step == first_step) {

