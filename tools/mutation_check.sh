@@ -182,6 +182,14 @@ add_layernorm_of_an_addend() {
     '    return {sum, layernorm(a, weight, bias, eps)};'
 }
 
+mutation host_ids_ignored "the document starts are read back from the device, not taken from the host copy given" \
+  "test_nn:GPTMasks.*"
+host_ids_ignored() {
+  edit src/nn/gpt.cpp \
+    '    host_ids = host_ids_.defined() ? host_ids_ : ids.device().is_cpu() ? ids : ids.to(Device::cpu());' \
+    '    host_ids = ids.device().is_cpu() ? ids : ids.to(Device::cpu());'
+}
+
 if [ "$list" = 1 ]; then
   for i in "${!names[@]}"; do printf '%-30s %s\n' "${names[$i]}" "${whats[$i]}"; done
   exit 0
