@@ -18,7 +18,7 @@
 # default 600; a run that times out counts as failing), TMPDIR (where the scratch copy goes).
 # Exit status: 0 when every mutation is caught; 1 when one survives; 2 when a mutation cannot be
 # applied or built, or a test fails without any mutation.
-# Takes 8 to 12 minutes on 2 cores, most of it the first build; not part of ./test.sh or ctest.
+# Takes 7 to 12 minutes on 2 cores, most of it the first build; not part of ./test.sh or ctest.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
