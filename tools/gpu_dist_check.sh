@@ -7,7 +7,7 @@
 #      a killed and a signalled rank) through NCCL;
 #   3. `tilegrad bench train` of GPT-2 small (16 × 1024, bf16) without a launcher and under
 #      mpirun -np 1: the communicator must cost nothing at world size 1.
-# Logs go to $OUT (or ./gpu-out); a table prints last.
+# Logs go to $OUT (or ./gpu-out); each result prints as it comes (`result: …`), the table of them last.
 # Usage: tools/gpu_dist_check.sh [tests|dist|bench|all]   (dist: the tests without the GPU suite)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -38,16 +38,23 @@ if ! cmake --build build-gpu -j 12 --target $targets > "$OUT/build.log" 2>&1; th
 fi
 stamp "tilegrad built"
 rows=()
+# A result row: kept for the table printed last, and printed at once, so that a call cut short
+# by its time limit still shows every result it reached (the device returns at most 8 files).
+row() {
+  rows+=("$1")
+  echo "result: $1"
+}
 
 if [ "$WHAT" = tests ] || [ "$WHAT" = dist ] || [ "$WHAT" = all ]; then
   TILEGRAD_TEST_DEVICE=cuda build-gpu/test_dist > "$OUT/dist_one_process.log" 2>&1
-  rows+=("dist tests, one process, GPU | exit $? | $(grep -E '\[  (PASSED|FAILED)' "$OUT/dist_one_process.log" | tr '\n' ' ')")
+  row "dist tests, one process, GPU | exit $? | $(grep -E '\[  (PASSED|FAILED)' "$OUT/dist_one_process.log" | tr '\n' ' ')"
   TILEGRAD_TEST_DEVICE=cuda "${MPI[@]}" -np 1 build-gpu/test_dist > "$OUT/dist_nccl_np1.log" 2>&1
-  rows+=("dist tests, mpirun -np 1 (NCCL $(grep -m1 -oE 'NCCL version [0-9.]+' "$OUT/dist_nccl_np1.log" || echo system)) | exit $? | $(grep -E '\[  (PASSED|FAILED)' "$OUT/dist_nccl_np1.log" | tr '\n' ' ')")
+  row "dist tests, mpirun -np 1 (NCCL $(grep -m1 -oE 'NCCL version [0-9.]+' "$OUT/dist_nccl_np1.log" || echo system)) | exit $? | $(grep -E '\[  (PASSED|FAILED)' "$OUT/dist_nccl_np1.log" | tr '\n' ' ')"
   stamp "world-size-1 tests done"
   if [ "$WHAT" != dist ]; then  # the GPU suite (kernels, ops, training on the GPU) while NCCL builds
     build-gpu/test_cuda > "$OUT/test_cuda.log" 2>&1
-    rows+=("test_cuda (the GPU suite) | exit $? | $(grep -E '\[  (PASSED|FAILED)|tests? ran' "$OUT/test_cuda.log" | tr '\n' ' ')")
+    row "test_cuda (the GPU suite) | exit $? | $(grep -E '\[  (PASSED|FAILED)|tests? ran' "$OUT/test_cuda.log" | tr '\n' ' ')"
+    grep -E '^\[  FAILED  \] [A-Za-z]' "$OUT/test_cuda.log" | sort -u | head -20
     stamp "GPU suite done"
   fi
   if [ -n "${nccl_job:-}" ]; then wait "$nccl_job"; fi
@@ -60,10 +67,11 @@ if [ "$WHAT" = tests ] || [ "$WHAT" = dist ] || [ "$WHAT" = all ]; then
       timeout 200 tests/dist/faults.sh build-gpu/tilegrad > "$OUT/dist_faults_gpu.log" 2>&1
       echo "faults.sh through NCCL, 2 ranks on one GPU | exit $? | $(grep -E 'job ended|passed' "$OUT/dist_faults_gpu.log" | tr '\n' ' ')" > "$OUT/row_faults.txt"
     )
-    rows+=("$(cat "$OUT/row_np2.txt")" "$(cat "$OUT/row_faults.txt")")
+    row "$(cat "$OUT/row_np2.txt")"
+    row "$(cat "$OUT/row_faults.txt")"
     grep -E "Failure|FAILED|did not finish|error" "$OUT/dist_nccl_np2.log" | head -20
   else
-    rows+=("dist tests, 2 ranks on one GPU | not run: no NCCL 2.30 build ($(tail -3 "$OUT/nccl_build.log" 2>/dev/null | tr '\n' ' '))")
+    row "dist tests, 2 ranks on one GPU | not run: no NCCL 2.30 build ($(tail -3 "$OUT/nccl_build.log" 2>/dev/null | tr '\n' ' '))"
   fi
   stamp "two-rank tests done"
 fi
@@ -77,7 +85,7 @@ if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
     esac
   done
   for f in ${BENCH_RUNS:-plain np1 plain2}; do
-    rows+=("bench train GPT-2 small ($f) | $(grep -m1 -oE '"ms_per_step":[0-9.]+,"tokens_per_s":[0-9]+' "$OUT/bench_train_$f.log") $(grep -m1 -oE '"peak_gib":[0-9.]+' "$OUT/bench_train_$f.log") $(grep -m1 -oE '"comm_exposed_ms":[0-9.]+|"backend":"[a-z]+"' "$OUT/bench_train_$f.log" | tr '\n' ' ')")
+    row "bench train GPT-2 small ($f) | $(grep -m1 -oE '"ms_per_step":[0-9.]+,"tokens_per_s":[0-9]+' "$OUT/bench_train_$f.log") $(grep -m1 -oE '"peak_gib":[0-9.]+' "$OUT/bench_train_$f.log") $(grep -m1 -oE '"comm_exposed_ms":[0-9.]+|"backend":"[a-z]+"' "$OUT/bench_train_$f.log" | tr '\n' ' ')"
   done
   stamp "benchmarks done"
 fi
