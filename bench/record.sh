@@ -7,6 +7,9 @@
 # the windowed and document-masked attention beside FlexAttention and a 4k-window step at T = 1M
 # (about 8 minutes); RECORD=scale data parallelism on all the machine's GPUs beside PyTorch DDP,
 # RECORD=scale_long the long-context config at T = 1M with batch 1 on every GPU.
+# PACK=1 leaves two files in $OUT, the tables and the logs packed into record_logs.tar.gz (for a
+# machine that hands back only a few files; `tar xzf` them into a folder and run
+# bench/record_tables.py on it to print the tables again).
 # Usage: bench/record.sh (COMMIT=HASH names the commit where the tree is not a git checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -130,3 +133,7 @@ for what in $RECORD; do
 done
 python3 bench/record_tables.py "$OUT" "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
   "$(date -u +%F)" "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" | tee "$OUT/performance_tables.md"
+if [ -n "${PACK:-}" ]; then
+  (cd "$OUT" && find . -type f ! -name performance_tables.md ! -name record_logs.tar.gz -print0 |
+    tar czf record_logs.tar.gz --null -T - --remove-files && find . -mindepth 1 -type d -empty -delete)
+fi

@@ -8,6 +8,8 @@
 #   3. `tilegrad bench train` of GPT-2 small (16 × 1024, bf16) without a launcher and under
 #      mpirun -np 1: the communicator must cost nothing at world size 1.
 # Logs go to $OUT (or ./gpu-out); each result prints as it comes (`result: …`), the table of them last.
+# PACK=1 packs the logs into one file, $OUT/dist_logs.tar.gz (for a machine that hands back only
+# a few files).
 # Usage: tools/gpu_dist_check.sh [tests|dist|bench|all]   (dist: the tests without the GPU suite)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -94,3 +96,7 @@ echo
 echo "| what | result |"
 echo "|---|---|"
 for r in "${rows[@]}"; do echo "| $r |"; done
+if [ -n "${PACK:-}" ]; then
+  (cd "$OUT" && find . -type f ! -name dist_logs.tar.gz -print0 |
+    tar czf dist_logs.tar.gz --null -T - --remove-files && find . -mindepth 1 -type d -empty -delete)
+fi
