@@ -2,10 +2,10 @@
 # How ranks start. Under LAUNCHER=mpirun (the default): two CPU ranks not bound to cores, started
 # without OMP_NUM_THREADS, run max(1, CPUs / 2) OpenMP threads each and say so in the log; with
 # OMP_NUM_THREADS=1 they keep it; rank 0's log names the ranks and where they run. One rank under
-# the launcher logs that it was launched and trains as one process does. Under LAUNCHER=srun (a Slurm cluster that answers) the same with
-# `srun --mpi=pmix`, and: one task without an MPI plugin trains as one process; two tasks without
-# one stop at once with the error naming --mpi=pmix; mpirun inside an allocation (salloc) gives
-# the same losses as srun.
+# the launcher logs that it was launched and trains as one process does. Under LAUNCHER=srun (a
+# Slurm cluster that answers) the same with `srun --mpi=pmix`, and: one task without an MPI plugin
+# trains as one process; two tasks without one stop at once with the error naming --mpi=pmix;
+# mpirun inside an allocation (salloc) gives the same losses as srun.
 # Usage: [LAUNCHER=srun] tests/dist/launch.sh path/to/tilegrad      (exit 77: skipped, with the reason)
 set -uo pipefail
 tilegrad=$(realpath "$1")

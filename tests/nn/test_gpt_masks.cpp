@@ -36,6 +36,11 @@ std::vector<double> cached_logits(nn::GPT& model, const std::vector<int32_t>& id
   return out;
 }
 
+// The end-of-text id of the document tests, and a row of four documents packed with it (one of
+// them the single token E).
+constexpr int32_t E = 12;
+const std::vector<int32_t> kPackedDocuments = {1, 2, 3, 4, E, 5, 6, 7, E, E, 8, 9, 10, 11, 1, 2};
+
 double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
   double worst = 0;
   for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
@@ -70,7 +75,6 @@ TEST(GPTMasks, CachedDecodingWithAWindowMatchesTheFullForward) {
 // With document masks, decoding one token at a time after a prompt starts each new document's
 // keys after the end-of-text token the prompt or the decoding produced, as the full forward does.
 TEST(GPTMasks, CachedDecodingWithDocumentsMatchesTheFullForward) {
-  const int32_t E = 12;
   for (const int64_t window : {0, 4}) {
     nn::GPT model(small(nn::PosEmbedding::rope, window), 5, DType::f64);
     model.set_document_eot(E);
@@ -86,15 +90,20 @@ TEST(GPTMasks, CachedDecodingWithDocumentsMatchesTheFullForward) {
   }
 }
 
-// With document masks, changing a document's tokens (before and including its end-of-text)
-// leaves the logits of every later document unchanged, and changes its own.
-TEST(GPTMasks, DocumentsDoNotSeeEachOther) {
-  const int32_t E = 12;
+// A small model with document masks on, evaluating.
+nn::GPT document_masked_model() {
   nn::GPT model(small(nn::PosEmbedding::learned, 0), 4, DType::f64);
   model.set_document_eot(E);
   model.set_training(false);
+  return model;
+}
+
+// With document masks, changing a document's tokens (before and including its end-of-text)
+// leaves the logits of every later document unchanged, and changes its own.
+TEST(GPTMasks, DocumentsDoNotSeeEachOther) {
+  nn::GPT model = document_masked_model();
   NoGradGuard no_grad;
-  std::vector<int32_t> a = {1, 2, 3, 4, E, 5, 6, 7, E, E, 8, 9, 10, 11, 1, 2};
+  const std::vector<int32_t>& a = kPackedDocuments;
   std::vector<int32_t> b = a;
   b[0] = 9, b[2] = 0, b[3] = 7;  // the first document (positions 0..4, its eot included)
   const std::vector<double> la = forward_logits(model, a), lb = forward_logits(model, b);
@@ -115,12 +124,9 @@ TEST(GPTMasks, DocumentsDoNotSeeEachOther) {
 // starts need no read from the device: they come from that copy, for the next forward only, and
 // a copy of another shape is an error.
 TEST(GPTMasks, DocumentStartsComeFromTheHostIdsGivenForTheNextForward) {
-  const int32_t E = 12;
-  nn::GPT model(small(nn::PosEmbedding::learned, 0), 4, DType::f64);
-  model.set_document_eot(E);
-  model.set_training(false);
+  nn::GPT model = document_masked_model();
   NoGradGuard no_grad;
-  const std::vector<int32_t> a = {1, 2, 3, 4, E, 5, 6, 7, E, E, 8, 9, 10, 11, 1, 2};
+  const std::vector<int32_t>& a = kPackedDocuments;
   std::vector<int32_t> other_ends = a;  // the same length, documents ending elsewhere
   other_ends[4] = 3, other_ends[12] = E;
   const std::vector<double> plain = forward_logits(model, a);
