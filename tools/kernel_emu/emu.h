@@ -71,6 +71,9 @@ inline float2 make_float2(float x, float y) { return {x, y}; }
 struct float4 {
   float x, y, z, w;
 };
+struct int2 {
+  int x, y;
+};
 struct uint4 {
   uint32_t x, y, z, w;
 };

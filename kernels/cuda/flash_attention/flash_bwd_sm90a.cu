@@ -158,13 +158,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // block's first is blockIdx.x, the next ones claimed from item_counter, as in the forward.
   const int n_qb = (T + Br - 1) / Br, n_items = H * B * n_qb;
   // The key tiles an item's query tile sees: causal, up to the diagonal and (structured masks,
-  // mask.cuh) from the one holding its first row's first visible key.
-  const int32_t* doc_start = p.doc_start;
-  const int64_t window = p.window;
-  auto keys_of = [=](const sm90::ItemTile& item) -> SeqMask::Range {
+  // mask.cuh) from the one holding lo_q0, its first row's first visible key (0 without a mask).
+  auto keys_of = [=](const sm90::ItemTile& item, int lo_q0) -> SeqMask::Range {
     const int q_last = min(item.row0 + Br, T) - 1;
     if (!causal) return {0, (T + Bc - 1) / Bc};
-    return {seq_mask_if<kMasked>(doc_start, window, T, item.b).lo(item.row0) / Bc, q_last / Bc + 1};
+    return {lo_q0 / Bc, q_last / Bc + 1};
   };
 
   // The mbarriers, after the tiles: the own tiles' (q_full), then the K/V stream's, whose empty
@@ -194,7 +192,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       int w = int(blockIdx.x), next = sm90::claim_item(item_counter);
       for (int it = 0; w < n_items; ++it) {
         const sm90::ItemTile item = sm90::item_tile(w, H, B, n_qb, Br, causal, true);
-        const SeqMask::Range keys = keys_of(item);
+        const SeqMask::Range keys = keys_of(item, seq_mask_if<kMasked>(p, item.b).lo(item.row0));
         const int n_kb = keys.end - keys.first;
         const int qb = it % QB, use = it / QB;
         if (use > 0) sm90::mbarrier_wait(q_empty_of(qb), uint32_t(use - 1) & 1);
@@ -480,6 +478,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         for (int i = queries.first; i < queries.end; ++i, ++seq) {
           const int st = seq % NS;
           const uint32_t use = uint32_t(seq / NS);
+          // (lo's doc_start entry loaded with the statistics, not after them: one round trip a tile)
+          const int last = mask.row(i * Br + Br - 1);
+          const int doc_last = kMasked && lane == 0 && mask.doc ? int(mask.doc[last]) : 0;
           if (use > 0) sm90::mbarrier_wait(&qdo.k_empty[st], (use - 1) & 1);
 #pragma unroll
           for (int r = lane; r < Br; r += 32) {
@@ -487,7 +488,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
             sL[st * Br + r] = row < T ? lse[row] : 0.0f;
             sDelta[st * Br + r] = row < T ? dlt[row] : 0.0f;
           }
-          if (kMasked && lane == 0) sLo[st] = mask.lo(min(i * Br + Br, T) - 1);
+          if (kMasked && lane == 0) sLo[st] = mask.lo_given(last, doc_last);
           sm90::mbarrier_arrive(&qdo.k_full[st]);  // release: the stores above before the consumers' reads
         }
       }

@@ -31,10 +31,14 @@ struct SeqMask {
   // padding) are never stored, and their doc_start entry does not exist.
   __host__ __device__ __forceinline__ int lo(int i) const {
     if (!on) return 0;
-    i = i < T - 1 ? i : T - 1;
-    int v = doc ? int(doc[i]) : 0;
-    if (window > 0 && i - window + 1 > v) v = i - window + 1;
-    return v;
+    i = row(i);
+    return lo_given(i, doc ? int(doc[i]) : 0);
+  }
+  // lo in two steps, for a kernel that loads doc_start's entries apart from their use: i clamped
+  // as lo clamps it, and lo(i) of a clamped i given d = doc_start[i] (0 without documents).
+  __host__ __device__ __forceinline__ int row(int i) const { return i < T - 1 ? i : T - 1; }
+  __host__ __device__ __forceinline__ int lo_given(int i, int d) const {
+    return window > 0 && i - window + 1 > d ? i - window + 1 : d;
   }
   // One past the last query that sees key k (k < T): the first i > k with lo(i) > k, T if none —
   // a binary search over the non-decreasing lo (the window alone: min(k + window, T)).
@@ -83,8 +87,19 @@ struct ItemMask {
   // Key k excluded from the row r (0 ≤ r < 16, r mod 8 = g) by the structured mask.
   __host__ __device__ __forceinline__ bool excluded(int r, int k) const { return k < ((r & 8) ? lo_g8 : lo_g); }
 };
-__host__ __device__ __forceinline__ ItemMask item_mask(const SeqMask& m, int row0, int lane) {
-  return {m.on, m.lo(row0 + 15), m.lo(row0 + (lane >> 2)), m.lo(row0 + (lane >> 2) + 8)};
+// Besides, lo_q0 = lo(q0) of the item's first query (q0 ≤ row0), which places the item's first key
+// tile. The four doc_start entries are loaded together: one after the other, each load's branch
+// waiting on the one before, they cost a masked kernel about 1 µs an item (docs/kernels.md §2.4).
+__host__ __device__ __forceinline__ ItemMask item_mask(const SeqMask& m, int q0, int row0, int lane, int& lo_q0) {
+  lo_q0 = 0;
+  if (!m.on) return {false, 0, 0, 0};
+  const int g = row0 + (lane >> 2);
+  const int r[4] = {m.row(q0), m.row(row0 + 15), m.row(g), m.row(g + 8)};
+  int d[4] = {0, 0, 0, 0};
+  if (m.doc)
+    for (int k = 0; k < 4; ++k) d[k] = int(m.doc[r[k]]);
+  lo_q0 = m.lo_given(r[0], d[0]);
+  return {true, m.lo_given(r[1], d[1]), m.lo_given(r[2], d[2]), m.lo_given(r[3], d[3])};
 }
 
 // The mask of sequence b of T tokens under doc_start (B, T) and window (FlashAttentionParams').

@@ -40,9 +40,8 @@ struct DkdvSmem {
 // The dK/dV kernel's item slot holds the item's query tiles [first, end) after the item and the
 // next (s_item[2], s_item[3]; the producer's query_tiles): read as read_item_slot reads the item.
 __device__ __forceinline__ SeqMask::Range read_query_range(const int* slot, int lane) {
-  int v[2] = {0, 0};
-  if (lane == 0) v[0] = slot[2], v[1] = slot[3];
-  return {__shfl_sync(0xffffffffu, v[0], 0), __shfl_sync(0xffffffffu, v[1], 0)};
+  const int2 v = sm90::read_slot_pair(slot, 2, lane);
+  return {v.x, v.y};
 }
 
 // Consumer warpgroup wg (≥ 1) of the dK/dV kernel (Tr: DkdvWsSm90aTraits), over the items of its
@@ -418,10 +417,11 @@ __device__ __forceinline__ void dq_consumer(const FlashAttentionParams& p, const
     const sm90::ItemSlot slot = sm90::read_item_slot(s_item + 2 * qb, lane);
     last_item = slot.next >= n_items;  // the ring's very last turn hands on to no one
     const sm90::ItemTile item = sm90::item_tile(slot.item, H, B, n_qb, Br, causal, true);
-    const SeqMask::Range keys = keys_of(item);
-    const int kb0 = keys.first, n_kb = keys.end - keys.first;
     const int row0 = item.row0 + 64 * c + 16 * warp;  // this warp's first query row
-    const ItemMask mask = item_mask(seq_mask_if<kMasked>(p, item.b), row0, lane);
+    int lo_q0;
+    const ItemMask mask = item_mask(seq_mask_if<kMasked>(p, item.b), item.row0, row0, lane, lo_q0);
+    const SeqMask::Range keys = keys_of(item, lo_q0);
+    const int kb0 = keys.first, n_kb = keys.end - keys.first;
     // This lane's rows g and g+8: lse (log2 units) and delta, 0 past T (those rows are never stored).
     float lse2[2], dlt[2];
 #pragma unroll

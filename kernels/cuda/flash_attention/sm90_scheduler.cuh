@@ -23,13 +23,19 @@ __device__ __forceinline__ void release_items(unsigned* counter) {
 // mbarrier arrival that publishes the item's own tiles; after waiting on that barrier a warp's
 // lane 0 reads it and broadcasts it, so that the thread that later releases the tiles (and with
 // them the slot) is the one that read it (the ordering compute-sanitizer's racecheck follows).
+// A kernel may put more of an item in its slot after these two, read the same way
+// (read_slot_pair).
+__device__ __forceinline__ int2 read_slot_pair(const int* slot, int i, int lane) {
+  int v[2] = {0, 0};
+  if (lane == 0) v[0] = slot[i], v[1] = slot[i + 1];
+  return {__shfl_sync(0xffffffffu, v[0], 0), __shfl_sync(0xffffffffu, v[1], 0)};
+}
 struct ItemSlot {
   int item, next;
 };
 __device__ __forceinline__ ItemSlot read_item_slot(const int* slot, int lane) {
-  int v[2] = {0, 0};
-  if (lane == 0) v[0] = slot[0], v[1] = slot[1];
-  return {__shfl_sync(0xffffffffu, v[0], 0), __shfl_sync(0xffffffffu, v[1], 0)};
+  const int2 v = read_slot_pair(slot, 0, lane);
+  return {v.x, v.y};
 }
 
 // ── Work items of the persistent kernels ──
