@@ -99,7 +99,7 @@ struct FwdSm90aTraits {
   // 32 + 3 × 160 = 4 × 128: the launch allocation exactly).
   static constexpr int kProducerRegs = Consumers == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = Consumers == 2 ? 240 : 160;
-  static constexpr int kBarrierBytes = 8 * (4 + 4 * kStages);  // the mbarriers and the item slot, after the tiles
+  static constexpr int kBarrierBytes = 8 * (3 + 4 * kStages);  // the mbarriers and the item slot, after the tiles
   // kStoreByTma: per consumer an O staging tile of 64 rows (kPanels panels).
   static constexpr int kTileStage = kPanels * 64 * sm90::kSwizzleRowBytes;
   static constexpr int kStageBytes = kStoreByTma ? Consumers * kTileStage : 0;
@@ -160,39 +160,12 @@ template <class Tr>
 __device__ __forceinline__ sm90::ItemTile fwd_item_tile(int w, int T, int H, int B, bool causal) {
   return sm90::item_tile(w, H, B, (T + Tr::kBr - 1) / Tr::kBr, Tr::kBr, causal, true);
 }
-template <class Tr, bool kMasked>
-__device__ __forceinline__ FwdWorkItem fwd_work_item(const FlashAttentionParams& p, const sm90::ItemTile& t, int T,
-                                                     bool causal) {
-  const int q_last = min(t.row0 + Tr::kBr, T) - 1;
-  const int kb0 = seq_mask_if<kMasked>(p, t.b).lo(t.row0) / Tr::kBc;  // 0 without a mask
-  return {t.h, t.b, t.row0, causal ? q_last / Tr::kBc + 1 - kb0 : (T + Tr::kBc - 1) / Tr::kBc, kb0};
-}
-// A consumer warp's structured mask over its 16 rows of item w (ItemMask), in two steps so that
-// the consumers load the next item's while this one runs: no load from doc_start stands between
-// Q's arrival and the item's first product. Loaded at the item's start, each of ItemMask's rows
-// a load whose branch waited on the one before, they cost the masked kernel about 1 µs an item
-// (docs/kernels.md §2.4). fwd_item_docs: lane l loads doc_start's entry for row l mod 16 (one
-// load per lane, a value that differs across the warp, which ptxas keeps in the lane's
-// register); fwd_item_mask: the rows' first visible keys, the entries taken from their lanes.
-// (The unmasked kernel loads nothing and runs the mask that is off.)
-struct FwdItemDocs {
-  int item, doc;
-};
+// lo_q0: the first key the tile's first query sees (0 without a mask).
 template <class Tr>
-__device__ __forceinline__ FwdItemDocs fwd_item_docs(const FlashAttentionParams& p, int w, int T, int H, int B,
-                                                     bool causal, int warp_row0, int lane) {
-  const sm90::ItemTile t = fwd_item_tile<Tr>(w, T, H, B, causal);
-  const SeqMask m = seq_mask(p, t.b);
-  return {w, m.doc ? int(m.doc[m.row(t.row0 + warp_row0 + (lane & 15))]) : 0};
-}
-template <bool kMasked>
-__device__ __forceinline__ ItemMask fwd_item_mask(const FlashAttentionParams& p, const sm90::ItemTile& t,
-                                                  const FwdItemDocs& x, int warp_row0, int lane) {
-  const SeqMask m = seq_mask_if<kMasked>(p, t.b);
-  if (!m.on) return {false, 0, 0, 0};
-  const int row0 = t.row0 + warp_row0, g = lane >> 2;
-  auto lo = [&](int r) { return m.lo_given(m.row(row0 + r), __shfl_sync(0xffffffffu, x.doc, r)); };
-  return {true, lo(15), lo(g), lo(g + 8)};
+__device__ __forceinline__ FwdWorkItem fwd_work_item(const sm90::ItemTile& t, int T, bool causal, int lo_q0) {
+  const int q_last = min(t.row0 + Tr::kBr, T) - 1;
+  const int kb0 = lo_q0 / Tr::kBc;
+  return {t.h, t.b, t.row0, causal ? q_last / Tr::kBc + 1 - kb0 : (T + Tr::kBc - 1) / Tr::kBc, kb0};
 }
 template <class Tr>
 __host__ __device__ inline int fwd_work_items(int T, int H, int B) {
@@ -260,9 +233,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   uint64_t* q_empty = kv.v_empty + NS;
   // The item slot (with Q's lifetime: written before Q's load, read after q_full): the item
   // being run and the one after it (n_items or more: none), so the consumers know an item is the
-  // block's last before they take its last turn; then, with a structured mask, the item's first
-  // K/V tile and their count (kb0, n_kb), which depend on a load from doc_start that the
-  // producer has made long before the consumers need them.
+  // block's last before they take its last turn.
   int* s_item = reinterpret_cast<int*>(q_empty + 1);
   if (tid == 0) {
     sm90::mbarrier_init(q_empty, 4 * C);
@@ -279,11 +250,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       int seq = 0;  // the stream position of the item's first K/V tile
       int w = int(blockIdx.x), next = sm90::claim_item(item_counter);
       for (int it = 0; w < n_items; ++it) {
-        const FwdWorkItem item = fwd_work_item<Tr, kMasked>(p, fwd_item_tile<Tr>(w, T, H, B, causal), T, causal);
+        const sm90::ItemTile t = fwd_item_tile<Tr>(w, T, H, B, causal);
+        const FwdWorkItem item = fwd_work_item<Tr>(t, T, causal, seq_mask_if<kMasked>(p, t.b).lo(t.row0));
         if (it > 0) sm90::mbarrier_wait(q_empty, uint32_t(it - 1) & 1);
         s_item[0] = w;
         s_item[1] = next;
-        if constexpr (kMasked) s_item[2] = item.kb0, s_item[3] = item.n_kb;
         sm90::mbarrier_arrive_expect_tx(q_full, Tr::kTileQ);  // release: the slot before the consumers' reads
         sm90::produce_tile<Tr::kPanels>(sQ, Tr::kPanelQ, &maps.q, item.h, item.q0, item.b, q_full);
         sm90::produce_kv<Tr::kPanels, Bc, NS>(kv, &maps.k, &maps.v, item.h, item.b, item.n_kb, item.kb0, seq);
@@ -309,27 +280,22 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   int seq = 0;  // as the producer's
   if (c == C - 1) sm90::named_barrier_arrive(1, 256);  // consumer 0 takes the first turn
 
-  // With a structured mask each item's doc_start entries are loaded one item ahead (FwdItemDocs).
-  // The block's first item is blockIdx.x; the slot decides, and an item not loaded ahead is
-  // loaded when it comes.
-  const int warp_row0 = 64 * c + 16 * warp;  // this warp's first row within an item's tile
-  FwdItemDocs ahead{};
-  if constexpr (kMasked) ahead = fwd_item_docs<Tr>(p, int(blockIdx.x), T, H, B, causal, warp_row0, lane);
   for (int it = 0, last_item = 0; !last_item; ++it) {
     sm90::mbarrier_wait(q_full, uint32_t(it) & 1);  // Q and the item slot
     if constexpr (Tr::kQInRegisters) sm90::load_a_frags_swizzled<Dh>(qf, cs.sQw, Tr::kPanelQ, 16 * warp, lane);
     const sm90::ItemSlot slot = sm90::read_item_slot(s_item, lane);
     last_item = slot.next >= n_items;
+    // With a structured mask, the item's first K/V tile and this warp's rows' first visible keys
+    // (ItemMask), their doc_start entries loaded together (mask.cuh).
     FwdWorkItem item;
-    FwdItemDocs docs{};
+    ItemMask mask{false, 0, 0, 0};
     if constexpr (kMasked) {
       const sm90::ItemTile t = fwd_item_tile<Tr>(slot.item, T, H, B, causal);
-      const int2 kv_tiles = sm90::read_slot_pair(s_item, 2, lane);
-      item = {t.h, t.b, t.row0, kv_tiles.y, kv_tiles.x};
-      docs = ahead.item == slot.item ? ahead : fwd_item_docs<Tr>(p, slot.item, T, H, B, causal, warp_row0, lane);
-      if (!last_item) ahead = fwd_item_docs<Tr>(p, slot.next, T, H, B, causal, warp_row0, lane);
+      int lo_q0;
+      mask = item_mask(seq_mask(p, t.b), t.row0, t.row0 + 64 * c + 16 * warp, lane, lo_q0);
+      item = fwd_work_item<Tr>(t, T, causal, lo_q0);
     } else {
-      item = fwd_work_item<Tr, false>(p, fwd_item_tile<Tr>(slot.item, T, H, B, causal), T, causal);
+      item = fwd_work_item<Tr>(fwd_item_tile<Tr>(slot.item, T, H, B, causal), T, causal, 0);
     }
     const int n_kb = item.n_kb;
     const int row0 = item.q0 + 64 * c + 16 * warp;  // this warp's first query row
@@ -349,7 +315,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       n_need = r0 >= T ? 0 : causal ? min(n_kb, r1 / Bc + 1 - item.kb0) : n_kb;
     }
     if (!Tr::kSkipIdle || n_need > 0) {
-      const ItemMask mask = fwd_item_mask<kMasked>(p, {item.h, item.b, item.q0}, docs, warp_row0, lane);
       FwdItemLoop<Tr> loop{cs,  q_empty, seq, n_kb, n_need, bool(last_item), T, causal, item.kb0, mask, row0, lane,
                            o,   m,       l,   s,    pf};
       loop.run();
