@@ -88,8 +88,9 @@ struct ItemMask {
   __host__ __device__ __forceinline__ bool excluded(int r, int k) const { return k < ((r & 8) ? lo_g8 : lo_g); }
 };
 // Besides, lo_q0 = lo(q0) of the item's first query (q0 ≤ row0), which places the item's first key
-// tile. The four doc_start entries are loaded together: one after the other, each load's branch
-// waiting on the one before, they cost a masked kernel about 1 µs an item (docs/kernels.md §2.4).
+// tile. The four doc_start entries are loaded together, one round trip to memory: one after the
+// other, each load's branch waiting on the one before, they made the masked dQ kernel's items
+// start later (docs/kernels.md §2.4, "An item's start").
 __host__ __device__ __forceinline__ ItemMask item_mask(const SeqMask& m, int q0, int row0, int lane, int& lo_q0) {
   lo_q0 = 0;
   if (!m.on) return {false, 0, 0, 0};
