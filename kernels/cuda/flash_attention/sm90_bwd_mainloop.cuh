@@ -417,11 +417,14 @@ __device__ __forceinline__ void dq_consumer(const FlashAttentionParams& p, const
     const sm90::ItemSlot slot = sm90::read_item_slot(s_item + 2 * qb, lane);
     last_item = slot.next >= n_items;  // the ring's very last turn hands on to no one
     const sm90::ItemTile item = sm90::item_tile(slot.item, H, B, n_qb, Br, causal, true);
-    const int row0 = item.row0 + 64 * c + 16 * warp;  // this warp's first query row
-    int lo_q0;
-    const ItemMask mask = item_mask(seq_mask_if<kMasked>(p, item.b), item.row0, row0, lane, lo_q0);
+    // With a structured mask, the item's first key (lo_q0) and this warp's rows' (ItemMask), their
+    // doc_start entries loaded together; without, the constant "off" mask.
+    int lo_q0 = 0;
+    ItemMask mask{false, 0, 0, 0};
+    if constexpr (kMasked) mask = item_mask(seq_mask(p, item.b), item.row0, item.row0 + 64 * c + 16 * warp, lane, lo_q0);
     const SeqMask::Range keys = keys_of(item, lo_q0);
     const int kb0 = keys.first, n_kb = keys.end - keys.first;
+    const int row0 = item.row0 + 64 * c + 16 * warp;  // this warp's first query row
     // This lane's rows g and g+8: lse (log2 units) and delta, 0 past T (those rows are never stored).
     float lse2[2], dlt[2];
 #pragma unroll
